@@ -1,0 +1,1 @@
+"""The FastAPI service: loads artifacts and answers /recommend."""

@@ -1,0 +1,1 @@
+"""Framework-free serving engine: loaded models, id mapping, ranking."""

@@ -1,0 +1,99 @@
+"""Raw-id queries -> one forward pass -> ranked raw ids, for one loaded recommendation artifact."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from models.artifact import RecArtifact
+from models.ids import N_SPECIAL
+from models.ranking import recommend, reference_value, release_tensor
+
+
+class UnknownUserError(LookupError):
+    def __init__(self, user_id: str, position: int) -> None:
+        super().__init__(f"unknown user {user_id!r} and no history given")
+        self.user_id, self.position = user_id, position
+
+
+@dataclass
+class RecQuery:
+    user_id: str | None
+    history: list[tuple[str, float | None]]  # (raw item id, unix time or None), oldest first
+    k: int = 10
+    exclude_seen: bool = True
+    exclude_future: bool = True
+    exclude_items: list[str] = field(default_factory=list)
+    as_of: float | None = None
+
+
+@dataclass
+class RecResult:
+    user_id: str | None
+    items: list[tuple[str, float]]
+    unknown_items: list[str]
+    excluded: dict[str, int]
+
+
+class Recommender:
+    """A recommendation artifact placed on a device, answering batches of queries."""
+
+    def __init__(self, art: RecArtifact, device: torch.device) -> None:
+        self.art = art
+        self.device = device
+        self.model = art.model.to(device).eval()
+        self.release = (
+            release_tensor(art.items.raws(), art.release).to(device) if art.release_unit else None
+        )
+
+    @property
+    def catalog_size(self) -> int:
+        return self.art.items.n_entities
+
+    def _prepare(self, q: RecQuery, position: int) -> tuple[list[int], list[str], float | None]:
+        """Item indices of the full history, unknown raw ids given, reference time (release unit)."""
+        events: list[tuple[str, float | None]] = []
+        if q.user_id is not None:
+            stored = self.art.histories.get(q.user_id)
+            if stored is None and not q.history:
+                raise UnknownUserError(q.user_id, position)
+            events.extend((i, None if math.isnan(t) else t) for i, t in stored or [])
+        events.extend(q.history)
+        idx = self.art.items.indices([i for i, _ in events])
+        unknown = [i for (i, _), x in zip(q.history, idx[len(idx) - len(q.history) :], strict=True) if x < N_SPECIAL]
+        known = [x for x in idx if x >= N_SPECIAL]
+        ref = None
+        if q.exclude_future and self.art.release_unit:
+            times = [t for _, t in events if t is not None]
+            when = q.as_of if q.as_of is not None else (max(times) if times else None)
+            ref = reference_value(when, self.art.release_unit) if when is not None else None
+        return known, list(dict.fromkeys(unknown)), ref
+
+    def recommend(self, queries: list[RecQuery]) -> list[RecResult]:
+        """All queries go through one forward pass."""
+        prepared = [self._prepare(q, n) for n, q in enumerate(queries)]
+        histories = [p[0] for p in prepared]
+        requested = [[x for x in self.art.items.indices(q.exclude_items) if x >= N_SPECIAL] for q in queries]
+        k = max(q.k for q in queries)
+        with torch.inference_mode():
+            ranked = recommend(
+                self.model, histories, k, [q.exclude_seen for q in queries], requested,
+                self.release, [p[2] for p in prepared], self.device,
+            )
+        idx = ranked.indices.cpu().tolist()
+        scores = ranked.scores.cpu().tolist()
+        counts = torch.stack([ranked.n_seen, ranked.n_future, ranked.n_requested], 1).cpu().tolist()
+        raw = self.art.items.raw
+        out = []
+        for row, q in enumerate(queries):
+            items = [(raw(i), s) for i, s in zip(idx[row][: q.k], scores[row][: q.k], strict=True) if s != -math.inf]
+            seen, fut, req = counts[row]
+            out.append(
+                RecResult(
+                    q.user_id, [(str(i), float(s)) for i, s in items], prepared[row][1],
+                    {"seen": seen, "future": fut, "requested": req},
+                )
+            )
+        return out

@@ -1,0 +1,46 @@
+"""App factory: settings -> lifespan loads the models -> routers and error handlers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import FastAPI
+
+from app.engine.registry import ModelRegistry, resolve_device
+from app.errors import install_error_handlers
+from app.routers import health, models, recommend
+from app.settings import Settings, get_settings
+
+log = logging.getLogger("app")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        registry = ModelRegistry(device=resolve_device(settings.device))
+        registry.load_all(settings.artifacts_dir, settings.default_model)
+        if not registry.recommenders:
+            log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)
+        app.state.registry = registry
+        yield
+
+    app = FastAPI(title="seqserve", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    install_error_handlers(app)
+    for r in (health.router, models.router, recommend.router):
+        app.include_router(r)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """Entry point for `uvicorn --factory app.main:app_from_env`."""
+    s = get_settings()
+    logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return create_app(s)

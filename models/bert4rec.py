@@ -1,0 +1,129 @@
+"""BERT4Rec: a bidirectional transformer trained with the cloze objective."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.base import SequentialRecommender
+from models.ids import N_SPECIAL, PAD
+from models.layers import SequenceEncoder, init_weights
+
+
+@dataclass
+class BERT4RecConfig:
+    vocab_size: int  # items + 2 specials; the [MASK] token is index vocab_size
+    max_len: int = 50
+    d_model: int = 64
+    n_heads: int = 2
+    n_layers: int = 2
+    d_ff: int = 256
+    dropout: float = 0.2
+    mask_prob: float = 0.15
+    # Share of training rows where only the last item is masked: the inference task itself
+    # (the BERT4Rec paper adds such samples too).
+    last_item_prob: float = 0.1
+    # 0 = softmax over all items at the masked positions; otherwise sampled softmax.
+    n_negatives: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ValueError("mask_prob must be in (0, 1)")
+        if self.vocab_size <= N_SPECIAL:
+            raise ValueError("vocab_size must leave room for at least one item")
+
+
+def cloze(
+    seq: torch.Tensor, mask_prob: float, mask_token: int, vocab_size: int, last_item_prob: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cloze corruption. seq: (B, L) -> (inputs (B, L), labels (B, L) with 0 where no loss).
+
+    Each valid position is chosen with `mask_prob`; a chosen one becomes [MASK] 80% of the time,
+    a random item 10%, stays 10%. A row that drew no position gets its last item chosen, and a
+    `last_item_prob` share of rows mask exactly their last item.
+    """
+    valid = seq != PAD
+    chosen = (torch.rand(seq.shape, device=seq.device) < mask_prob) & valid
+    lengths = valid.sum(1)
+    last = (lengths - 1).clamp(min=0)
+    rows = torch.arange(seq.size(0), device=seq.device)
+    last_only = (torch.rand(seq.size(0), device=seq.device) < last_item_prob) & (lengths > 0)
+    need_one = (~chosen.any(1) | last_only) & (lengths > 0)
+    chosen[last_only] = False
+    chosen[rows[need_one], last[need_one]] = True
+    labels = torch.where(chosen, seq, torch.zeros_like(seq))
+    r = torch.rand(seq.shape, device=seq.device)
+    inputs = seq.clone()
+    to_mask = chosen & (r < 0.8)
+    to_rand = chosen & (r >= 0.8) & (r < 0.9)
+    inputs[to_mask] = mask_token
+    inputs[to_rand] = torch.randint(N_SPECIAL, vocab_size, (int(to_rand.sum()),), device=seq.device)
+    # The last-item rows are the inference task: always a real [MASK] there.
+    inputs[rows[last_only], last[last_only]] = mask_token
+    return inputs, labels
+
+
+class BERT4Rec(SequentialRecommender):
+    causal = False
+
+    def __init__(self, config: BERT4RecConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.mask_token = config.vocab_size
+        self.encoder = SequenceEncoder(
+            config.vocab_size + 1, config.max_len, config.d_model, config.n_heads,
+            config.n_layers, config.d_ff, config.dropout, causal=self.causal,
+        )
+        self.transform = nn.Sequential(
+            nn.Linear(config.d_model, config.d_model), nn.GELU(), nn.LayerNorm(config.d_model)
+        )
+        self.out_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.transform.apply(init_weights)
+
+    @property
+    def max_history(self) -> int:
+        return self.config.max_len - 1  # room for the appended [MASK]
+
+    def forward(self, seq: torch.Tensor) -> torch.Tensor:
+        """seq: (B, L) right-padded indices, [MASK] allowed -> hidden (B, L, D)."""
+        return self.encoder(seq)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h: (N, D) -> (N, V) over the item vocabulary, output tied to the input embedding."""
+        w = self.encoder.token_emb.weight[: self.config.vocab_size]
+        return self.transform(h) @ w.T + self.out_bias
+
+    def scores(self, seq: torch.Tensor) -> torch.Tensor:
+        """Next-item scores: append [MASK] after each history and read it. (B, L) -> (B, V)."""
+        lengths = (seq != PAD).sum(1)  # (B,)
+        if int(lengths.max()) >= self.config.max_len:
+            raise ValueError(f"history longer than {self.max_history} items")
+        x = torch.cat([seq, torch.zeros_like(seq[:, :1])], dim=1)  # (B, L+1)
+        rows = torch.arange(seq.size(0), device=seq.device)
+        x[rows, lengths] = self.mask_token
+        h = self(x)[rows, lengths]  # (B, D)
+        s = self._logits(h)
+        s[:, :N_SPECIAL] = float("-inf")  # padding, unknown (and [MASK] is not in the output)
+        return s
+
+    def loss(self, seq: torch.Tensor) -> torch.Tensor:
+        """Cloze loss on the chosen positions only. seq: (B, L) right-padded training windows."""
+        cfg = self.config
+        inputs, labels = cloze(seq, cfg.mask_prob, self.mask_token, cfg.vocab_size, cfg.last_item_prob)
+        chosen = labels != PAD
+        h = self(inputs)[chosen]  # (N, D)
+        target = labels[chosen]  # (N,)
+        if cfg.n_negatives == 0:
+            logits = self._logits(h)
+            logits[:, :N_SPECIAL] = float("-inf")
+            return F.cross_entropy(logits, target)
+        w = self.encoder.token_emb.weight
+        neg = torch.randint(N_SPECIAL, cfg.vocab_size, (cfg.n_negatives,), device=seq.device)
+        t = self.transform(h)
+        pos_logit = (t * w[target]).sum(-1, keepdim=True) + self.out_bias[target, None]
+        neg_logit = t @ w[neg].T + self.out_bias[neg]
+        neg_logit = neg_logit.masked_fill(neg[None, :] == target[:, None], float("-inf"))
+        return F.cross_entropy(torch.cat([pos_logit, neg_logit], 1), torch.zeros_like(target))

@@ -1,0 +1,107 @@
+"""Pieces shared by the sequence models: masks, the last-valid gather, the encoder stack."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from models.ids import PAD
+
+
+def padding_mask(seq: torch.Tensor) -> torch.Tensor:
+    """True where `seq` is padding. seq: (B, L) long -> (B, L) bool."""
+    return seq == PAD
+
+
+def causal_mask(length: int, device: torch.device | None = None) -> torch.Tensor:
+    """(L, L) bool attention mask, True above the diagonal: position i never sees j > i."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
+
+
+def last_valid_index(seq: torch.Tensor) -> torch.Tensor:
+    """Index of the last non-padding position of each right-padded row. (B, L) -> (B,)."""
+    lengths = (seq != PAD).sum(dim=1)
+    return (lengths - 1).clamp(min=0)
+
+
+def gather_last(hidden: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
+    """Hidden state at each row's last valid position. hidden: (B, L, D), seq: (B, L) -> (B, D)."""
+    idx = last_valid_index(seq)
+    return hidden[torch.arange(hidden.size(0), device=hidden.device), idx]
+
+
+class SequenceEncoder(nn.Module):
+    """Token embedding + learned position embedding -> LayerNorm -> Dropout -> transformer layers.
+
+    Sequences are right-padded with 0 and positions count from the start of the window, so a
+    prefix is encoded the same whatever padding follows it (the causal case) or whatever
+    padding the batch adds (both cases, thanks to the key padding mask).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        max_len: int,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        d_ff: int,
+        dropout: float,
+        causal: bool,
+    ) -> None:
+        super().__init__()
+        self.causal = causal
+        self.max_len = max_len
+        self.token_emb = nn.Embedding(vocab_size, d_model, padding_idx=PAD)
+        self.pos_emb = nn.Embedding(max_len, d_model)
+        self.emb_norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        layer = nn.TransformerEncoderLayer(
+            d_model, n_heads, d_ff, dropout, activation="gelu", batch_first=True, norm_first=True
+        )
+        # Nested tensors would zero padded outputs in eval only: keep train and eval identical.
+        self.layers = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+        self.out_norm = nn.LayerNorm(d_model)
+        self.apply(init_weights)
+
+    def forward(self, seq: torch.Tensor) -> torch.Tensor:
+        """seq: (B, L) long, right-padded, L <= max_len -> hidden (B, L, D)."""
+        _, length = seq.shape
+        if length > self.max_len:
+            raise ValueError(f"sequence length {length} exceeds max_len {self.max_len}")
+        pos = torch.arange(length, device=seq.device)
+        x = self.token_emb(seq) + self.pos_emb(pos)[None]  # (B, L, D)
+        x = self.dropout(self.emb_norm(x))
+        pad = padding_mask(seq)  # (B, L)
+        attn = causal_mask(length, seq.device) if self.causal else None
+        if not self.causal:
+            # A row of only padding would make softmax NaN; let it attend to itself harmlessly.
+            pad = pad & ~pad.all(dim=1, keepdim=True)
+        h = self.layers(x, mask=attn, src_key_padding_mask=pad, is_causal=False)  # (B, L, D)
+        return self.out_norm(h)
+
+
+def init_weights(module: nn.Module) -> None:
+    """normal(0, 0.02) for linear and embedding weights, as in the SASRec/BERT4Rec seeds."""
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, 0.0, 0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
+    """Fixed sinusoidal position table. -> (max_len, d_model)."""
+    pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(pos * div)
+    table[:, 1::2] = torch.cos(pos * div[: d_model // 2])
+    return table

@@ -1,0 +1,132 @@
+"""Ranking with exclusions: pure tensor functions over a batch, no loop over users."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import torch
+
+from models.base import SequentialRecommender
+from models.ids import PAD, UNK
+
+RELEASE_UNITS = ("year", "second")
+
+
+def reference_value(timestamp: float, unit: str) -> float:
+    """A unix timestamp expressed in the unit item release times are stored in."""
+    if unit == "second":
+        return float(timestamp)
+    if unit == "year":
+        return float(dt.datetime.fromtimestamp(timestamp, dt.UTC).year)
+    raise ValueError(f"unknown release unit {unit!r}; expected one of {RELEASE_UNITS}")
+
+
+def pack_histories(histories: list[list[int]], max_history: int) -> torch.Tensor:
+    """Right-padded (B, L) batch of the most recent `max_history` items, L = longest kept.
+
+    An empty history becomes [UNK] so that every row has a position to read from.
+    """
+    return pad_rows([h[-max_history:] if h else [UNK] for h in histories])
+
+
+def pad_rows(rows: list[list[int]]) -> torch.Tensor:
+    """Right-pad index lists with 0 into a (B, max(1, longest)) long tensor."""
+    out = torch.full((len(rows), max([1, *(len(r) for r in rows)])), PAD, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def index_mask(indices: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Bool (B, V), True at each row's listed indices. indices: (B, S) padded with 0 or 1."""
+    mask = torch.zeros(indices.size(0), vocab_size, dtype=torch.bool, device=indices.device)
+    mask.scatter_(1, indices, True)
+    mask[:, PAD] = False
+    mask[:, UNK] = False
+    return mask
+
+
+def future_mask(release: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Items released after each row's reference time. release: (V,), -inf = always available;
+    reference: (B,) -> (B, V) bool."""
+    return release[None, :] > reference[:, None]
+
+
+@dataclass
+class Ranked:
+    indices: torch.Tensor  # (B, k) item indices, best first
+    scores: torch.Tensor  # (B, k); -inf where fewer than k candidates were left
+    n_seen: torch.Tensor  # (B,) candidates removed as already seen
+    n_future: torch.Tensor  # (B,) removed as not yet released (and not seen)
+    n_requested: torch.Tensor  # (B,) removed on request (and neither seen nor future)
+
+
+def rank(
+    scores: torch.Tensor,
+    k: int,
+    seen: torch.Tensor | None = None,
+    future: torch.Tensor | None = None,
+    requested: torch.Tensor | None = None,
+) -> Ranked:
+    """Top-k of `scores` (B, V) after removing the candidates flagged by the (B, V) bool masks.
+
+    Candidates already at -inf (padding, unknown, [MASK]) are never returned as items; each
+    exclusion is counted only where it removed a candidate the earlier ones had not.
+    """
+    live = torch.isfinite(scores)
+    removed = torch.zeros_like(live)
+    counts = []
+    for m in (seen, future, requested):
+        if m is None:
+            counts.append(torch.zeros(scores.size(0), dtype=torch.long, device=scores.device))
+            continue
+        new = m & live & ~removed
+        counts.append(new.sum(1))
+        removed |= new
+    masked = scores.masked_fill(removed, float("-inf"))
+    k = min(k, scores.size(1))
+    values, indices = masked.topk(k, dim=1)
+    return Ranked(indices, values, counts[0], counts[1], counts[2])
+
+
+def release_tensor(raw_ids: list[str], release: dict[str, float]) -> torch.Tensor:
+    """(V,) release times aligned to item indices; -inf (always available) where unknown.
+
+    raw_ids: the item map's raw ids in index order from index 2.
+    """
+    out = torch.full((len(raw_ids) + 2,), float("-inf"))
+    for idx, raw in enumerate(raw_ids, start=2):
+        value = release.get(raw)
+        if value is not None:
+            out[idx] = value
+    return out
+
+
+def recommend(
+    model: SequentialRecommender,
+    histories: list[list[int]],
+    k: int,
+    exclude_seen: list[bool],
+    requested: list[list[int]],
+    release: torch.Tensor | None = None,
+    reference: list[float | None] | None = None,
+    device: torch.device | str = "cpu",
+) -> Ranked:
+    """One forward pass for a batch of histories, then exclusions and top-k.
+
+    histories: item indices, oldest first (unknown items already dropped). reference: per row, the
+    time in the release unit after which items count as future; None = no future exclusion.
+    """
+    seq = pack_histories(histories, model.max_history).to(device)
+    scores = model.scores(seq).float()
+    vocab = scores.size(1)
+    seen = index_mask(pad_rows(histories).to(device), vocab) & torch.tensor(exclude_seen, device=device)[:, None]
+    req = index_mask(pad_rows(requested).to(device), vocab)
+    fut = None
+    if release is not None and reference is not None:
+        ref = torch.tensor([float("inf") if r is None else r for r in reference], device=device)
+        fut = future_mask(release.to(device), ref)
+    return rank(scores, k, seen, fut, req)
+

@@ -1,0 +1,31 @@
+"""The one registry from model kind to (config dataclass, module class)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from models.base import SequentialRecommender
+from models.bert4rec import BERT4Rec, BERT4RecConfig
+from models.sasrec import SASRec, SASRecConfig
+
+REGISTRY: dict[str, tuple[type[Any], type[nn.Module]]] = {
+    "sasrec": (SASRecConfig, SASRec),
+    "bert4rec": (BERT4RecConfig, BERT4Rec),
+}
+
+
+def build(kind: str, config: dict[str, Any]) -> nn.Module:
+    """Construct a model from its kind and config mapping alone."""
+    if kind not in REGISTRY:
+        raise KeyError(f"unknown model kind {kind!r}; known: {sorted(REGISTRY)}")
+    config_cls, model_cls = REGISTRY[kind]
+    return model_cls(config_cls(**config))
+
+
+def build_recommender(kind: str, config: dict[str, Any]) -> SequentialRecommender:
+    model = build(kind, config)
+    if not isinstance(model, SequentialRecommender):
+        raise TypeError(f"model kind {kind!r} is not a sequential recommender")
+    return model

@@ -1,0 +1,97 @@
+"""SASRec: a causal transformer that predicts the next item at every position."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from models.base import SequentialRecommender
+from models.ids import N_SPECIAL, PAD
+from models.layers import SequenceEncoder, gather_last
+
+LOSSES = ("sampled_softmax", "softmax", "bce")
+
+
+@dataclass
+class SASRecConfig:
+    vocab_size: int  # items + 2 specials (0 = padding, 1 = unknown)
+    max_len: int = 50
+    d_model: int = 64
+    n_heads: int = 2
+    n_layers: int = 2
+    d_ff: int = 256
+    dropout: float = 0.2
+    # sampled_softmax: softmax over the target and `n_negatives` items shared by the batch
+    # (SASRec+ / gSASRec); softmax: over all items; bce: one random negative (the original).
+    loss: str = "sampled_softmax"
+    n_negatives: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.vocab_size <= N_SPECIAL:
+            raise ValueError("vocab_size must leave room for at least one item")
+
+
+class SASRec(SequentialRecommender):
+    causal = True  # the contract pre-flight checks: a position never sees later items
+
+    def __init__(self, config: SASRecConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = SequenceEncoder(
+            config.vocab_size, config.max_len, config.d_model, config.n_heads,
+            config.n_layers, config.d_ff, config.dropout, causal=self.causal,
+        )
+
+    @property
+    def max_history(self) -> int:
+        return self.config.max_len
+
+    @property
+    def window_len(self) -> int:
+        return self.config.max_len + 1  # L inputs and their L shifted targets
+
+    def forward(self, seq: torch.Tensor) -> torch.Tensor:
+        """seq: (B, L) right-padded item indices -> hidden (B, L, D)."""
+        return self.encoder(seq)
+
+    def item_weights(self) -> torch.Tensor:
+        return self.encoder.token_emb.weight  # (V, D), shared with the input embedding
+
+    def scores(self, seq: torch.Tensor) -> torch.Tensor:
+        """Next-item scores for each history. seq: (B, L) -> (B, V); specials are -inf."""
+        h = gather_last(self(seq), seq)  # (B, D)
+        s = h @ self.item_weights().T  # (B, V)
+        s[:, :N_SPECIAL] = float("-inf")
+        return s
+
+    def loss(self, seq: torch.Tensor) -> torch.Tensor:
+        """Next-item loss at every valid position. seq: (B, L+1) right-padded training windows."""
+        inp, target = seq[:, :-1], seq[:, 1:]  # (B, L), (B, L)
+        valid = target != PAD
+        h = self(inp)[valid]  # (N, D)
+        pos = target[valid]  # (N,)
+        w = self.item_weights()
+        cfg = self.config
+        if cfg.loss == "softmax":
+            logits = h @ w.T  # (N, V)
+            logits[:, :N_SPECIAL] = float("-inf")
+            return F.cross_entropy(logits, pos)
+        if cfg.loss == "bce":
+            neg = torch.randint(N_SPECIAL, cfg.vocab_size, pos.shape, device=pos.device)
+            pos_logit = (h * w[pos]).sum(-1)
+            neg_logit = (h * w[neg]).sum(-1)
+            return F.binary_cross_entropy_with_logits(
+                torch.cat([pos_logit, neg_logit]),
+                torch.cat([torch.ones_like(pos_logit), torch.zeros_like(neg_logit)]),
+            )
+        neg = torch.randint(N_SPECIAL, cfg.vocab_size, (cfg.n_negatives,), device=pos.device)  # (K,)
+        pos_logit = (h * w[pos]).sum(-1, keepdim=True)  # (N, 1)
+        neg_logit = h @ w[neg].T  # (N, K)
+        # A shared negative that is the row's own target is not a negative.
+        neg_logit = neg_logit.masked_fill(neg[None, :] == pos[:, None], float("-inf"))
+        logits = torch.cat([pos_logit, neg_logit], dim=1)  # (N, 1 + K)
+        return F.cross_entropy(logits, torch.zeros_like(pos))

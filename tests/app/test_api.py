@@ -1,0 +1,163 @@
+"""The HTTP contract through the real app and its lifespan, on tiny trained artifacts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from models.artifact import latest_versions, load_rec_artifact
+
+
+@pytest.fixture(scope="module")
+def client(tiny_artifacts: Path) -> Iterator[TestClient]:
+    app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", default_model="sasrec-tiny", max_queries=8))
+    with TestClient(app) as c:
+        yield c
+
+
+def _post(client: TestClient, body: object) -> tuple[int, dict]:
+    r = client.post("/recommend", json=body)
+    return r.status_code, r.json()
+
+
+def test_health_ready_models(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["models"] == ["bert4rec-tiny", "sasrec-tiny"]
+    models = client.get("/models").json()
+    assert models["default"] == "sasrec-tiny"
+    assert {m["kind"] for m in models["models"]} == {"sasrec", "bert4rec"}
+    assert all(m["catalog_size"] == 30 and m["device"] == "cpu" for m in models["models"])
+
+
+@pytest.mark.parametrize("model", ["sasrec-tiny", "bert4rec-tiny"])
+def test_known_user_gets_unseen_released_items(client: TestClient, tiny_artifacts: Path, model: str) -> None:
+    art = load_rec_artifact(latest_versions(tiny_artifacts)[model])
+    status, body = _post(client, {"model": model, "queries": [{"user_id": "u3", "k": 5}]})
+    assert status == 200 and body["model"] == model and body["version"]
+    res = body["results"][0]
+    items = [i["item_id"] for i in res["items"]]
+    seen = {i for i, _ in art.histories["u3"]}
+    last_year = dt.datetime.fromtimestamp(max(t for _, t in art.histories["u3"]), dt.UTC).year
+    assert len(items) == 5 and not seen & set(items)
+    assert all(art.release[i] <= last_year for i in items)
+    scores = [i["score"] for i in res["items"]]
+    assert scores == sorted(scores, reverse=True)
+    assert res["excluded"]["seen"] == len(seen)
+    assert res["excluded"]["future"] == sum(
+        1 for i, y in art.release.items() if y > last_year and i not in seen
+    )
+
+
+def test_flags_history_requested_and_unknown_items(client: TestClient) -> None:
+    q = {"history": [{"item_id": "12"}, {"item_id": "nope"}, {"item_id": "13"}], "k": 30,
+         "exclude_future": False, "exclude_items": ["14", "15", "also-unknown"]}
+    status, body = _post(client, {"queries": [q]})
+    assert status == 200
+    res = body["results"][0]
+    items = {i["item_id"] for i in res["items"]}
+    assert res["user_id"] is None and res["unknown_items"] == ["nope"]
+    assert items == {str(i) for i in range(10, 40)} - {"12", "13", "14", "15"}  # k beyond candidates
+    assert res["excluded"] == {"seen": 2, "future": 0, "requested": 2}
+    q2 = {**q, "exclude_seen": False, "exclude_items": []}
+    res2 = _post(client, {"queries": [q2]})[1]["results"][0]
+    assert {"12", "13"} <= {i["item_id"] for i in res2["items"]}
+
+
+def test_as_of_and_appended_history(client: TestClient) -> None:
+    early = dt.datetime(1993, 6, 1, tzinfo=dt.UTC).timestamp()
+    status, body = _post(client, {"queries": [{"user_id": "u1", "as_of": early, "k": 30}]})
+    assert status == 200
+    items = [i["item_id"] for i in body["results"][0]["items"]]
+    assert items and all(1990 + int(i) % 10 <= 1993 for i in items)
+    # Items given after the stored history count as seen too.
+    status, body = _post(client, {"queries": [{"user_id": "u1", "history": [{"item_id": "39"}], "k": 30,
+                                                "exclude_future": False}]})
+    assert "39" not in {i["item_id"] for i in body["results"][0]["items"]}
+
+
+def test_many_queries_one_request_keep_order(client: TestClient) -> None:
+    qs = [{"user_id": f"u{i}", "k": 3} for i in range(5)]
+    status, body = _post(client, {"queries": qs})
+    assert status == 200 and [r["user_id"] for r in body["results"]] == [f"u{i}" for i in range(5)]
+    single = _post(client, {"queries": [qs[2]]})[1]["results"][0]
+    batched = body["results"][2]  # batching other users does not change an answer
+    assert [i["item_id"] for i in single["items"]] == [i["item_id"] for i in batched["items"]]
+    assert [i["score"] for i in single["items"]] == pytest.approx([i["score"] for i in batched["items"]], abs=1e-5)
+
+
+def test_unknown_user_is_404_naming_it(client: TestClient) -> None:
+    status, body = _post(client, {"queries": [{"user_id": "u1"}, {"user_id": "ghost"}]})
+    assert status == 404
+    assert body["error"]["code"] == "unknown_user" and "ghost" in body["error"]["message"]
+    assert body["error"]["details"][0]["loc"] == ["body", "queries", 1, "user_id"]
+
+
+def test_unknown_and_broken_model(client: TestClient) -> None:
+    status, body = _post(client, {"model": "nope", "queries": [{"user_id": "u1"}]})
+    assert status == 404 and body["error"]["code"] == "unknown_model"
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({}, ["body", "queries"]),
+        ({"queries": []}, ["body", "queries"]),
+        ({"queries": [{}]}, ["body", "queries", 0]),
+        ({"queries": [{"user_id": "u1", "k": 0}]}, ["body", "queries", 0, "k"]),
+        ({"queries": [{"user_id": "u1", "k": "ten"}]}, ["body", "queries", 0, "k"]),
+        ({"queries": [{"user_id": ""}]}, ["body", "queries", 0, "user_id"]),
+        ({"queries": [{"user_id": "u1", "bogus": 1}]}, ["body", "queries", 0, "bogus"]),
+        ({"queries": [{"history": [{"item_id": "1", "timestamp": -5}]}]},
+         ["body", "queries", 0, "history", 0, "timestamp"]),
+        ({"queries": [{"user_id": "u1"}] * 9}, ["body", "queries"]),
+        ({"queries": [{"user_id": "u1", "k": 5000}]}, ["body", "queries", 0, "k"]),
+        ([1, 2], ["body"]),
+    ],
+)
+def test_malformed_bodies_are_422_naming_the_field(client: TestClient, body: object, loc: list) -> None:
+    status, out = _post(client, body)
+    assert status == 422
+    assert out["error"]["details"][0]["loc"][: len(loc)] == loc
+    assert out["error"]["message"]
+
+
+def test_not_json_and_unknown_route(client: TestClient) -> None:
+    r = client.post("/recommend", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    r = client.get("/nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = client.get("/recommend")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_broken_artifact_does_not_stop_the_others(tiny_artifacts: Path, tmp_path: Path) -> None:
+    root = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts, root)
+    bert = latest_versions(root)["bert4rec-tiny"]
+    (bert / "model.pt").write_bytes(b"garbage")
+    empty = root / "half" / "20200101T000000Z"
+    empty.mkdir(parents=True)
+    app = create_app(Settings(artifacts_dir=root, device="cpu"))
+    with TestClient(app) as c:
+        ready = c.get("/readyz").json()
+        assert ready["ready"] and ready["models"] == ["sasrec-tiny"]
+        assert "unreadable checkpoint" in ready["broken"]["bert4rec-tiny"]
+        assert "missing manifest.json" in ready["broken"]["half"]
+        r = c.post("/recommend", json={"model": "bert4rec-tiny", "queries": [{"user_id": "u1"}]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable"
+        assert c.post("/recommend", json={"queries": [{"user_id": "u1"}]}).status_code == 200
+
+
+def test_no_models_is_not_ready(tmp_path: Path) -> None:
+    with TestClient(create_app(Settings(artifacts_dir=tmp_path, device="cpu"))) as c:
+        assert c.get("/readyz").status_code == 503
+        r = c.post("/recommend", json={"queries": [{"user_id": "u1"}]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable"

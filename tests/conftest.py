@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny generated interaction logs and a tiny trained artifact."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# Items 10..39 released in year 1990 + (item % 10); user timestamps in 1995..1999.
+N_ITEMS = 30
+YEAR = 365 * 24 * 3600
+
+
+def synthetic_log(n_users: int = 40, seed: int = 0) -> list[tuple[str, str, int]]:
+    """(user, item, unix time) rows where each user walks the items in a cycle: learnable."""
+    rng = random.Random(seed)
+    rows = []
+    for u in range(n_users):
+        start = rng.randrange(N_ITEMS)
+        t0 = 25 * YEAR + rng.randrange(4 * YEAR)  # 1995..1999
+        for step in range(rng.randrange(6, 14)):
+            item = 10 + (start + step) % N_ITEMS
+            rows.append((f"u{u}", str(item), t0 + step * 3600))
+    rng.shuffle(rows)  # files are not chronological; loaders must sort
+    return rows
+
+
+@pytest.fixture(scope="session")
+def synthetic_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A RecBole-style dataset folder (.inter + .item with release years)."""
+    d = tmp_path_factory.mktemp("synthetic")
+    with (d / "syn.inter").open("w") as f:
+        f.write("user_id:token\titem_id:token\trating:float\ttimestamp:float\n")
+        for u, i, t in synthetic_log():
+            f.write(f"{u}\t{i}\t5\t{t}\n")
+    with (d / "syn.item").open("w") as f:
+        f.write("item_id:token\tmovie_title:token_seq\trelease_year:token\n")
+        for i in range(10, 10 + N_ITEMS):
+            f.write(f"{i}\tItem {i}\t{1990 + i % 10}\n")
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts(tmp_path_factory: pytest.TempPathFactory, synthetic_dir: Path) -> Path:
+    """An artifacts root holding one SASRec and one BERT4Rec trained on the synthetic log."""
+    from training.config import load_config
+    from training.data import load_interactions
+    from training.recommend import train_recommender
+
+    root = tmp_path_factory.mktemp("artifacts")
+    data = load_interactions(synthetic_dir)
+    common = [
+        "model.max_len=16", "model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32",
+        "train.epochs=3", "train.batch_size=16", "train.patience=5", "train.n_eval_negatives=10",
+    ]
+    for kind in ("sasrec", "bert4rec"):
+        cfg = load_config(None, [f"model.kind={kind!r}", f"name='{kind}-tiny'", *common])
+        if kind == "sasrec":
+            cfg.model["n_negatives"] = 8
+        train_recommender(cfg, data, root)
+    return root

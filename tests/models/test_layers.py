@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from models.bert4rec import BERT4Rec, BERT4RecConfig
+from models.ids import PAD
+from models.layers import causal_mask, gather_last, last_valid_index, padding_mask
+from models.sasrec import SASRec, SASRecConfig
+
+V = 50
+
+
+def _models() -> list[torch.nn.Module]:
+    torch.manual_seed(0)
+    cfg = {"vocab_size": V, "max_len": 12, "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32}
+    return [SASRec(SASRecConfig(**cfg)).eval(), BERT4Rec(BERT4RecConfig(**cfg)).eval()]
+
+
+def test_masks_dtype_and_logic() -> None:
+    seq = torch.tensor([[5, 6, 0], [7, 0, 0]])
+    assert padding_mask(seq).dtype == torch.bool
+    assert padding_mask(seq).tolist() == [[False, False, True], [False, True, True]]
+    cm = causal_mask(3)
+    assert cm.dtype == torch.bool
+    assert cm.tolist() == [[False, True, True], [False, False, True], [False, False, False]]
+
+
+def test_last_valid_gather_with_ragged_lengths() -> None:
+    seq = torch.tensor([[3, 4, 5, 0], [3, 0, 0, 0], [3, 4, 5, 6]])
+    assert last_valid_index(seq).tolist() == [2, 0, 3]
+    hidden = torch.arange(3 * 4 * 2, dtype=torch.float).reshape(3, 4, 2)
+    out = gather_last(hidden, seq)
+    assert out.shape == (3, 2)
+    assert torch.equal(out[0], hidden[0, 2]) and torch.equal(out[1], hidden[1, 0])
+    assert torch.equal(out[2], hidden[2, 3])
+
+
+@pytest.mark.parametrize("model", _models(), ids=["sasrec", "bert4rec"])
+def test_padding_does_not_change_outputs(model: torch.nn.Module) -> None:
+    seq = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 10, 11, 12]])
+    longer = torch.cat([seq, torch.zeros(2, 4, dtype=torch.long)], 1)
+    with torch.no_grad():
+        h1, h2 = model(seq), model(longer)[:, :5]
+        valid = seq != PAD
+        assert torch.allclose(h1[valid], h2[valid], atol=1e-5)
+        s1 = model.scores(seq[:, : model.max_history])
+        s2 = model.scores(longer[:, : model.max_history])
+        assert torch.allclose(s1, s2, atol=1e-5)
+
+
+def test_causal_mask_hides_the_future() -> None:
+    model = _models()[0]
+    a = torch.tensor([[5, 6, 7, 8]])
+    b = torch.tensor([[5, 6, 7, 30]])
+    with torch.no_grad():
+        ha, hb = model(a), model(b)
+    assert torch.allclose(ha[0, :3], hb[0, :3], atol=1e-6)
+    assert not torch.allclose(ha[0, 3], hb[0, 3])
+
+
+def test_bidirectional_model_sees_both_sides() -> None:
+    model = _models()[1]
+    a = torch.tensor([[5, 6, 7, 8]])
+    b = torch.tensor([[5, 6, 7, 30]])
+    with torch.no_grad():
+        assert not torch.allclose(model(a)[0, 0], model(b)[0, 0])
+
+
+@pytest.mark.parametrize("model", _models(), ids=["sasrec", "bert4rec"])
+def test_scores_shape_and_specials_never_rank(model: torch.nn.Module) -> None:
+    seq = torch.tensor([[5, 6, 0], [7, 0, 0]])
+    with torch.no_grad():
+        s = model.scores(seq)
+    assert s.shape == (2, V)  # the [MASK] token (index V) is not a candidate
+    assert torch.isinf(s[:, :2]).all() and torch.isfinite(s[:, 2:]).all()
+
+
+@pytest.mark.parametrize("model", _models(), ids=["sasrec", "bert4rec"])
+def test_loss_is_finite_and_backpropagates(model: torch.nn.Module) -> None:
+    model.train()
+    seq = torch.tensor([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])
+    loss = model.loss(seq)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    emb = model.encoder.token_emb.weight.grad
+    assert emb is not None and emb.abs().sum() > 0
+    model.eval()
+
+
+def test_sasrec_losses_all_train() -> None:
+    for loss in ("sampled_softmax", "softmax", "bce"):
+        m = SASRec(SASRecConfig(vocab_size=V, max_len=8, d_model=8, n_heads=1, n_layers=1, d_ff=16, loss=loss,
+                                n_negatives=10))
+        assert torch.isfinite(m.loss(torch.tensor([[5, 6, 7, 0]])))
+    with pytest.raises(ValueError):
+        SASRecConfig(vocab_size=V, loss="nope")

@@ -1,0 +1,58 @@
+import math
+
+import torch
+
+from models.ranking import (
+    future_mask,
+    index_mask,
+    pack_histories,
+    rank,
+    recommend,
+    reference_value,
+    release_tensor,
+)
+from models.sasrec import SASRec, SASRecConfig
+
+
+def test_pack_histories_keeps_most_recent_and_fills_empty() -> None:
+    t = pack_histories([[2, 3, 4, 5], [], [7]], max_history=3)
+    assert t.tolist() == [[3, 4, 5], [1, 0, 0], [7, 0, 0]]
+
+
+def test_index_mask_ignores_padding_and_unknown() -> None:
+    m = index_mask(torch.tensor([[2, 4, 0], [1, 0, 0]]), 6)
+    assert m.tolist() == [[False, False, True, False, True, False], [False] * 6]
+
+
+def test_rank_exclusions_and_counts() -> None:
+    scores = torch.tensor([[-math.inf, -math.inf, 5.0, 4.0, 3.0, 2.0, 1.0]])
+    seen = torch.tensor([[False, False, True, False, False, False, False]])
+    fut = torch.tensor([[False, False, True, True, False, False, False]])  # 2 is seen and future
+    req = torch.tensor([[False, False, False, True, True, False, False]])  # 3 is future and requested
+    r = rank(scores, 10, seen, fut, req)
+    finite = torch.isfinite(r.scores[0])
+    assert r.indices[0][finite].tolist() == [5, 6]  # k beyond the candidates: only what is left
+    assert (r.n_seen.item(), r.n_future.item(), r.n_requested.item()) == (1, 1, 1)
+
+
+def test_future_mask_and_release_units() -> None:
+    release = release_tensor(["a", "b", "c"], {"a": 1990.0, "c": 2001.0})  # b unknown: always available
+    assert release[:2].tolist() == [-math.inf, -math.inf]
+    m = future_mask(release, torch.tensor([1995.0, 2005.0]))
+    assert m.tolist() == [[False, False, False, False, True], [False] * 5]
+    assert reference_value(881250949, "year") == 1997.0
+    assert reference_value(5.0, "second") == 5.0
+
+
+def test_recommend_never_returns_seen_future_or_specials() -> None:
+    torch.manual_seed(0)
+    model = SASRec(SASRecConfig(vocab_size=12, max_len=8, d_model=8, n_heads=1, n_layers=1, d_ff=16)).eval()
+    release = release_tensor([str(i) for i in range(10)], {"9": 2020.0})  # index 11 released 2020
+    with torch.inference_mode():
+        r = recommend(model, [[2, 3, 4], [5]], k=20, exclude_seen=[True, False], requested=[[6], []],
+                      release=release, reference=[2000.0, None])
+    row0 = r.indices[0][torch.isfinite(r.scores[0])].tolist()
+    assert set(row0) == set(range(2, 12)) - {2, 3, 4, 6, 11}
+    row1 = r.indices[1][torch.isfinite(r.scores[1])].tolist()
+    assert set(row1) == set(range(2, 12))  # nothing excluded: seen allowed, no reference time
+    assert r.n_seen.tolist() == [3, 0] and r.n_future.tolist() == [1, 0] and r.n_requested.tolist() == [1, 0]

@@ -1,0 +1,88 @@
+from pathlib import Path
+
+import pytest
+
+from training.data import DataFormatError, load_interactions
+
+
+def test_recbole_files_sorted_per_user_with_release_years(synthetic_dir: Path) -> None:
+    data = load_interactions(synthetic_dir)
+    assert len(data.users) == 40
+    for times in data.times:
+        assert times == sorted(times)
+    assert data.release_unit == "year" and data.release["10"] == 1990.0
+    assert len(data.sha256) == 64
+
+
+def test_grouplens_100k(tmp_path: Path) -> None:
+    (tmp_path / "u.data").write_text("1\t10\t5\t300\n1\t11\t3\t100\n2\t10\t4\t200\n")
+    (tmp_path / "u.item").write_text("10|A (1995)|01-Jan-1995|x\n11|B|unknown-date|x\n", encoding="latin-1")
+    with pytest.raises(DataFormatError, match=r"u.item:2: bad release date"):
+        load_interactions(tmp_path)
+    (tmp_path / "u.item").write_text("10|A (1995)|01-Jan-1995|x\n11|B||x\n", encoding="latin-1")
+    data = load_interactions(tmp_path)
+    assert data.users == ["1", "2"] and data.items[0] == ["11", "10"]
+    assert data.release == {"10": 1995.0}
+
+
+def test_grouplens_dat_and_csv(tmp_path: Path) -> None:
+    (tmp_path / "ratings.dat").write_text("1::10::5::300\n1::11::3::100\n")
+    (tmp_path / "movies.dat").write_text("10::Heat (1995)::Action\n11::Odd::Drama\n", encoding="latin-1")
+    data = load_interactions(tmp_path)
+    assert data.items == [["11", "10"]] and data.release == {"10": 1995.0}
+    d2 = tmp_path / "csv"
+    d2.mkdir()
+    (d2 / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,10,5,300\n1,11,3,100\n")
+    (d2 / "movies.csv").write_text('movieId,title,genres\n10,"Heat (1995)",Action\n')
+    data = load_interactions(d2)
+    assert data.items == [["11", "10"]] and data.release == {"10": 1995.0}
+
+
+def test_user_item_lines_keep_file_order(tmp_path: Path) -> None:
+    p = tmp_path / "beauty.txt"
+    p.write_text("1 5\n1 3\n2 3\n1 9\n")
+    data = load_interactions(p)
+    assert data.users == ["1", "2"] and data.items == [["5", "3", "9"], ["3"]]
+    assert data.release_unit is None
+    p.write_text("1 5\n1 3 7\n")
+    with pytest.raises(DataFormatError, match=r"beauty.txt:2: expected 'user item'"):
+        load_interactions(p)
+
+
+def test_generic_csv_with_item_table_and_iso_times(tmp_path: Path) -> None:
+    log = tmp_path / "log.csv"
+    log.write_text("user_id,item_id,timestamp\na,x,2020-01-02T00:00:00\na,y,2020-01-01T00:00:00Z\n")
+    items = tmp_path / "items.csv"
+    items.write_text("item_id,release_time\nx,2019-12-31T00:00:00\ny,\n")
+    data = load_interactions(log, items)
+    assert data.items == [["y", "x"]]
+    assert data.release_unit == "second" and set(data.release) == {"x"}
+    log.write_text("user_id,item_id,timestamp\na,x,yesterday\n")
+    with pytest.raises(DataFormatError, match=r"log.csv:2: timestamp 'yesterday'"):
+        load_interactions(log)
+    log.write_text("who,item_id,timestamp\na,x,1\n")
+    with pytest.raises(DataFormatError, match="no column among"):
+        load_interactions(log)
+
+
+def test_parquet_table(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"user": ["a", "a"], "item": ["x", "y"], "timestamp": [2, 1]}), tmp_path / "l.parquet")
+    assert load_interactions(tmp_path / "l.parquet").items == [["y", "x"]]
+
+
+def test_malformed_recbole_line(tmp_path: Path) -> None:
+    p = tmp_path / "x.inter"
+    p.write_text("user_id:token\titem_id:token\ttimestamp:float\n1\t2\t3\n1\t2\n")
+    with pytest.raises(DataFormatError, match=r"x.inter:3: expected 3 tab-separated fields, got 2"):
+        load_interactions(p)
+    p.write_text("user_id:token\titem_id:token\ttimestamp:float\n1\t2\tnoon\n")
+    with pytest.raises(DataFormatError, match=r"x.inter:2: timestamp 'noon' is not a number"):
+        load_interactions(p)
+
+
+def test_missing_path() -> None:
+    with pytest.raises(DataFormatError, match="no such file"):
+        load_interactions(Path("/nonexistent/file.csv"))

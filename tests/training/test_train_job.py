@@ -1,0 +1,86 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.artifact import latest_versions, load_rec_artifact
+from training.config import load_config
+from training.preflight import PreflightError, preflight
+
+
+def test_artifact_contract(tiny_artifacts: Path) -> None:
+    versions = latest_versions(tiny_artifacts)
+    assert set(versions) == {"sasrec-tiny", "bert4rec-tiny"}
+    for folder in versions.values():
+        names = {p.name for p in folder.iterdir()}
+        assert {"manifest.json", "model.pt", "items.json", "users.json", "item_meta.json", "histories.json",
+                "metrics.json", "run_config.json", "curves.png"} <= names
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert manifest["format_version"] == 1 and len(manifest["data"]["sha256"]) == 64
+        assert {"full", "popularity", "uniform"} <= manifest["metrics"]["test"].keys()
+        assert "baseline_popularity_test" in manifest["metrics"]
+        art = load_rec_artifact(folder)
+        assert art.items.n_entities == 30 and len(art.histories) == 40
+        assert art.release_unit == "year"
+
+
+def test_training_is_reproducible(tiny_artifacts: Path, synthetic_dir: Path, tmp_path: Path) -> None:
+    from training.data import load_interactions
+    from training.recommend import train_recommender
+
+    cfg = load_config(None, ["model.kind='sasrec'", "name='sasrec-tiny'", "model.max_len=16", "model.d_model=16",
+                             "model.n_heads=2", "model.n_layers=1", "model.d_ff=32", "model.n_negatives=8",
+                             "train.epochs=3", "train.batch_size=16", "train.patience=5",
+                             "train.n_eval_negatives=10"])
+    again = train_recommender(cfg, load_interactions(synthetic_dir), tmp_path)
+    first = latest_versions(tiny_artifacts)["sasrec-tiny"]
+    a = torch.load(first / "model.pt", weights_only=True)["state_dict"]
+    b = torch.load(again / "model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_config_overrides_and_unknown_keys(tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text("name='x'\n[model]\nkind='sasrec'\nd_model=8\n[train]\nepochs=2\n")
+    cfg = load_config(p, ["train.lr=0.01", "model.loss=bce"])
+    assert cfg.train.lr == 0.01 and cfg.train.epochs == 2 and cfg.model == {"d_model": 8, "loss": "bce"}
+    with pytest.raises(ValueError, match="unknown key"):
+        load_config(p, ["train.epoch=3"])
+
+
+def test_preflight_catches_a_model_that_sees_the_future() -> None:
+    from models.sasrec import SASRec, SASRecConfig
+
+    model = SASRec(SASRecConfig(vocab_size=20, max_len=8, d_model=8, n_heads=1, n_layers=1, d_ff=16))
+    batch = torch.tensor([[3, 4, 5, 6, 0], [7, 8, 0, 0, 0]])
+    preflight(model, batch, 20)  # a correct model passes
+    model.encoder.causal = False  # the bug: bidirectional attention in a next-item model
+    with pytest.raises(PreflightError, match="future"):
+        preflight(model, batch, 20)
+
+
+def test_cli_train_and_predict(tmp_path: Path, synthetic_dir: Path, tiny_artifacts: Path) -> None:
+    import csv
+
+    from training.__main__ import main
+
+    folder = latest_versions(tiny_artifacts)["sasrec-tiny"]
+    assert main(["predict", "--artifact", str(folder), "--k", "5", "--out", str(tmp_path)]) == 0
+    out = next(tmp_path.glob("predictions_sasrec-tiny_k5_*.csv"))
+    rows = list(csv.DictReader(out.open()))
+    art = load_rec_artifact(folder)
+    assert {r["user_id"] for r in rows} == set(art.histories)
+    by_user: dict[str, list[str]] = {}
+    for r in rows:
+        by_user.setdefault(r["user_id"], []).append(r["item_id"])
+    for user, items in by_user.items():
+        seen = {i for i, _ in art.histories[user]}
+        assert len(items) <= 5 and not seen & set(items)
+        last_year = max(t for _, t in art.histories[user]) // (365.25 * 86400) + 1970
+        assert all(art.release[i] <= last_year for i in items)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 2 3\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[model]\nkind='sasrec'\n")
+    assert main(["train", "--config", str(cfg), "--data", str(bad), "--out", str(tmp_path)]) == 2

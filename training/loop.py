@@ -1,0 +1,116 @@
+"""The training loop: pre-flight, epochs with validation, early stopping, best weights kept."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from models.base import SequentialRecommender
+from training.config import TrainConfig
+from training.preflight import preflight
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def length_buckets(lengths: torch.Tensor, batch_size: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """Shuffled batches of windows of similar length.
+
+    Most sequences are far shorter than the window (Beauty: 9 items on average against 50), so
+    random batches would be mostly padding; sorting a shuffled order by length and shuffling the
+    batches keeps the gradient noise while computing little padding.
+    """
+    order = torch.randperm(len(lengths), generator=gen)
+    order = order[torch.sort(lengths[order], stable=True).indices]
+    batches = list(order.split(batch_size))
+    perm = torch.randperm(len(batches), generator=gen).tolist()
+    return [batches[i] for i in perm]
+
+
+@dataclass
+class History:
+    epoch: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    val: list[dict[str, float]] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    best_epoch: int = 0
+    stopped: str = ""
+
+
+def train(
+    model: SequentialRecommender,
+    windows: torch.Tensor,
+    cfg: TrainConfig,
+    vocab_size: int,
+    validate: Callable[[SequentialRecommender], dict[str, float]] | None,
+) -> History:
+    """Train `model` on right-padded windows (N, L); keep the weights of the best validation NDCG@10.
+
+    Without `validate` (full-data mode) the lowest training loss decides instead.
+    """
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    preflight(model, windows[: cfg.batch_size], vocab_size)
+    hist = History()
+    best_score, best_state, bad = -float("inf"), copy.deepcopy(model.state_dict()), 0
+    t0 = time.monotonic()
+    lengths = (windows != 0).sum(1)
+    for epoch in range(1, cfg.epochs + 1):
+        model.train()
+        total, seen, te = 0.0, 0, time.monotonic()
+        batches = length_buckets(lengths, cfg.batch_size, gen)
+        # disable=None: a bar on a terminal, none in logs and CI.
+        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
+        for idx in bar:
+            batch = windows[idx]
+            batch = batch[:, : int(lengths[idx].max())]  # trim to the batch's longest
+            loss = model.loss(batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(batch)
+            seen += len(batch)
+            bar.set_postfix(loss=f"{total / seen:.4f}", seq_s=f"{seen / (time.monotonic() - te):.0f}")
+        epoch_loss = total / max(seen, 1)
+        model.eval()
+        val = validate(model) if validate else {}
+        hist.epoch.append(epoch)
+        hist.loss.append(epoch_loss)
+        hist.val.append(val)
+        hist.seconds.append(time.monotonic() - t0)
+        score = val.get("NDCG@10", -epoch_loss)
+        log.info(
+            "epoch %d loss %.4f %s (%.0fs, %.0f seq/s)", epoch, epoch_loss,
+            " ".join(f"{k} {v:.4f}" for k, v in val.items() if k != "n"),
+            hist.seconds[-1], seen / (time.monotonic() - te),
+        )
+        if score > best_score:
+            best_score, bad, hist.best_epoch = score, 0, epoch
+            best_state = copy.deepcopy(model.state_dict())
+        else:
+            bad += 1
+            if bad >= cfg.patience:
+                hist.stopped = f"early stop: no better validation for {cfg.patience} epochs"
+                break
+        if hist.seconds[-1] > cfg.max_minutes * 60:
+            hist.stopped = f"time budget of {cfg.max_minutes} minutes reached"
+            break
+    else:
+        hist.stopped = f"all {cfg.epochs} epochs"
+    model.load_state_dict(best_state)
+    model.eval()
+    log.info("stopped (%s); best epoch %d", hist.stopped, hist.best_epoch)
+    return hist
