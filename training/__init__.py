@@ -1,0 +1,1 @@
+"""Offline training jobs: data loading, splits, the training loop, evaluation, export."""
