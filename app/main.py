@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from app.engine.registry import ModelRegistry, resolve_device
 from app.errors import install_error_handlers
-from app.routers import health, models, recommend
+from app.routers import health, models, next_location, recommend
 from app.settings import Settings, get_settings
 
 log = logging.getLogger("app")
@@ -26,7 +26,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             torch.set_num_threads(settings.torch_threads)
         registry = ModelRegistry(device=resolve_device(settings.device))
         registry.load_all(settings.artifacts_dir, settings.default_model)
-        if not registry.recommenders:
+        if not registry.names:
             log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)
         app.state.registry = registry
         yield
@@ -34,7 +34,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="seqserve", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     install_error_handlers(app)
-    for r in (health.router, models.router, recommend.router):
+    for r in (health.router, models.router, recommend.router, next_location.router):
         app.include_router(r)
     return app
 

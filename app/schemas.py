@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 RawId = Annotated[str, Field(min_length=1, max_length=256)]
 UnixTime = Annotated[float, Field(ge=0, le=1e11, description="unix seconds")]
 MAX_HISTORY = 10_000
+
+
+def _utc_if_naive(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+# Local wall-clock time is what the features need; a naive time is read as given.
+AwareOrNaive = Annotated[dt.datetime, AfterValidator(_utc_if_naive)]
 
 
 class Strict(BaseModel):
@@ -65,6 +74,59 @@ class RecommendResponse(BaseModel):
     results: list[RecommendResult]
 
 
+class StayStep(Strict):
+    """One staypoint: its place and either start minute/weekday/duration or ISO 8601 start/end."""
+
+    location_id: RawId
+    start_min: int | None = Field(None, ge=0, le=1439, description="minute of the day")
+    weekday: int | None = Field(None, ge=0, le=6, description="0 = Monday")
+    duration_min: int | None = Field(None, ge=0, le=10_000_000)
+    started_at: AwareOrNaive | None = None
+    finished_at: AwareOrNaive | None = None
+
+    @model_validator(mode="after")
+    def _one_time_form(self) -> StayStep:
+        relative = (self.start_min, self.weekday, self.duration_min)
+        absolute = (self.started_at, self.finished_at)
+        if all(v is not None for v in relative) and all(v is None for v in absolute):
+            return self
+        if all(v is not None for v in absolute) and all(v is None for v in relative):
+            assert self.started_at is not None and self.finished_at is not None
+            if self.finished_at < self.started_at:
+                raise ValueError("finished_at is before started_at")
+            return self
+        raise ValueError("give start_min, weekday and duration_min, or started_at and finished_at")
+
+
+class NextLocationQuery(Strict):
+    user_id: RawId | None = None
+    history: list[StayStep] = Field(min_length=1, max_length=MAX_HISTORY)
+    k: int = Field(5, ge=1, le=10_000)
+
+
+class NextLocationRequest(Strict):
+    model: RawId | None = None
+    queries: list[NextLocationQuery] = Field(min_length=1, max_length=100_000)
+
+
+class ScoredLocation(BaseModel):
+    location_id: str | None = Field(description="null = a place not seen in training")
+    probability: float
+
+
+class NextLocationResult(BaseModel):
+    locations: list[ScoredLocation]
+    unknown_locations: list[str]
+    unknown_user: bool
+    history_truncated: bool
+
+
+class NextLocationResponse(BaseModel):
+    model: str
+    version: str
+    results: list[NextLocationResult]
+
+
 class ModelInfo(BaseModel):
     name: str
     kind: str
@@ -78,6 +140,7 @@ class ModelInfo(BaseModel):
 
 class ModelsResponse(BaseModel):
     default: str | None
+    default_next_location: str | None
     models: list[ModelInfo]
     broken: dict[str, str]
 

@@ -20,11 +20,14 @@ from typing import Any
 
 from models.base import SequentialRecommender
 from models.checkpoint import load_checkpoint
+from models.features import BUCKETING
 from models.ids import IdMap
+from models.mhsa import MHSA
 
 MANIFEST = "manifest.json"
 WEIGHTS = "model.pt"
 ITEMS = "items.json"
+LOCATIONS = "locations.json"
 USERS = "users.json"
 ITEM_META = "item_meta.json"
 HISTORIES = "histories.json"
@@ -51,6 +54,17 @@ class RecArtifact:
     release_unit: str | None
     release: dict[str, float]  # raw item id -> release time in release_unit
     histories: dict[str, list[tuple[str, float]]]  # raw user id -> [(raw item id, unix time)]
+
+
+@dataclass
+class LocArtifact:
+    """Everything the service needs from a next-location artifact."""
+
+    path: Path
+    manifest: dict[str, Any]
+    model: MHSA
+    locations: IdMap
+    users: IdMap
 
 
 def new_version_dir(root: Path, name: str) -> Path:
@@ -137,3 +151,25 @@ def load_rec_artifact(folder: Path, map_location: str = "cpu") -> RecArtifact:
         release_unit=meta.get("unit"), release={str(k): float(v) for k, v in meta.get("release", {}).items()},
         histories=histories,
     )
+
+
+def load_location_artifact(folder: Path, map_location: str = "cpu") -> LocArtifact:
+    """Load and cross-check a next-location artifact; raises ArtifactError on any defect."""
+    manifest = read_manifest(folder)
+    if manifest.get("bucketing") != BUCKETING:
+        # The features would be computed differently from how the model was trained.
+        raise ArtifactError(f"{folder}: bucketing {manifest.get('bucketing')} differs from this code's {BUCKETING}")
+    if not (folder / WEIGHTS).exists():
+        raise ArtifactError(f"{folder}: missing {WEIGHTS}")
+    try:
+        _, model = load_checkpoint(folder / WEIGHTS, map_location)
+        locations = IdMap.from_json(_read_json(folder, LOCATIONS))
+        users = IdMap.from_json(_read_json(folder, USERS))
+    except ValueError as exc:
+        raise ArtifactError(str(exc)) from exc
+    if not isinstance(model, MHSA):
+        raise ArtifactError(f"{folder}: checkpoint is not a next-location model")
+    if model.config.n_locations != len(locations) or model.config.n_users != len(users):
+        raise ArtifactError(f"{folder}: model vocabularies do not match {LOCATIONS}/{USERS}")
+    model.eval()
+    return LocArtifact(folder, manifest, model, locations, users)

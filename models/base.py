@@ -23,6 +23,12 @@ class SequentialRecommender(nn.Module, ABC):
         """Length of one training window given to `loss`."""
         return int(self.config.max_len)
 
+    def set_item_frequencies(self, counts: torch.Tensor) -> None:
+        """Give the training data's item counts (V,) to whatever samples negatives."""
+        sampler = getattr(self, "sampler", None)
+        if sampler is not None:
+            sampler.set_frequencies(counts)
+
     @abstractmethod
     def scores(self, seq: torch.Tensor) -> torch.Tensor:
         """(B, L) right-padded histories -> (B, V) next-item scores; non-items are -inf."""

@@ -10,7 +10,7 @@ from torch import nn
 
 from models.base import SequentialRecommender
 from models.ids import N_SPECIAL, PAD
-from models.layers import SequenceEncoder, init_weights
+from models.layers import NegativeSampler, SequenceEncoder, init_weights
 
 
 @dataclass
@@ -28,6 +28,7 @@ class BERT4RecConfig:
     last_item_prob: float = 0.1
     # 0 = softmax over all items at the masked positions; otherwise sampled softmax.
     n_negatives: int = 0
+    negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_prob < 1.0:
@@ -81,6 +82,7 @@ class BERT4Rec(SequentialRecommender):
             nn.Linear(config.d_model, config.d_model), nn.GELU(), nn.LayerNorm(config.d_model)
         )
         self.out_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.sampler = NegativeSampler(config.vocab_size, max(config.n_negatives, 1), config.negative_pop_share)
         self.transform.apply(init_weights)
 
     @property
@@ -121,9 +123,9 @@ class BERT4Rec(SequentialRecommender):
             logits[:, :N_SPECIAL] = float("-inf")
             return F.cross_entropy(logits, target)
         w = self.encoder.token_emb.weight
-        neg = torch.randint(N_SPECIAL, cfg.vocab_size, (cfg.n_negatives,), device=seq.device)
+        neg, correction = self.sampler(seq.device)
         t = self.transform(h)
         pos_logit = (t * w[target]).sum(-1, keepdim=True) + self.out_bias[target, None]
-        neg_logit = t @ w[neg].T + self.out_bias[neg]
+        neg_logit = t @ w[neg].T + self.out_bias[neg] - correction
         neg_logit = neg_logit.masked_fill(neg[None, :] == target[:, None], float("-inf"))
         return F.cross_entropy(torch.cat([pos_logit, neg_logit], 1), torch.zeros_like(target))

@@ -105,3 +105,39 @@ def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
     table[:, 0::2] = torch.sin(pos * div)
     table[:, 1::2] = torch.cos(pos * div[: d_model // 2])
     return table
+
+
+class NegativeSampler(nn.Module):
+    """Negatives shared by a batch for a sampled softmax, with the log-Q correction.
+
+    A `pop_share` of the negatives is drawn in proportion to item frequency (hard negatives), the
+    rest uniformly; every negative logit is corrected by -log(K * Q(item)) so that the sampled
+    softmax estimates the full softmax over all items (Bengio & Senecal; Yi et al., RecSys 2019).
+    """
+
+    freq: torch.Tensor  # (V,) sampling distribution, a non-persistent buffer
+
+    def __init__(self, vocab_size: int, n_negatives: int, pop_share: float, n_special: int = 2) -> None:
+        super().__init__()
+        if not 0.0 <= pop_share <= 1.0:
+            raise ValueError("pop_share must be in [0, 1]")
+        self.vocab_size, self.k, self.pop_share, self.n_special = vocab_size, n_negatives, pop_share, n_special
+        freq = torch.zeros(vocab_size)
+        freq[n_special:] = 1.0
+        # Not saved with the model: only training samples, and it sets the frequencies itself.
+        self.register_buffer("freq", freq / freq.sum(), persistent=False)
+
+    def set_frequencies(self, counts: torch.Tensor) -> None:
+        """Item counts (V,) from the training data; items never seen keep a small floor."""
+        c = counts.double().clamp(min=0.5)
+        c[: self.n_special] = 0
+        self.freq = (c / c.sum()).float().to(self.freq.device)
+
+    def forward(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (negatives (K,), correction (K,) to subtract from their logits)."""
+        n_pop = round(self.k * self.pop_share)
+        uni = torch.randint(self.n_special, self.vocab_size, (self.k - n_pop,), device=device)
+        pop = torch.multinomial(self.freq, n_pop, replacement=True) if n_pop else uni[:0]
+        neg = torch.cat([uni, pop])
+        q = self.pop_share * self.freq[neg] + (1.0 - self.pop_share) / (self.vocab_size - self.n_special)
+        return neg, torch.log(self.k * q)

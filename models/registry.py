@@ -8,11 +8,13 @@ from torch import nn
 
 from models.base import SequentialRecommender
 from models.bert4rec import BERT4Rec, BERT4RecConfig
+from models.mhsa import MHSA, MHSAConfig
 from models.sasrec import SASRec, SASRecConfig
 
 REGISTRY: dict[str, tuple[type[Any], type[nn.Module]]] = {
     "sasrec": (SASRecConfig, SASRec),
     "bert4rec": (BERT4RecConfig, BERT4Rec),
+    "mhsa": (MHSAConfig, MHSA),
 }
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from models.base import SequentialRecommender
 from models.ids import N_SPECIAL, PAD
-from models.layers import SequenceEncoder, gather_last
+from models.layers import NegativeSampler, SequenceEncoder, gather_last
 
 LOSSES = ("sampled_softmax", "softmax", "bce")
 
@@ -27,6 +27,7 @@ class SASRecConfig:
     # (SASRec+ / gSASRec); softmax: over all items; bce: one random negative (the original).
     loss: str = "sampled_softmax"
     n_negatives: int = 1024
+    negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -45,6 +46,7 @@ class SASRec(SequentialRecommender):
             config.vocab_size, config.max_len, config.d_model, config.n_heads,
             config.n_layers, config.d_ff, config.dropout, causal=self.causal,
         )
+        self.sampler = NegativeSampler(config.vocab_size, config.n_negatives, config.negative_pop_share)
 
     @property
     def max_history(self) -> int:
@@ -88,9 +90,9 @@ class SASRec(SequentialRecommender):
                 torch.cat([pos_logit, neg_logit]),
                 torch.cat([torch.ones_like(pos_logit), torch.zeros_like(neg_logit)]),
             )
-        neg = torch.randint(N_SPECIAL, cfg.vocab_size, (cfg.n_negatives,), device=pos.device)  # (K,)
+        neg, correction = self.sampler(pos.device)  # (K,), (K,)
         pos_logit = (h * w[pos]).sum(-1, keepdim=True)  # (N, 1)
-        neg_logit = h @ w[neg].T  # (N, K)
+        neg_logit = h @ w[neg].T - correction  # (N, K)
         # A shared negative that is the row's own target is not a negative.
         neg_logit = neg_logit.masked_fill(neg[None, :] == pos[:, None], float("-inf"))
         logits = torch.cat([pos_logit, neg_logit], dim=1)  # (N, 1 + K)

@@ -62,3 +62,42 @@ def tiny_artifacts(tmp_path_factory: pytest.TempPathFactory, synthetic_dir: Path
             cfg.model["n_negatives"] = 8
         train_recommender(cfg, data, root)
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_location_artifact(tiny_artifacts: Path, staypoint_file: Path) -> Path:
+    """Adds a tiny MHSA (copy head) to the tiny artifacts root."""
+    from training.config import load_config
+    from training.next_location import train_next_location
+
+    cfg = load_config(None, [
+        "model.kind='mhsa'", "name='mhsa-tiny'", "model.d_model=16", "model.n_heads=2", "model.d_ff=32",
+        "model.n_layers=1", "model.pointer=true", "train.epochs=2", "train.batch_size=32",
+        "train.novel_as_unknown=true", "train.clip_grad_norm=1.0",
+    ])
+    train_next_location(cfg, staypoint_file, tiny_artifacts)
+    return tiny_artifacts
+
+
+def synthetic_staypoints(n_users: int = 4, days: int = 40, seed: int = 0) -> list[list[object]]:
+    """GeoLife-format rows: each user alternates home (morning) and work (day), some new places."""
+    rng = random.Random(seed)
+    rows: list[list[object]] = []
+    n = 0
+    for u in range(1, n_users + 1):
+        for day in range(days):
+            stays = ((f"home{u}", 420, 600), (f"work{u % 2}", 540, 480), (f"p{rng.randrange(30)}", 1200, 60))
+            for loc, start, dur in stays:
+                rows.append([n, u, loc, dur, day, day, start, (start + dur) % 1440, day % 7])
+                n += 1
+    return rows
+
+
+@pytest.fixture(scope="session")
+def staypoint_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("geo") / "staypoints.csv"
+    with p.open("w") as f:
+        f.write("id,user_id,location_id,duration,start_day,end_day,start_min,end_min,weekday\n")
+        for r in synthetic_staypoints():
+            f.write(",".join(str(v) for v in r) + "\n")
+    return p

@@ -45,6 +45,14 @@ def _train(args: argparse.Namespace) -> int:
     from training.recommend import train_recommender
 
     cfg = load_config(args.config, args.overrides)
+    if cfg.kind == "mhsa":
+        from training.next_location import train_next_location
+
+        data_path = args.data or (Path(cfg.data.path) if cfg.data.path else None)
+        if data_path is None:
+            raise ValueError("no data: pass --data or set data.path")
+        train_next_location(cfg, data_path, args.out)
+        return 0
     given = args.data or (Path(cfg.data.path) if cfg.data.path else None)
     if cfg.data.name == "ml-100k" and (given is None or given.is_dir()):
         path = locate_ml100k(given, args.shared_ml100k, Path("data") / "ml-100k")

@@ -14,6 +14,8 @@ class DataConfig:
     path: str = ""  # file or folder; empty = the default MovieLens-100k lookup
     item_table: str = ""  # optional item table (item, release time) for CSV/Parquet logs
     name: str = ""  # dataset label in the manifest
+    previous_days: int = 7  # next-location protocol: history window in days
+    min_history: int = 3  # next-location protocol: fewest history staypoints of a sample
 
 
 @dataclass
@@ -33,6 +35,10 @@ class TrainConfig:
     val_users: int = 0  # validate each epoch on this many users (0 = all), for speed
     eval_batch_size: int = 512
     threads: int = 0  # torch threads; 0 = torch's default
+    clip_grad_norm: float = 0.0  # 0 = no clipping
+    # Next-location: train on "a place the person had not visited before this history window"
+    # as the unknown class, the way unseen places look at serving time.
+    novel_as_unknown: bool = False
 
 
 @dataclass

@@ -6,18 +6,23 @@ import copy
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
+from torch import nn
 from tqdm import tqdm
 
-from models.base import SequentialRecommender
 from training.config import TrainConfig
-from training.preflight import preflight
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=nn.Module)
+
+
+class Trainable(Protocol):
+    def loss(self, batch: Any) -> torch.Tensor: ...
 
 
 def seed_everything(seed: int) -> None:
@@ -50,36 +55,43 @@ class History:
     stopped: str = ""
 
 
-def train(
-    model: SequentialRecommender,
-    windows: torch.Tensor,
-    cfg: TrainConfig,
-    vocab_size: int,
-    validate: Callable[[SequentialRecommender], dict[str, float]] | None,
-) -> History:
-    """Train `model` on right-padded windows (N, L); keep the weights of the best validation NDCG@10.
+def window_batches(windows: torch.Tensor, batch_size: int) -> Callable[[torch.Generator], list[torch.Tensor]]:
+    """Per-epoch batches of right-padded windows (N, L), bucketed by length and trimmed."""
+    lengths = (windows != 0).sum(1)
 
-    Without `validate` (full-data mode) the lowest training loss decides instead.
+    def make(gen: torch.Generator) -> list[torch.Tensor]:
+        return [windows[idx][:, : int(lengths[idx].max())] for idx in length_buckets(lengths, batch_size, gen)]
+
+    return make
+
+
+def train(
+    model: M,
+    make_batches: Callable[[torch.Generator], Sequence[Any]],
+    cfg: TrainConfig,
+    validate: Callable[[M], dict[str, float]] | None,
+    key_metric: str = "NDCG@10",
+    clip_grad_norm: float | None = None,
+) -> History:
+    """Train `model` on the batches `make_batches` draws each epoch; keep the weights of the best
+    validation `key_metric`. Without `validate` (full-data mode) the lowest training loss decides.
     """
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
-    preflight(model, windows[: cfg.batch_size], vocab_size)
     hist = History()
     best_score, best_state, bad = -float("inf"), copy.deepcopy(model.state_dict()), 0
     t0 = time.monotonic()
-    lengths = (windows != 0).sum(1)
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         total, seen, te = 0.0, 0, time.monotonic()
-        batches = length_buckets(lengths, cfg.batch_size, gen)
         # disable=None: a bar on a terminal, none in logs and CI.
-        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
-        for idx in bar:
-            batch = windows[idx]
-            batch = batch[:, : int(lengths[idx].max())]  # trim to the batch's longest
-            loss = model.loss(batch)
+        bar = tqdm(make_batches(gen), desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
+        for batch in bar:
+            loss = cast(Trainable, model).loss(batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if clip_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
             opt.step()
             total += loss.item() * len(batch)
             seen += len(batch)
@@ -91,7 +103,7 @@ def train(
         hist.loss.append(epoch_loss)
         hist.val.append(val)
         hist.seconds.append(time.monotonic() - t0)
-        score = val.get("NDCG@10", -epoch_loss)
+        score = val.get(key_metric, -epoch_loss)
         log.info(
             "epoch %d loss %.4f %s (%.0fs, %.0f seq/s)", epoch, epoch_loss,
             " ".join(f"{k} {v:.4f}" for k, v in val.items() if k != "n"),

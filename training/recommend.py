@@ -16,7 +16,8 @@ from training.config import RunConfig
 from training.data import Interactions
 from training.evaluate import evaluate, item_counts, popularity_scorer
 from training.export import export_recommender
-from training.loop import seed_everything, train
+from training.loop import seed_everything, train, window_batches
+from training.preflight import preflight
 from training.splits import EvalSet, leave_one_out, pad_right, windows
 
 EVALSET_FIELDS = ("users", "histories", "targets", "interacted")
@@ -86,7 +87,9 @@ def train_recommender(cfg: RunConfig, data: Interactions, out_root: Path) -> Pat
         )
 
     t0 = time.monotonic()
-    history = train(model, win, t, vocab, validate if val_set.targets else None)
+    model.set_item_frequencies(item_counts(split.train, vocab))
+    preflight(model, win[: t.batch_size], vocab)
+    history = train(model, window_batches(win, t.batch_size), t, validate if val_set.targets else None)
     train_seconds = time.monotonic() - t0
     metrics: dict[str, Any] = {
         "train_seconds": round(train_seconds, 1),

@@ -8,8 +8,15 @@ from pathlib import Path
 
 import torch
 
-from app.engine.recommender import Recommender
-from models.artifact import ArtifactError, latest_versions, load_rec_artifact, read_manifest
+from app.engine.locator import Locator, LocQuery, LocStep
+from app.engine.recommender import Recommender, RecQuery
+from models.artifact import (
+    ArtifactError,
+    latest_versions,
+    load_location_artifact,
+    load_rec_artifact,
+    read_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +34,14 @@ def resolve_device(name: str) -> torch.device:
 class ModelRegistry:
     device: torch.device
     recommenders: dict[str, Recommender] = field(default_factory=dict)
+    locators: dict[str, Locator] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)
-    default: str | None = None
+    default: str | None = None  # default recommendation model
+    default_locator: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return sorted([*self.recommenders, *self.locators])
 
     def load_all(self, root: Path, default: str | None = None) -> None:
         """Load the newest version of every artifact; a bad one is recorded, never fatal."""
@@ -36,22 +49,21 @@ class ModelRegistry:
             try:
                 manifest = read_manifest(folder)
                 task = manifest.get("task", "recommend")
-                if task != "recommend":
+                if task == "recommend":
+                    rec = Recommender(load_rec_artifact(folder), self.device)
+                    rec.recommend([RecQuery(None, [(rec.art.items.raw(2) or "", None)], k=1)])  # warm-up
+                    self.recommenders[name] = rec
+                elif task == "next_location":
+                    loc = Locator(load_location_artifact(folder), self.device)
+                    loc.predict([LocQuery(None, [LocStep(loc.art.locations.raw(2) or "", 0, 0, 0)])])  # warm-up
+                    self.locators[name] = loc
+                else:
                     raise ArtifactError(f"task {task!r} is not served by this version")
-                rec = Recommender(load_rec_artifact(folder), self.device)
-                self.warm_up(rec)
-                self.recommenders[name] = rec
-                log.info("loaded %s (%s, version %s) on %s", name, rec.art.kind, manifest["version"], self.device)
+                log.info("loaded %s (%s, version %s) on %s", name, manifest["kind"], manifest["version"], self.device)
             except (ArtifactError, OSError, RuntimeError, ValueError) as exc:
                 self.broken[name] = str(exc)
                 log.error("artifact %s not loaded: %s", name, exc)
         if default is not None and default not in self.recommenders:
             self.broken.setdefault(default, "configured default model is not loaded")
         self.default = default if default in self.recommenders else next(iter(sorted(self.recommenders)), None)
-
-    @staticmethod
-    def warm_up(rec: Recommender) -> None:
-        from app.engine.recommender import RecQuery
-
-        first = rec.art.items.raw(2)
-        rec.recommend([RecQuery(None, [(first or "", None)], k=1)])
+        self.default_locator = next(iter(sorted(self.locators)), None)

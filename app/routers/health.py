@@ -18,5 +18,5 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> JSONResponse:
     """Ready when at least one model serves; names every artifact that failed to load, and why."""
     reg = request.app.state.registry
-    body = Readiness(ready=bool(reg.recommenders), models=sorted(reg.recommenders), broken=reg.broken)
+    body = Readiness(ready=bool(reg.names), models=reg.names, broken=reg.broken)
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
