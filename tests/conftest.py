@@ -65,18 +65,25 @@ def tiny_artifacts(tmp_path_factory: pytest.TempPathFactory, synthetic_dir: Path
 
 
 @pytest.fixture(scope="session")
-def tiny_location_artifact(tiny_artifacts: Path, staypoint_file: Path) -> Path:
-    """Adds a tiny MHSA (copy head) to the tiny artifacts root."""
+def tiny_location_artifact(
+    tmp_path_factory: pytest.TempPathFactory, tiny_artifacts: Path, staypoint_file: Path
+) -> Path:
+    """A root with the tiny recommenders and a tiny MHSA (copy head)."""
+    import shutil
+
     from training.config import load_config
     from training.next_location import train_next_location
+
+    root = tmp_path_factory.mktemp("artifacts-all")
+    shutil.copytree(tiny_artifacts, root, dirs_exist_ok=True)
 
     cfg = load_config(None, [
         "model.kind='mhsa'", "name='mhsa-tiny'", "model.d_model=16", "model.n_heads=2", "model.d_ff=32",
         "model.n_layers=1", "model.pointer=true", "train.epochs=2", "train.batch_size=32",
         "train.novel_as_unknown=true", "train.clip_grad_norm=1.0",
     ])
-    train_next_location(cfg, staypoint_file, tiny_artifacts)
-    return tiny_artifacts
+    train_next_location(cfg, staypoint_file, root)
+    return root
 
 
 def synthetic_staypoints(n_users: int = 4, days: int = 40, seed: int = 0) -> list[list[object]]:
