@@ -31,9 +31,9 @@ KEYS = ("Acc@1", "Acc@5", "Acc@10", "MRR", "NDCG@10", "F1_weighted")
 
 def run(config: str, overrides: list[str], seed: int, data: Path, out: Path, variant: str) -> dict:
     tag = f"{re.sub(r'[^a-z0-9]+', '-', variant.lower()).strip('-')}-s{seed}"
+    sets = [f"train.seed={seed}", "train.threads=1", *overrides]
     cmd = [sys.executable, "-m", "training", "train", "--config", config, "--data", str(data),
-           "--out", str(out / tag), "--set", f"train.seed={seed}", "--set", "train.threads=1", *sum(
-               (["--set", o] for o in overrides), [])]
+           "--out", str(out / tag), *[a for o in sets for a in ("--set", o)]]
     log = out / f"{tag}.log"
     with log.open("w") as f:
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=f, stderr=subprocess.STDOUT)

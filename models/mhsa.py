@@ -19,7 +19,7 @@ from models.features import (
     hour_quarter,
     time_slot,
 )
-from models.ids import N_SPECIAL, PAD
+from models.ids import PAD
 from models.layers import causal_mask, gather_last, init_weights, sinusoidal_encoding
 
 
@@ -165,5 +165,3 @@ class MHSA(nn.Module):
             raise ValueError("the batch has no targets")
         return F.nll_loss(self(b), b.target, ignore_index=PAD)
 
-
-__all__ = ["MHSA", "N_SPECIAL", "MHSAConfig", "StayBatch"]

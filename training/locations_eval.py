@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from models.ids import N_SPECIAL, PAD
+from models.ids import PAD
 
 KS = (1, 5, 10)
 
@@ -80,6 +80,3 @@ def fit_transitions(sequences: list[list[int]], vocab: int) -> torch.Tensor:
             m[a, b] += 1
     return m
 
-
-__all__ = ["N_SPECIAL", "fit_transitions", "location_metrics", "markov_scores", "most_frequent_scores",
-           "most_recent_scores", "weighted_f1"]

@@ -12,7 +12,7 @@ import torch
 from models import artifact as A
 from models.features import BUCKETING
 from models.ids import PAD, UNK, IdMap
-from models.mhsa import MHSA, MHSAConfig, StayBatch, collate_staypoints
+from models.mhsa import MHSA, StayBatch, collate_staypoints
 from models.registry import build
 from training.config import RunConfig
 from training.data.staypoints import ProtocolSplit, Sample, build_protocol, load_staypoints, split_by_day
@@ -149,5 +149,3 @@ def train_next_location(cfg: RunConfig, data_path: Path, out_root: Path) -> Path
         ("MRR", "Acc@1"), {"bucketing": BUCKETING},
     )
 
-
-__all__ = ["MHSAConfig", "train_next_location"]
