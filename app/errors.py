@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.engine.batcher import BatchTimeoutError, QueueFullError
 from app.engine.recommender import UnknownUserError
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,15 @@ def install_error_handlers(app: FastAPI) -> None:
             error_body("unknown_user", str(exc), [{"loc": loc, "msg": str(exc), "type": "unknown_user"}]),
             status_code=404,
         )
+
+    @app.exception_handler(QueueFullError)
+    async def overloaded(_: Request, exc: QueueFullError) -> JSONResponse:
+        body = error_body("overloaded", f"server busy: {exc}; retry shortly")
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(BatchTimeoutError)
+    async def timed_out(_: Request, exc: BatchTimeoutError) -> JSONResponse:
+        return JSONResponse(error_body("timeout", str(exc)), status_code=504)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

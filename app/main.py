@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import torch
 from fastapi import FastAPI
 
-from app.engine.registry import ModelRegistry, resolve_device
+from app.engine.registry import BatchPolicy, ModelRegistry, resolve_device
 from app.errors import install_error_handlers
 from app.routers import health, models, next_location, recommend
 from app.settings import Settings, get_settings
@@ -24,12 +24,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
-        registry = ModelRegistry(device=resolve_device(settings.device))
+        policy = BatchPolicy(settings.batching, settings.max_batch_size, settings.max_wait_ms, settings.max_queue)
+        registry = ModelRegistry(device=resolve_device(settings.device), policy=policy)
         registry.load_all(settings.artifacts_dir, settings.default_model)
         if not registry.names:
             log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)
         app.state.registry = registry
         yield
+        await registry.close()
 
     app = FastAPI(title="seqserve", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings

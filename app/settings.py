@@ -19,6 +19,12 @@ class Settings(BaseSettings):
     max_queries: int = Field(default=1024, ge=1)  # queries per request
     max_k: int = Field(default=1000, ge=1)
     log_level: str = "INFO"
+    # Dynamic micro-batching of concurrent requests (per model).
+    batching: bool = True
+    max_batch_size: int = Field(default=256, ge=1)  # queries per model call
+    max_wait_ms: float = Field(default=2.0, ge=0)  # longest wait for more when others are queued
+    max_queue: int = Field(default=1024, ge=1)  # waiting requests per model before 503
+    request_timeout_s: float = Field(default=10.0, gt=0)  # 504 after this
 
 
 @lru_cache

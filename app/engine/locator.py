@@ -27,6 +27,14 @@ class LocQuery:
 
 
 @dataclass
+class LocPrepared:
+    query: LocQuery
+    steps: list[tuple[int, int, int, int]]
+    user: int
+    unknown: list[str]
+
+
+@dataclass
 class LocResult:
     locations: list[tuple[str | None, float]]  # None = a place not seen in training
     unknown_locations: list[str]
@@ -46,29 +54,39 @@ class Locator:
     def catalog_size(self) -> int:
         return self.art.locations.n_entities
 
+    def prepare(self, queries: list[LocQuery]) -> list[LocPrepared]:
+        """Map raw ids to indices. Cheap: no model call."""
+        out = []
+        for q in queries:
+            locs = self.art.locations.indices([s.location_id for s in q.history])
+            user = self.art.users.index(q.user_id) if q.user_id is not None else UNK
+            out.append(
+                LocPrepared(
+                    query=q,
+                    steps=[(li, s.start_min, s.weekday, s.duration_min) for li, s in zip(locs, q.history, strict=True)],
+                    # An unknown user gets no user-embedding contribution: index 0 is the zero embedding.
+                    user=PAD if user == UNK else user,
+                    unknown=list(dict.fromkeys(s.location_id for s, li in zip(q.history, locs, strict=True)
+                                               if li == UNK)),
+                )
+            )
+        return out
+
     def predict(self, queries: list[LocQuery]) -> list[LocResult]:
-        """All queries go through one forward pass."""
+        return self.infer(self.prepare(queries))
+
+    def infer(self, batch: list[LocPrepared]) -> list[LocResult]:
+        """All prepared queries go through one forward pass."""
         max_len = self.model.config.max_len
-        locs = [self.art.locations.indices([s.location_id for s in q.history]) for q in queries]
-        users = [self.art.users.index(q.user_id) if q.user_id is not None else UNK for q in queries]
-        # An unknown user gets no user-embedding contribution: index 0 is the zero embedding.
-        users = [PAD if u == UNK else u for u in users]
-        steps = [
-            [(li, s.start_min, s.weekday, s.duration_min) for li, s in zip(ls, q.history, strict=True)]
-            for ls, q in zip(locs, queries, strict=True)
-        ]
-        batch = collate_staypoints(steps, users, max_len=max_len).to(self.device)
-        k = min(max(q.k for q in queries), self.catalog_size + 1)
+        tensors = collate_staypoints([p.steps for p in batch], [p.user for p in batch], max_len=max_len)
+        k = min(max(p.query.k for p in batch), self.catalog_size + 1)
         with torch.inference_mode():
-            logp = self.model.scores(batch)
-            top = logp.topk(k, dim=1)
+            top = self.model.scores(tensors.to(self.device)).topk(k, dim=1)
         probs, idx = top.values.exp().cpu().tolist(), top.indices.cpu().tolist()
         out = []
-        for row, q in enumerate(queries):
-            ranked = [
-                (None if i == UNK else self.art.locations.raw(i), p) for i, p in zip(idx[row][: q.k], probs[row][: q.k],
-                                                                                   strict=True)
-            ]
-            unknown = [s.location_id for s, li in zip(q.history, locs[row], strict=True) if li == UNK]
-            out.append(LocResult(ranked, list(dict.fromkeys(unknown)), users[row] == PAD, len(q.history) > max_len))
+        raw = self.art.locations.raw
+        for row, p in enumerate(batch):
+            kq = p.query.k
+            ranked = [(None if i == UNK else raw(i), pr) for i, pr in zip(idx[row][:kq], probs[row][:kq], strict=True)]
+            out.append(LocResult(ranked, p.unknown, p.user == PAD, len(p.steps) > max_len))
         return out

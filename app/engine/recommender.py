@@ -30,6 +30,17 @@ class RecQuery:
 
 
 @dataclass
+class Prepared:
+    """A query with its ids mapped: what the batcher carries to the model."""
+
+    query: RecQuery
+    history: list[int]
+    requested: list[int]
+    unknown: list[str]
+    reference: float | None  # in the release unit; None = no future exclusion
+
+
+@dataclass
 class RecResult:
     user_id: str | None
     items: list[tuple[str, float]]
@@ -52,8 +63,11 @@ class Recommender:
     def catalog_size(self) -> int:
         return self.art.items.n_entities
 
-    def _prepare(self, q: RecQuery, position: int) -> tuple[list[int], list[str], float | None]:
-        """Item indices of the full history, unknown raw ids given, reference time (release unit)."""
+    def prepare(self, queries: list[RecQuery]) -> list[Prepared]:
+        """Map raw ids to indices; raises UnknownUserError naming the query. Cheap: no model call."""
+        return [self._prepare(q, n) for n, q in enumerate(queries)]
+
+    def _prepare(self, q: RecQuery, position: int) -> Prepared:
         events: list[tuple[str, float | None]] = []
         if q.user_id is not None:
             stored = self.art.histories.get(q.user_id)
@@ -62,38 +76,41 @@ class Recommender:
             events.extend((i, None if math.isnan(t) else t) for i, t in stored or [])
         events.extend(q.history)
         idx = self.art.items.indices([i for i, _ in events])
-        unknown = [i for (i, _), x in zip(q.history, idx[len(idx) - len(q.history) :], strict=True) if x < N_SPECIAL]
-        known = [x for x in idx if x >= N_SPECIAL]
+        given = idx[len(idx) - len(q.history) :]
+        unknown = [i for (i, _), x in zip(q.history, given, strict=True) if x < N_SPECIAL]
         ref = None
         if q.exclude_future and self.art.release_unit:
             times = [t for _, t in events if t is not None]
             when = q.as_of if q.as_of is not None else (max(times) if times else None)
             ref = reference_value(when, self.art.release_unit) if when is not None else None
-        return known, list(dict.fromkeys(unknown)), ref
+        return Prepared(
+            query=q,
+            history=[x for x in idx if x >= N_SPECIAL],
+            requested=[x for x in self.art.items.indices(q.exclude_items) if x >= N_SPECIAL],
+            unknown=list(dict.fromkeys(unknown)),
+            reference=ref,
+        )
 
     def recommend(self, queries: list[RecQuery]) -> list[RecResult]:
-        """All queries go through one forward pass."""
-        prepared = [self._prepare(q, n) for n, q in enumerate(queries)]
-        histories = [p[0] for p in prepared]
-        requested = [[x for x in self.art.items.indices(q.exclude_items) if x >= N_SPECIAL] for q in queries]
-        k = max(q.k for q in queries)
+        return self.infer(self.prepare(queries))
+
+    def infer(self, batch: list[Prepared]) -> list[RecResult]:
+        """All prepared queries go through one forward pass."""
+        k = max(p.query.k for p in batch)
         with torch.inference_mode():
             ranked = recommend(
-                self.model, histories, k, [q.exclude_seen for q in queries], requested,
-                self.release, [p[2] for p in prepared], self.device,
+                self.model, [p.history for p in batch], k, [p.query.exclude_seen for p in batch],
+                [p.requested for p in batch], self.release, [p.reference for p in batch], self.device,
             )
         idx = ranked.indices.cpu().tolist()
         scores = ranked.scores.cpu().tolist()
         counts = torch.stack([ranked.n_seen, ranked.n_future, ranked.n_requested], 1).cpu().tolist()
         raw = self.art.items.raw
         out = []
-        for row, q in enumerate(queries):
-            items = [(raw(i), s) for i, s in zip(idx[row][: q.k], scores[row][: q.k], strict=True) if s != -math.inf]
+        for row, p in enumerate(batch):
+            kq = p.query.k
+            items = [(str(raw(i)), float(s)) for i, s in zip(idx[row][:kq], scores[row][:kq], strict=True)
+                     if s != -math.inf]
             seen, fut, req = counts[row]
-            out.append(
-                RecResult(
-                    q.user_id, [(str(i), float(s)) for i, s in items], prepared[row][1],
-                    {"seen": seen, "future": fut, "requested": req},
-                )
-            )
+            out.append(RecResult(p.query.user_id, items, p.unknown, {"seen": seen, "future": fut, "requested": req}))
         return out

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from app.engine.locator import Locator, LocQuery, LocStep
-from app.engine.recommender import Recommender, RecQuery
+from app.engine.batcher import MicroBatcher, Q, R
+from app.engine.locator import Locator, LocPrepared, LocQuery, LocResult, LocStep
+from app.engine.recommender import Prepared, Recommender, RecQuery, RecResult
 from models.artifact import (
     ArtifactError,
     latest_versions,
@@ -31,8 +33,19 @@ def resolve_device(name: str) -> torch.device:
 
 
 @dataclass
+class BatchPolicy:
+    enabled: bool = True
+    max_batch_size: int = 256
+    max_wait_ms: float = 2.0
+    max_queue: int = 1024
+
+
+@dataclass
 class ModelRegistry:
     device: torch.device
+    policy: BatchPolicy = field(default_factory=BatchPolicy)
+    rec_batchers: dict[str, MicroBatcher[Prepared, RecResult]] = field(default_factory=dict)
+    loc_batchers: dict[str, MicroBatcher[LocPrepared, LocResult]] = field(default_factory=dict)
     recommenders: dict[str, Recommender] = field(default_factory=dict)
     locators: dict[str, Locator] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)
@@ -53,10 +66,12 @@ class ModelRegistry:
                     rec = Recommender(load_rec_artifact(folder), self.device)
                     rec.recommend([RecQuery(None, [(rec.art.items.raw(2) or "", None)], k=1)])  # warm-up
                     self.recommenders[name] = rec
+                    self.rec_batchers[name] = self._batcher(rec.infer)
                 elif task == "next_location":
                     loc = Locator(load_location_artifact(folder), self.device)
                     loc.predict([LocQuery(None, [LocStep(loc.art.locations.raw(2) or "", 0, 0, 0)])])  # warm-up
                     self.locators[name] = loc
+                    self.loc_batchers[name] = self._batcher(loc.infer)
                 else:
                     raise ArtifactError(f"task {task!r} is not served by this version")
                 log.info("loaded %s (%s, version %s) on %s", name, manifest["kind"], manifest["version"], self.device)
@@ -67,3 +82,14 @@ class ModelRegistry:
             self.broken.setdefault(default, "configured default model is not loaded")
         self.default = default if default in self.recommenders else next(iter(sorted(self.recommenders)), None)
         self.default_locator = next(iter(sorted(self.locators)), None)
+
+    def _batcher(self, fn: Callable[[list[Q]], list[R]]) -> MicroBatcher[Q, R]:
+        p = self.policy
+        return MicroBatcher(fn, p.max_batch_size, p.max_wait_ms, p.max_queue, enabled=p.enabled)
+
+    async def close(self) -> None:
+        """Answer what is queued, then stop every batcher's worker."""
+        for rb in self.rec_batchers.values():
+            await rb.stop()
+        for lb in self.loc_batchers.values():
+            await lb.stop()

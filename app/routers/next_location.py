@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 
 from app.engine.locator import Locator, LocQuery, LocStep
 from app.errors import LimitExceeded, ModelUnavailable, UnknownModel
@@ -47,7 +46,8 @@ async def next_location(body: NextLocationRequest, request: Request) -> NextLoca
             raise LimitExceeded(f"k must be at most {settings.max_k}", ["body", "queries", n, "k"])
     name, loc = pick_locator(request, body.model)
     queries = [LocQuery(q.user_id, [_step(s) for s in q.history], q.k) for q in body.queries]
-    results = await run_in_threadpool(loc.predict, queries)
+    batcher = request.app.state.registry.loc_batchers[name]
+    results = await batcher.submit(loc.prepare(queries), settings.request_timeout_s)
     return NextLocationResponse.model_validate(
         {
             "model": name,

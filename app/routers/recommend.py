@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 
 from app.engine.recommender import Recommender, RecQuery
 from app.errors import LimitExceeded, ModelUnavailable, UnknownModel
@@ -37,6 +36,7 @@ async def recommend(body: RecommendRequest, request: Request) -> RecommendRespon
         if q.k > settings.max_k:
             raise LimitExceeded(f"k must be at most {settings.max_k}", ["body", "queries", n, "k"])
     name, rec = pick_model(request, body.model)
+    batcher = request.app.state.registry.rec_batchers[name]
     queries = [
         RecQuery(
             user_id=q.user_id,
@@ -46,7 +46,8 @@ async def recommend(body: RecommendRequest, request: Request) -> RecommendRespon
         )
         for q in body.queries
     ]
-    results = await run_in_threadpool(rec.recommend, queries)
+    prepared = rec.prepare(queries)
+    results = await batcher.submit(prepared, settings.request_timeout_s)
     return RecommendResponse.model_validate(
         {
             "model": name,

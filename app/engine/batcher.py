@@ -1,0 +1,171 @@
+"""Dynamic micro-batching, framework-free: concurrent requests share one model call.
+
+Requests wait in a bounded queue. The worker takes the oldest, adds whatever else is already
+queued, and flushes at once when nothing else waits (so a lone request pays no batching delay);
+when more is queued but the batch is not full, it waits up to `max_wait_ms` for more. The model
+call runs in one worker thread, off the event loop. A failing batch is retried request by request,
+so a bad request fails alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+Q = TypeVar("Q")
+R = TypeVar("R")
+
+
+class QueueFullError(RuntimeError):
+    """The queue holds `max_queue` requests already."""
+
+
+class BatchTimeoutError(TimeoutError):
+    """The request was not answered within its timeout."""
+
+
+@dataclass
+class _Pending(Generic[Q, R]):
+    items: Sequence[Q]
+    future: asyncio.Future[list[R]]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0
+    items: int = 0
+    last_batch_size: int = 0
+
+
+class MicroBatcher(Generic[Q, R]):
+    def __init__(
+        self,
+        fn: Callable[[list[Q]], list[R]],
+        max_batch_size: int = 256,
+        max_wait_ms: float = 2.0,
+        max_queue: int = 1024,
+        enabled: bool = True,
+        on_batch: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self.fn = fn
+        self.max_batch_size = max_batch_size
+        self.max_wait = max_wait_ms / 1000.0
+        self.enabled = enabled
+        self.on_batch = on_batch  # (items in the batch, seconds in the model call)
+        self.stats = BatchStats()
+        self._queue: asyncio.Queue[_Pending[Q, R]] = asyncio.Queue(maxsize=max_queue)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batcher")
+        self._worker: asyncio.Task[None] | None = None
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    def start(self) -> None:
+        if self._worker is None:
+            self._worker = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Answer what is queued, then stop the worker."""
+        while not self._queue.empty():
+            await asyncio.sleep(0.005)
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+            self._worker = None
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, items: Sequence[Q], timeout: float | None = None) -> list[R]:
+        """Queue `items` (one request) and wait for their results, in order."""
+        loop = asyncio.get_running_loop()
+        if not self.enabled:
+            return await asyncio.wait_for(self._call(loop, list(items)), timeout)
+        pending: _Pending[Q, R] = _Pending(items, loop.create_future())
+        try:
+            self._queue.put_nowait(pending)
+        except asyncio.QueueFull:
+            raise QueueFullError(f"{self._queue.maxsize} requests already queued") from None
+        self.start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending.future), timeout)
+        except TimeoutError:
+            pending.future.cancel()  # the worker skips it if not started yet
+            raise BatchTimeoutError(f"no answer within {timeout:.3f}s") from None
+
+    async def _call(self, loop: asyncio.AbstractEventLoop, items: list[Q]) -> list[R]:
+        t0 = time.perf_counter()
+        out = await loop.run_in_executor(self._executor, self.fn, items)
+        if len(out) != len(items):
+            raise RuntimeError(f"model returned {len(out)} results for {len(items)} queries")
+        self.stats.batches += 1
+        self.stats.items += len(items)
+        self.stats.last_batch_size = len(items)
+        if self.on_batch:
+            self.on_batch(len(items), time.perf_counter() - t0)
+        return out
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            size = len(first.items)
+            deadline = first.enqueued + self.max_wait
+            while size < self.max_batch_size:
+                try:
+                    nxt = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    # Nothing else waits: flush now unless others arrived meanwhile and time is left.
+                    if len(batch) == 1 or time.monotonic() >= deadline:
+                        break
+                    try:
+                        nxt = await asyncio.wait_for(self._queue.get(), deadline - time.monotonic())
+                    except TimeoutError:
+                        break
+                if size + len(nxt.items) > self.max_batch_size and batch:
+                    # Too big to join: it opens the next batch.
+                    await self._flush(loop, batch)
+                    batch, size, deadline = [nxt], len(nxt.items), nxt.enqueued + self.max_wait
+                    continue
+                batch.append(nxt)
+                size += len(nxt.items)
+            await self._flush(loop, batch)
+
+    async def _flush(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending[Q, R]]) -> None:
+        live = [p for p in batch if not p.future.done()]
+        if not live:
+            return
+        items = [it for p in live for it in p.items]
+        try:
+            results = await self._call(loop, items)
+        except Exception as exc:
+            if len(live) == 1:
+                if not live[0].future.done():
+                    live[0].future.set_exception(exc)
+            else:
+                for p in live:  # isolate the failing request
+                    await self._one(loop, p)
+            return
+        pos = 0
+        for p in live:
+            n = len(p.items)
+            if not p.future.done():
+                p.future.set_result(results[pos : pos + n])
+            pos += n
+
+    async def _one(self, loop: asyncio.AbstractEventLoop, p: _Pending[Q, R]) -> None:
+        try:
+            res = await self._call(loop, list(p.items))
+        except Exception as exc:
+            if not p.future.done():
+                p.future.set_exception(exc)
+            return
+        if not p.future.done():
+            p.future.set_result(res)

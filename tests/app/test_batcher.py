@@ -1,0 +1,127 @@
+"""The micro-batcher on its own: no FastAPI, a plain function as the model."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from app.engine.batcher import BatchTimeoutError, MicroBatcher, QueueFullError
+
+
+class Model:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.calls: list[list[int]] = []
+        self.delay = delay
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.gate.wait()
+        time.sleep(self.delay)
+        if any(i < 0 for i in items):
+            raise ValueError("negative")
+        self.calls.append(list(items))
+        return [i * 10 for i in items]
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_lone_request_flushes_at_once() -> None:
+    async def go() -> float:
+        b = MicroBatcher(Model(), max_wait_ms=500)
+        t0 = time.perf_counter()
+        assert await b.submit([1, 2]) == [10, 20]
+        dt = time.perf_counter() - t0
+        await b.stop()
+        return dt
+
+    assert run(go()) < 0.25  # far below max_wait
+
+
+def test_concurrent_requests_share_calls_and_keep_order() -> None:
+    async def go() -> Model:
+        m = Model(delay=0.02)
+        b = MicroBatcher(m, max_batch_size=64, max_wait_ms=5)
+        out = await asyncio.gather(*[b.submit([i, i + 100]) for i in range(40)])
+        assert out == [[i * 10, (i + 100) * 10] for i in range(40)]
+        await b.stop()
+        return m
+
+    m = run(go())
+    assert len(m.calls) < 40 and max(len(c) for c in m.calls) > 2
+    assert all(len(c) <= 64 for c in m.calls)
+
+
+def test_a_failing_request_fails_alone() -> None:
+    async def go() -> list[object]:
+        m = Model()
+        m.gate.clear()
+        b = MicroBatcher(m, max_wait_ms=50)
+        tasks = [asyncio.create_task(b.submit(x)) for x in ([1], [-1], [2])]
+        await asyncio.sleep(0.05)
+        m.gate.set()
+        res = await asyncio.gather(*tasks, return_exceptions=True)
+        await b.stop()
+        return res
+
+    ok1, bad, ok2 = run(go())
+    assert ok1 == [10] and ok2 == [20] and isinstance(bad, ValueError)
+
+
+def test_queue_bound() -> None:
+    async def go() -> None:
+        m = Model()
+        m.gate.clear()  # the model hangs until released
+        b = MicroBatcher(m, max_queue=2, max_wait_ms=0)
+        first = asyncio.create_task(b.submit([1]))
+        await asyncio.sleep(0.05)  # the worker took it and is blocked in the model
+        waiting = [asyncio.create_task(b.submit([2])), asyncio.create_task(b.submit([3]))]
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFullError):
+            await b.submit([4])
+        m.gate.set()
+        assert await first == [10]
+        assert [await w for w in waiting] == [[20], [30]]
+        await b.stop()
+
+    run(go())
+
+
+def test_timeout() -> None:
+    async def go() -> None:
+        m = Model()
+        m.gate.clear()
+        b = MicroBatcher(m)
+        with pytest.raises(BatchTimeoutError):
+            await b.submit([1], timeout=0.05)
+        m.gate.set()
+        assert await b.submit([2], timeout=5) == [20]
+        await b.stop()
+
+    run(go())
+
+
+def test_result_count_is_checked() -> None:
+    async def go() -> None:
+        b = MicroBatcher(lambda items: items[:-1])
+        with pytest.raises(RuntimeError, match="returned 1 results for 2"):
+            await b.submit([1, 2])
+        await b.stop()
+
+    run(go())
+
+
+def test_batching_off_calls_per_request() -> None:
+    async def go() -> Model:
+        m = Model(delay=0.01)
+        b = MicroBatcher(m, enabled=False)
+        await asyncio.gather(*[b.submit([i]) for i in range(5)])
+        await b.stop()
+        return m
+
+    assert len(run(go()).calls) == 5
