@@ -10,7 +10,8 @@ import torch
 from fastapi import FastAPI
 
 from app.engine.registry import BatchPolicy, ModelRegistry, resolve_device
-from app.errors import install_error_handlers
+from app.errors import BodyLimit, install_error_handlers
+from app.observability import Metrics, configure_logging, install_observability
 from app.routers import health, models, next_location, recommend
 from app.settings import Settings, get_settings
 
@@ -25,7 +26,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         policy = BatchPolicy(settings.batching, settings.max_batch_size, settings.max_wait_ms, settings.max_queue)
-        registry = ModelRegistry(device=resolve_device(settings.device), policy=policy)
+        registry = ModelRegistry(device=resolve_device(settings.device), policy=policy, on_batch=metrics.on_batch)
         registry.load_all(settings.artifacts_dir, settings.default_model)
         if not registry.names:
             log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)
@@ -34,8 +35,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await registry.close()
 
     app = FastAPI(title="seqserve", version="0.1.0", lifespan=lifespan)
+    metrics = Metrics()
     app.state.settings = settings
+    app.state.metrics = metrics
     install_error_handlers(app)
+    install_observability(app, metrics)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     for r in (health.router, models.router, recommend.router, next_location.router):
         app.include_router(r)
     return app
@@ -44,5 +49,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def app_from_env() -> FastAPI:
     """Entry point for `uvicorn --factory app.main:app_from_env`."""
     s = get_settings()
-    logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if s.json_logs:
+        configure_logging(s.log_level)
+    else:
+        logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return create_app(s)

@@ -66,6 +66,7 @@ class RecommendResult(BaseModel):
     items: list[ScoredItem]
     unknown_items: list[str]
     excluded: Excluded
+    history_truncated: bool = Field(description="longer than the model reads: its most recent part was used")
 
 
 class RecommendResponse(BaseModel):

@@ -19,6 +19,9 @@ class Settings(BaseSettings):
     max_queries: int = Field(default=1024, ge=1)  # queries per request
     max_k: int = Field(default=1000, ge=1)
     log_level: str = "INFO"
+    json_logs: bool = True
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    admin_api_key: str | None = None  # admin endpoints answer 403 while unset
     # Dynamic micro-batching of concurrent requests (per model).
     batching: bool = True
     max_batch_size: int = Field(default=256, ge=1)  # queries per model call

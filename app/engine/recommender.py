@@ -46,6 +46,7 @@ class RecResult:
     items: list[tuple[str, float]]
     unknown_items: list[str]
     excluded: dict[str, int]
+    history_truncated: bool = False  # longer than the model reads: the most recent items were used
 
 
 class Recommender:
@@ -112,5 +113,7 @@ class Recommender:
             items = [(str(raw(i)), float(s)) for i, s in zip(idx[row][:kq], scores[row][:kq], strict=True)
                      if s != -math.inf]
             seen, fut, req = counts[row]
-            out.append(RecResult(p.query.user_id, items, p.unknown, {"seen": seen, "future": fut, "requested": req}))
+            excluded = {"seen": seen, "future": fut, "requested": req}
+            truncated = len(p.history) > self.model.max_history
+            out.append(RecResult(p.query.user_id, items, p.unknown, excluded, truncated))
         return out

@@ -44,6 +44,7 @@ class BatchPolicy:
 class ModelRegistry:
     device: torch.device
     policy: BatchPolicy = field(default_factory=BatchPolicy)
+    on_batch: Callable[[str], Callable[[int, float], None]] | None = None  # model name -> batch observer
     rec_batchers: dict[str, MicroBatcher[Prepared, RecResult]] = field(default_factory=dict)
     loc_batchers: dict[str, MicroBatcher[LocPrepared, LocResult]] = field(default_factory=dict)
     recommenders: dict[str, Recommender] = field(default_factory=dict)
@@ -66,12 +67,12 @@ class ModelRegistry:
                     rec = Recommender(load_rec_artifact(folder), self.device)
                     rec.recommend([RecQuery(None, [(rec.art.items.raw(2) or "", None)], k=1)])  # warm-up
                     self.recommenders[name] = rec
-                    self.rec_batchers[name] = self._batcher(rec.infer)
+                    self.rec_batchers[name] = self._batcher(name, rec.infer)
                 elif task == "next_location":
                     loc = Locator(load_location_artifact(folder), self.device)
                     loc.predict([LocQuery(None, [LocStep(loc.art.locations.raw(2) or "", 0, 0, 0)])])  # warm-up
                     self.locators[name] = loc
-                    self.loc_batchers[name] = self._batcher(loc.infer)
+                    self.loc_batchers[name] = self._batcher(name, loc.infer)
                 else:
                     raise ArtifactError(f"task {task!r} is not served by this version")
                 log.info("loaded %s (%s, version %s) on %s", name, manifest["kind"], manifest["version"], self.device)
@@ -83,9 +84,10 @@ class ModelRegistry:
         self.default = default if default in self.recommenders else next(iter(sorted(self.recommenders)), None)
         self.default_locator = next(iter(sorted(self.locators)), None)
 
-    def _batcher(self, fn: Callable[[list[Q]], list[R]]) -> MicroBatcher[Q, R]:
+    def _batcher(self, name: str, fn: Callable[[list[Q]], list[R]]) -> MicroBatcher[Q, R]:
         p = self.policy
-        return MicroBatcher(fn, p.max_batch_size, p.max_wait_ms, p.max_queue, enabled=p.enabled)
+        observer = self.on_batch(name) if self.on_batch else None
+        return MicroBatcher(fn, p.max_batch_size, p.max_wait_ms, p.max_queue, enabled=p.enabled, on_batch=observer)
 
     async def close(self) -> None:
         """Answer what is queued, then stop every batcher's worker."""

@@ -45,6 +45,7 @@ async def next_location(body: NextLocationRequest, request: Request) -> NextLoca
         if q.k > settings.max_k:
             raise LimitExceeded(f"k must be at most {settings.max_k}", ["body", "queries", n, "k"])
     name, loc = pick_locator(request, body.model)
+    request.state.model = name
     queries = [LocQuery(q.user_id, [_step(s) for s in q.history], q.k) for q in body.queries]
     batcher = request.app.state.registry.loc_batchers[name]
     results = await batcher.submit(loc.prepare(queries), settings.request_timeout_s)

@@ -36,6 +36,7 @@ async def recommend(body: RecommendRequest, request: Request) -> RecommendRespon
         if q.k > settings.max_k:
             raise LimitExceeded(f"k must be at most {settings.max_k}", ["body", "queries", n, "k"])
     name, rec = pick_model(request, body.model)
+    request.state.model = name
     batcher = request.app.state.registry.rec_batchers[name]
     queries = [
         RecQuery(
@@ -58,6 +59,7 @@ async def recommend(body: RecommendRequest, request: Request) -> RecommendRespon
                     "items": [{"item_id": i, "score": s} for i, s in r.items],
                     "unknown_items": r.unknown_items,
                     "excluded": r.excluded,
+                    "history_truncated": r.history_truncated,
                 }
                 for r in results
             ],

@@ -1,0 +1,68 @@
+"""Metrics, request ids and request limits through the real app."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx2 as httpx
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+
+
+def test_request_id_is_echoed_or_generated(tiny_artifacts: Path) -> None:
+    with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu"))) as c:
+        r = c.post("/recommend", json={"queries": [{"user_id": "u1"}]}, headers={"X-Request-ID": "abc-123"})
+        assert r.headers["X-Request-ID"] == "abc-123"
+        r = c.post("/recommend", json={"queries": []})
+        assert r.status_code == 422 and len(r.headers["X-Request-ID"]) == 32
+
+
+def test_body_limit_is_413_json(tiny_artifacts: Path) -> None:
+    with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", max_body_bytes=2048))) as c:
+        big = {"queries": [{"history": [{"item_id": "12"}] * 200}]}
+        r = c.post("/recommend", json=big)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+
+        def chunks():  # type: ignore[no-untyped-def]
+            yield b'{"queries": ['
+            for _ in range(200):  # about 3.6 kB, no Content-Length
+                yield b'{"user_id": "u1"},'
+            yield b'{"user_id": "u1"}]}'
+
+        r = c.post("/recommend", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+
+
+def test_history_truncation_is_reported(tiny_artifacts: Path) -> None:
+    with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu"))) as c:
+        long = [{"item_id": str(10 + i % 30)} for i in range(40)]  # the tiny models read 16
+        body = {"model": "sasrec-tiny", "queries": [{"history": long}, {"history": long[:3]}]}
+        res = c.post("/recommend", json=body).json()["results"]
+        assert [r["history_truncated"] for r in res] == [True, False]
+
+
+def test_metrics_show_batches_above_one_under_concurrency(tiny_artifacts: Path) -> None:
+    app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", max_wait_ms=20))
+
+    async def go() -> str:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                bodies = [{"model": "sasrec-tiny", "queries": [{"user_id": f"u{i}"}]} for i in range(30)]
+                rs = await asyncio.gather(*[c.post("/recommend", json=b) for b in bodies])
+                assert all(r.status_code == 200 for r in rs)
+                await c.post("/recommend", json={"queries": []})
+                return (await c.get("/metrics")).text
+
+    text = asyncio.run(go())
+    assert 'seqserve_requests_total{endpoint="/recommend",model="sasrec-tiny",status="200"} 30.0' in text
+    assert 'seqserve_rejected_total{reason="invalid_request"} 1.0' in text
+    count = float(next(ln.split()[-1] for ln in text.splitlines()
+                       if ln.startswith('seqserve_batch_size_count{model="sasrec-tiny"}')))
+    total = float(next(ln.split()[-1] for ln in text.splitlines()
+                       if ln.startswith('seqserve_batch_size_sum{model="sasrec-tiny"}')))
+    assert total == 30 and count < 30  # some model calls carried more than one request
+    assert 'seqserve_queue_depth{model="sasrec-tiny"} 0.0' in text
