@@ -152,6 +152,12 @@ class Readiness(BaseModel):
     broken: dict[str, str]
 
 
+class ReloadReport(BaseModel):
+    loaded: dict[str, str] = Field(description="model name -> version swapped in")
+    unchanged: dict[str, str]
+    failed: dict[str, str] = Field(description="model name -> error; an older version keeps serving if one was")
+
+
 class ErrorDetail(BaseModel):
     loc: list[str | int]
     msg: str

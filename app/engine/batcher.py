@@ -10,7 +10,6 @@ so a bad request fails alone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -59,7 +58,8 @@ class MicroBatcher(Generic[Q, R]):
         self.enabled = enabled
         self.on_batch = on_batch  # (items in the batch, seconds in the model call)
         self.stats = BatchStats()
-        self._queue: asyncio.Queue[_Pending[Q, R]] = asyncio.Queue(maxsize=max_queue)
+        # None is the stop sentinel: queued behind every request already accepted.
+        self._queue: asyncio.Queue[_Pending[Q, R] | None] = asyncio.Queue(maxsize=max_queue)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batcher")
         self._worker: asyncio.Task[None] | None = None
 
@@ -72,13 +72,10 @@ class MicroBatcher(Generic[Q, R]):
             self._worker = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        """Answer what is queued, then stop the worker."""
-        while not self._queue.empty():
-            await asyncio.sleep(0.005)
+        """Answer every request already accepted (queued or in the model), then stop the worker."""
         if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+            await self._queue.put(None)
+            await self._worker
             self._worker = None
         self._executor.shutdown(wait=True)
 
@@ -115,9 +112,12 @@ class MicroBatcher(Generic[Q, R]):
         loop = asyncio.get_running_loop()
         while True:
             first = await self._queue.get()
+            if first is None:
+                return
             batch = [first]
             size = len(first.items)
             deadline = first.enqueued + self.max_wait
+            stopping = False
             while size < self.max_batch_size:
                 try:
                     nxt = self._queue.get_nowait()
@@ -129,7 +129,10 @@ class MicroBatcher(Generic[Q, R]):
                         nxt = await asyncio.wait_for(self._queue.get(), deadline - time.monotonic())
                     except TimeoutError:
                         break
-                if size + len(nxt.items) > self.max_batch_size and batch:
+                if nxt is None:
+                    stopping = True
+                    break
+                if size + len(nxt.items) > self.max_batch_size:
                     # Too big to join: it opens the next batch.
                     await self._flush(loop, batch)
                     batch, size, deadline = [nxt], len(nxt.items), nxt.enqueued + self.max_wait
@@ -137,6 +140,8 @@ class MicroBatcher(Generic[Q, R]):
                 batch.append(nxt)
                 size += len(nxt.items)
             await self._flush(loop, batch)
+            if stopping:
+                return
 
     async def _flush(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending[Q, R]]) -> None:
         live = [p for p in batch if not p.future.done()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from models.artifact import (
 )
 
 log = logging.getLogger(__name__)
+LOAD_ERRORS = (ArtifactError, OSError, RuntimeError, ValueError)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -61,26 +63,79 @@ class ModelRegistry:
         """Load the newest version of every artifact; a bad one is recorded, never fatal."""
         for name, folder in latest_versions(root).items():
             try:
-                manifest = read_manifest(folder)
-                task = manifest.get("task", "recommend")
-                if task == "recommend":
-                    rec = Recommender(load_rec_artifact(folder), self.device)
-                    rec.recommend([RecQuery(None, [(rec.art.items.raw(2) or "", None)], k=1)])  # warm-up
-                    self.recommenders[name] = rec
-                    self.rec_batchers[name] = self._batcher(name, rec.infer)
-                elif task == "next_location":
-                    loc = Locator(load_location_artifact(folder), self.device)
-                    loc.predict([LocQuery(None, [LocStep(loc.art.locations.raw(2) or "", 0, 0, 0)])])  # warm-up
-                    self.locators[name] = loc
-                    self.loc_batchers[name] = self._batcher(name, loc.infer)
-                else:
-                    raise ArtifactError(f"task {task!r} is not served by this version")
-                log.info("loaded %s (%s, version %s) on %s", name, manifest["kind"], manifest["version"], self.device)
-            except (ArtifactError, OSError, RuntimeError, ValueError) as exc:
+                self._install(name, self._load(folder))
+            except LOAD_ERRORS as exc:
                 self.broken[name] = str(exc)
                 log.error("artifact %s not loaded: %s", name, exc)
         if default is not None and default not in self.recommenders:
             self.broken.setdefault(default, "configured default model is not loaded")
+        self._pick_defaults(default)
+
+    async def reload(self, root: Path, default: str | None = None) -> dict[str, dict[str, str]]:
+        """Load every new version beside the serving one, warm it, then swap it in.
+
+        A version that fails to load leaves the old one serving; the error is reported.
+        """
+        report: dict[str, dict[str, str]] = {"loaded": {}, "unchanged": {}, "failed": {}}
+        for name, folder in latest_versions(root).items():
+            current = self._served(name)
+            if current is not None and current.art.path == folder:
+                report["unchanged"][name] = folder.name
+                continue
+            try:
+                served = await asyncio.to_thread(self._load, folder)
+            except LOAD_ERRORS as exc:
+                report["failed"][name] = str(exc)
+                if current is None:
+                    self.broken[name] = str(exc)
+                log.error("reload of %s from %s failed; %s", name, folder, "old version keeps serving"
+                          if current is not None else "not serving")
+                continue
+            old_batcher = self._install(name, served)
+            self.broken.pop(name, None)
+            report["loaded"][name] = folder.name
+            log.info("swapped in %s version %s", name, folder.name)
+            if old_batcher is not None:
+                await old_batcher.stop()  # answers what it had accepted
+        self._pick_defaults(default)
+        return report
+
+    def _served(self, name: str) -> Recommender | Locator | None:
+        return self.recommenders.get(name) or self.locators.get(name)
+
+    def _load(self, folder: Path) -> Recommender | Locator:
+        """Load and warm one artifact version (no shared state touched: safe in a thread)."""
+        manifest = read_manifest(folder)
+        task = manifest.get("task", "recommend")
+        if task == "recommend":
+            rec = Recommender(load_rec_artifact(folder), self.device)
+            rec.recommend([RecQuery(None, [(rec.art.items.raw(2) or "", None)], k=1)])
+            return rec
+        if task == "next_location":
+            loc = Locator(load_location_artifact(folder), self.device)
+            loc.predict([LocQuery(None, [LocStep(loc.art.locations.raw(2) or "", 0, 0, 0)])])
+            return loc
+        raise ArtifactError(f"task {task!r} is not served by this version")
+
+    def _install(
+        self, name: str, served: Recommender | Locator
+    ) -> MicroBatcher[Prepared, RecResult] | MicroBatcher[LocPrepared, LocResult] | None:
+        """Swap `served` in under `name`; returns the batcher it replaced. Runs on the event loop
+        (or before it starts), so a request sees either the old model and batcher or the new ones."""
+        old: MicroBatcher[Prepared, RecResult] | MicroBatcher[LocPrepared, LocResult] | None
+        if isinstance(served, Recommender):
+            old = self.rec_batchers.get(name)
+            self.rec_batchers[name] = self._batcher(name, served.infer)
+            self.recommenders[name] = served
+        else:
+            old = self.loc_batchers.get(name)
+            self.loc_batchers[name] = self._batcher(name, served.infer)
+            self.locators[name] = served
+        log.info("serving %s (%s, version %s) on %s", name, served.art.manifest["kind"],
+                 served.art.manifest["version"], self.device)
+        return old
+
+    def _pick_defaults(self, default: str | None) -> None:
         self.default = default if default in self.recommenders else next(iter(sorted(self.recommenders)), None)
         self.default_locator = next(iter(sorted(self.locators)), None)
 

@@ -125,3 +125,19 @@ def test_batching_off_calls_per_request() -> None:
         return m
 
     assert len(run(go()).calls) == 5
+
+
+def test_stop_answers_everything_accepted() -> None:
+    async def go() -> list[list[int]]:
+        m = Model()
+        m.gate.clear()
+        b = MicroBatcher(m, max_batch_size=1)
+        tasks = [asyncio.create_task(b.submit([i])) for i in range(5)]
+        await asyncio.sleep(0.02)
+        stopper = asyncio.create_task(b.stop())
+        await asyncio.sleep(0.02)
+        m.gate.set()
+        await stopper
+        return [await t for t in tasks]
+
+    assert run(go()) == [[0], [10], [20], [30], [40]]
