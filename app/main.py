@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from app.engine.registry import BatchPolicy, ModelRegistry, resolve_device
 from app.errors import BodyLimit, install_error_handlers
 from app.observability import Metrics, configure_logging, install_observability
-from app.routers import admin, health, models, next_location, recommend
+from app.routers import admin, bench, health, models, next_location, recommend
 from app.settings import Settings, get_settings
 
 log = logging.getLogger("app")
@@ -43,6 +43,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     for r in (health.router, models.router, recommend.router, next_location.router, admin.router):
         app.include_router(r)
+    if settings.bench_endpoints:
+        app.include_router(bench.router)
     return app
 
 

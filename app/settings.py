@@ -22,6 +22,7 @@ class Settings(BaseSettings):
     json_logs: bool = True
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     admin_api_key: str | None = None  # admin endpoints answer 403 while unset
+    bench_endpoints: bool = False  # POST /bench/noop: the framework's ceiling, for bench/load.py
     # Dynamic micro-batching of concurrent requests (per model).
     batching: bool = True
     max_batch_size: int = Field(default=256, ge=1)  # queries per model call

@@ -1,0 +1,67 @@
+"""Score + top-K cost per query against synthetic catalogs, to show how it grows with their size.
+
+    .venv/bin/python bench/catalog_scaling.py --items 10000 100000 1000000 --batch 64 --threads 2
+
+A SASRec of the Beauty configuration (d=64, 2 layers, 50 positions) with random weights; each
+query has a 50-item history, seen-item exclusion and top-10 (models.ranking.recommend, the
+serving path). Beside it, the encoder alone on the same batch: the part that does not depend on
+the catalog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from models.ranking import recommend
+from models.sasrec import SASRec, SASRecConfig
+
+
+def timed(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--items", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--history", type=int, default=50)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = []
+    base = None
+    for n in args.items:
+        torch.manual_seed(0)
+        model = SASRec(SASRecConfig(vocab_size=n + 2, max_len=args.history)).eval()
+        hist = torch.randint(2, n + 2, (args.batch, args.history)).tolist()
+        seq = torch.tensor(hist)
+        with torch.inference_mode():
+            enc = timed(lambda: model(seq), args.repeats)  # noqa: B023
+            full = timed(lambda: recommend(model, hist, 10, [True] * args.batch, [[]] * args.batch),  # noqa: B023
+                         args.repeats)
+        per_q = full / args.batch * 1000
+        base = base or per_q
+        row = {"items": n, "ms_per_query": round(per_q, 4), "encoder_ms_per_query": round(enc / args.batch * 1000, 4),
+               "vs_smallest": round(per_q / base, 2), "items_ratio": n / args.items[0]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print("\n| catalog | ms/query (score + exclusions + top-10) | encoder only ms/query | x smallest | catalog x |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['items']:,} | {r['ms_per_query']:.3f} | {r['encoder_ms_per_query']:.3f} | {r['vs_smallest']:.1f} "
+              f"| {r['items_ratio']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
