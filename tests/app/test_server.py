@@ -1,0 +1,106 @@
+"""The real server on loopback: a bounded soak with mixed traffic, then a graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SOAK_SECONDS = float(os.environ.get("SEQSERVE_SOAK_SECONDS", "8"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture
+def server(tiny_artifacts: Path):  # type: ignore[no-untyped-def]
+    port = _free_port()
+    env = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(tiny_artifacts), "SEQSERVE_LOG_LEVEL": "WARNING",
+           "SEQSERVE_TORCH_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--factory", "app.main:app_from_env", "--host", "127.0.0.1",
+         "--port", str(port), "--no-access-log", "--timeout-graceful-shutdown", "20"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.2)
+    yield proc, f"http://127.0.0.1:{port}"
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+
+
+VALID = [{"queries": [{"user_id": f"u{i}", "k": 5}]} for i in range(40)] + [
+    {"model": "bert4rec-tiny", "queries": [{"history": [{"item_id": "12"}, {"item_id": "13"}]}] * 3}]
+INVALID = [{"queries": []}, {"queries": [{"k": 0}]}, {"queries": [{"user_id": "ghost"}]}, [1], {"model": "x"}]
+
+
+def test_soak_then_graceful_shutdown(server) -> None:  # type: ignore[no-untyped-def]
+    proc, url = server
+
+    async def soak() -> tuple[int, int, list[str]]:
+        ok = bad = 0
+        failures: list[str] = []
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            end = time.monotonic() + SOAK_SECONDS
+
+            async def worker(seed: int) -> None:
+                nonlocal ok, bad
+                rng = random.Random(seed)
+                while time.monotonic() < end:
+                    valid = rng.random() < 0.7
+                    r = await c.post("/recommend", json=rng.choice(VALID if valid else INVALID))
+                    if valid and r.status_code != 200:
+                        failures.append(f"{r.status_code} {r.text[:200]}")
+                    elif not valid and not 400 <= r.status_code < 500:
+                        failures.append(f"invalid body answered {r.status_code}")
+                    ok += valid
+                    bad += not valid
+
+            await asyncio.gather(*[worker(i) for i in range(32)])
+        return ok, bad, failures
+
+    rss_before = _rss_mb(proc.pid)
+    ok, bad, failures = asyncio.run(soak())
+    rss_after = _rss_mb(proc.pid)
+    assert failures == [] and ok > 100 and bad > 30
+    assert rss_after - rss_before < 100, f"resident memory grew {rss_before:.0f} -> {rss_after:.0f} MB"
+
+    async def burst_then_stop() -> list[int]:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            tasks = [asyncio.create_task(c.post("/recommend", json=VALID[i % len(VALID)])) for i in range(64)]
+            await asyncio.sleep(0.005)
+            proc.send_signal(signal.SIGTERM)
+            return [r.status_code for r in await asyncio.gather(*tasks)]
+
+    codes = asyncio.run(burst_then_stop())
+    assert codes == [200] * 64
+    # uvicorn re-raises the signal after its graceful shutdown: killed-by-SIGTERM, not a crash.
+    assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
