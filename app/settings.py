@@ -18,6 +18,7 @@ class Settings(BaseSettings):
     torch_threads: int = Field(default=0, ge=0)  # 0 = leave torch's default
     max_queries: int = Field(default=1024, ge=1)  # queries per request
     max_k: int = Field(default=1000, ge=1)
+    max_history: int = Field(default=2000, ge=1)  # history events per query (the model reads its most recent)
     log_level: str = "INFO"
     json_logs: bool = True
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)

@@ -44,6 +44,10 @@ async def next_location(body: NextLocationRequest, request: Request) -> NextLoca
     for n, q in enumerate(body.queries):
         if q.k > settings.max_k:
             raise LimitExceeded(f"k must be at most {settings.max_k}", ["body", "queries", n, "k"])
+        if q.history and len(q.history) > settings.max_history:
+            raise LimitExceeded(
+                f"at most {settings.max_history} history events per query", ["body", "queries", n, "history"]
+            )
     name, loc = pick_locator(request, body.model)
     request.state.model = name
     queries = [LocQuery(q.user_id, [_step(s) for s in q.history], q.k) for q in body.queries]

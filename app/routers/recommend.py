@@ -35,6 +35,10 @@ async def recommend(body: RecommendRequest, request: Request) -> RecommendRespon
     for n, q in enumerate(body.queries):
         if q.k > settings.max_k:
             raise LimitExceeded(f"k must be at most {settings.max_k}", ["body", "queries", n, "k"])
+        if q.history and len(q.history) > settings.max_history:
+            raise LimitExceeded(
+                f"at most {settings.max_history} history events per query", ["body", "queries", n, "history"]
+            )
     name, rec = pick_model(request, body.model)
     request.state.model = name
     batcher = request.app.state.registry.rec_batchers[name]

@@ -17,7 +17,8 @@ from models.artifact import latest_versions, load_rec_artifact
 
 @pytest.fixture(scope="module")
 def client(tiny_artifacts: Path) -> Iterator[TestClient]:
-    app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", default_model="sasrec-tiny", max_queries=8))
+    app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", default_model="sasrec-tiny", max_queries=8,
+                              max_history=50))
     with TestClient(app) as c:
         yield c
 
@@ -119,6 +120,7 @@ def test_unknown_and_broken_model(client: TestClient) -> None:
          ["body", "queries", 0, "history", 0, "timestamp"]),
         ({"queries": [{"user_id": "u1"}] * 9}, ["body", "queries"]),
         ({"queries": [{"user_id": "u1", "k": 5000}]}, ["body", "queries", 0, "k"]),
+        ({"queries": [{"history": [{"item_id": "12"}] * 51}]}, ["body", "queries", 0, "history"]),
         ([1, 2], ["body"]),
     ],
 )
