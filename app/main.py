@@ -26,7 +26,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         policy = BatchPolicy(settings.batching, settings.max_batch_size, settings.max_wait_ms, settings.max_queue)
-        registry = ModelRegistry(device=resolve_device(settings.device), policy=policy, on_batch=metrics.on_batch)
+        registry = ModelRegistry(
+            device=resolve_device(settings.device), policy=policy, on_batch=metrics.on_batch,
+            half_precision=settings.half_precision,
+        )
         registry.load_all(settings.artifacts_dir, settings.default_model)
         if not registry.names:
             log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)

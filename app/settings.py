@@ -14,6 +14,7 @@ class Settings(BaseSettings):
 
     artifacts_dir: Path = Path("artifacts")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    half_precision: bool = False  # float16 weights on a CUDA device; ignored on the CPU
     default_model: str | None = None  # None = the first model by name
     torch_threads: int = Field(default=0, ge=0)  # 0 = leave torch's default
     max_queries: int = Field(default=1024, ge=1)  # queries per request

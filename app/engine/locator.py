@@ -45,10 +45,10 @@ class LocResult:
 class Locator:
     """A next-location artifact placed on a device, answering batches of queries."""
 
-    def __init__(self, art: LocArtifact, device: torch.device) -> None:
+    def __init__(self, art: LocArtifact, device: torch.device, half: bool = False) -> None:
         self.art = art
         self.device = device
-        self.model = art.model.to(device).eval()
+        self.model = (art.model.half() if half else art.model).to(device).eval()
 
     @property
     def catalog_size(self) -> int:

@@ -52,10 +52,10 @@ class RecResult:
 class Recommender:
     """A recommendation artifact placed on a device, answering batches of queries."""
 
-    def __init__(self, art: RecArtifact, device: torch.device) -> None:
+    def __init__(self, art: RecArtifact, device: torch.device, half: bool = False) -> None:
         self.art = art
         self.device = device
-        self.model = art.model.to(device).eval()
+        self.model = (art.model.half() if half else art.model).to(device).eval()
         self.release = (
             release_tensor(art.items.raws(), art.release).to(device) if art.release_unit else None
         )

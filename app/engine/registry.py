@@ -47,6 +47,7 @@ class ModelRegistry:
     device: torch.device
     policy: BatchPolicy = field(default_factory=BatchPolicy)
     on_batch: Callable[[str], Callable[[int, float], None]] | None = None  # model name -> batch observer
+    half_precision: bool = False  # float16 on CUDA only
     rec_batchers: dict[str, MicroBatcher[Prepared, RecResult]] = field(default_factory=dict)
     loc_batchers: dict[str, MicroBatcher[LocPrepared, LocResult]] = field(default_factory=dict)
     recommenders: dict[str, Recommender] = field(default_factory=dict)
@@ -107,12 +108,13 @@ class ModelRegistry:
         """Load and warm one artifact version (no shared state touched: safe in a thread)."""
         manifest = read_manifest(folder)
         task = manifest.get("task", "recommend")
+        half = self.half_precision and self.device.type == "cuda"
         if task == "recommend":
-            rec = Recommender(load_rec_artifact(folder), self.device)
+            rec = Recommender(load_rec_artifact(folder), self.device, half)
             rec.recommend([RecQuery(None, [(rec.art.items.raw(2) or "", None)], k=1)])
             return rec
         if task == "next_location":
-            loc = Locator(load_location_artifact(folder), self.device)
+            loc = Locator(load_location_artifact(folder), self.device, half)
             loc.predict([LocQuery(None, [LocStep(loc.art.locations.raw(2) or "", 0, 0, 0)])])
             return loc
         raise ArtifactError(f"task {task!r} is not served by this version")
