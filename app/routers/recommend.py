@@ -2,24 +2,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from app.engine.recommender import Recommender, RecQuery
-from app.errors import LimitExceeded, ModelUnavailable, UnknownModel
+from app.engine.recommender import RecQuery
+from app.routers.common import enforce_limits, pick
 from app.schemas import ErrorResponse, RecommendRequest, RecommendResponse
 
 router = APIRouter(tags=["recommend"])
-
-
-def pick_model(request: Request, name: str | None) -> tuple[str, Recommender]:
-    reg = request.app.state.registry
-    name = name or reg.default
-    if name is None:
-        raise ModelUnavailable("no recommendation model is loaded", ["body", "model"])
-    rec = reg.recommenders.get(name)
-    if rec is None:
-        if name in reg.broken:
-            raise ModelUnavailable(f"model {name!r} failed to load: {reg.broken[name]}", ["body", "model"])
-        raise UnknownModel(f"unknown model {name!r}; loaded: {sorted(reg.recommenders)}", ["body", "model"])
-    return name, rec
 
 
 @router.post(
@@ -30,18 +17,11 @@ def pick_model(request: Request, name: str | None) -> tuple[str, Recommender]:
 async def recommend(body: RecommendRequest, request: Request) -> RecommendResponse:
     """Top-K next items for each query; all queries of the request in one forward pass."""
     settings = request.app.state.settings
-    if len(body.queries) > settings.max_queries:
-        raise LimitExceeded(f"at most {settings.max_queries} queries per request", ["body", "queries"])
-    for n, q in enumerate(body.queries):
-        if q.k > settings.max_k:
-            raise LimitExceeded(f"k must be at most {settings.max_k}", ["body", "queries", n, "k"])
-        if q.history and len(q.history) > settings.max_history:
-            raise LimitExceeded(
-                f"at most {settings.max_history} history events per query", ["body", "queries", n, "history"]
-            )
-    name, rec = pick_model(request, body.model)
+    enforce_limits(settings, body.queries)
+    reg = request.app.state.registry
+    name, rec = pick(reg.recommenders, reg.broken, body.model, reg.default, "recommendation")
     request.state.model = name
-    batcher = request.app.state.registry.rec_batchers[name]
+    batcher = reg.rec_batchers[name]
     queries = [
         RecQuery(
             user_id=q.user_id,
