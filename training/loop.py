@@ -76,7 +76,8 @@ def train(
     """Train `model` on the batches `make_batches` draws each epoch; keep the weights of the best
     validation `key_metric`. Without `validate` (full-data mode) the lowest training loss decides.
     """
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # The fused kernel: ~10x faster steps on the CPU, where Adam over a large item table is a real cost.
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
     gen = torch.Generator().manual_seed(cfg.seed)
     hist = History()
     best_score, best_state, bad = -float("inf"), copy.deepcopy(model.state_dict()), 0
