@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from torch import nn
@@ -23,6 +24,10 @@ def build(kind: str, config: dict[str, Any]) -> nn.Module:
     if kind not in REGISTRY:
         raise KeyError(f"unknown model kind {kind!r}; known: {sorted(REGISTRY)}")
     config_cls, model_cls = REGISTRY[kind]
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = set(config) - known
+    if unknown:
+        raise ValueError(f"unknown {kind} config key(s) {sorted(unknown)}; known: {sorted(known)}")
     return model_cls(config_cls(**config))
 
 

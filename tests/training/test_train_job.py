@@ -84,3 +84,11 @@ def test_cli_train_and_predict(tmp_path: Path, synthetic_dir: Path, tiny_artifac
     cfg = tmp_path / "c.toml"
     cfg.write_text("[model]\nkind='sasrec'\n")
     assert main(["train", "--config", str(cfg), "--data", str(bad), "--out", str(tmp_path)]) == 2
+
+
+def test_cli_reports_bad_model_keys(tmp_path: Path, synthetic_dir: Path) -> None:
+    from training.__main__ import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[model]\nkind='sasrec'\nd_modle=8\n")
+    assert main(["train", "--config", str(cfg), "--data", str(synthetic_dir), "--out", str(tmp_path)]) == 2
