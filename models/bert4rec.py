@@ -29,6 +29,7 @@ class BERT4RecConfig:
     # 0 = softmax over all items at the masked positions; otherwise sampled softmax.
     n_negatives: int = 0
     negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency
+    logq_correction: bool = True  # False: no log-Q correction of sampled negatives (see NegativeSampler)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_prob < 1.0:
@@ -82,7 +83,9 @@ class BERT4Rec(SequentialRecommender):
             nn.Linear(config.d_model, config.d_model), nn.GELU(), nn.LayerNorm(config.d_model)
         )
         self.out_bias = nn.Parameter(torch.zeros(config.vocab_size))
-        self.sampler = NegativeSampler(config.vocab_size, max(config.n_negatives, 1), config.negative_pop_share)
+        self.sampler = NegativeSampler(
+            config.vocab_size, max(config.n_negatives, 1), config.negative_pop_share, config.logq_correction
+        )
         self.transform.apply(init_weights)
 
     @property

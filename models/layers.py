@@ -113,15 +113,20 @@ class NegativeSampler(nn.Module):
     A `pop_share` of the negatives is drawn in proportion to item frequency (hard negatives), the
     rest uniformly; every negative logit is corrected by -log(K * Q(item)) so that the sampled
     softmax estimates the full softmax over all items (Bengio & Senecal; Yi et al., RecSys 2019).
+    Without the correction, frequency-drawn negatives teach scores near log p(item | history) -
+    log Q(item): less popularity, which is what a popularity-sampled evaluation rewards.
     """
 
     freq: torch.Tensor  # (V,) sampling distribution, a non-persistent buffer
 
-    def __init__(self, vocab_size: int, n_negatives: int, pop_share: float, n_special: int = 2) -> None:
+    def __init__(
+        self, vocab_size: int, n_negatives: int, pop_share: float, correct: bool = True, n_special: int = 2
+    ) -> None:
         super().__init__()
         if not 0.0 <= pop_share <= 1.0:
             raise ValueError("pop_share must be in [0, 1]")
         self.vocab_size, self.k, self.pop_share, self.n_special = vocab_size, n_negatives, pop_share, n_special
+        self.correct = correct
         freq = torch.zeros(vocab_size)
         freq[n_special:] = 1.0
         # Not saved with the model: only training samples, and it sets the frequencies itself.
@@ -139,5 +144,7 @@ class NegativeSampler(nn.Module):
         uni = torch.randint(self.n_special, self.vocab_size, (self.k - n_pop,), device=device)
         pop = torch.multinomial(self.freq, n_pop, replacement=True) if n_pop else uni[:0]
         neg = torch.cat([uni, pop])
+        if not self.correct:
+            return neg, torch.zeros(len(neg), device=device)
         q = self.pop_share * self.freq[neg] + (1.0 - self.pop_share) / (self.vocab_size - self.n_special)
         return neg, torch.log(self.k * q)

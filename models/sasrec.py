@@ -28,6 +28,7 @@ class SASRecConfig:
     loss: str = "sampled_softmax"
     n_negatives: int = 1024
     negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency
+    logq_correction: bool = True  # False: no log-Q correction of sampled negatives (see NegativeSampler)
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -46,7 +47,9 @@ class SASRec(SequentialRecommender):
             config.vocab_size, config.max_len, config.d_model, config.n_heads,
             config.n_layers, config.d_ff, config.dropout, causal=self.causal,
         )
-        self.sampler = NegativeSampler(config.vocab_size, config.n_negatives, config.negative_pop_share)
+        self.sampler = NegativeSampler(
+            config.vocab_size, config.n_negatives, config.negative_pop_share, config.logq_correction
+        )
 
     @property
     def max_history(self) -> int:

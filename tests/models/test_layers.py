@@ -93,3 +93,20 @@ def test_sasrec_losses_all_train() -> None:
         assert torch.isfinite(m.loss(torch.tensor([[5, 6, 7, 0]])))
     with pytest.raises(ValueError):
         SASRecConfig(vocab_size=V, loss="nope")
+
+
+def test_negative_sampler_mixes_and_corrects() -> None:
+    from models.layers import NegativeSampler
+
+    torch.manual_seed(0)
+    s = NegativeSampler(vocab_size=12, n_negatives=4000, pop_share=0.5)
+    counts = torch.tensor([0, 0, 100, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+    s.set_frequencies(counts)
+    neg, corr = s(torch.device("cpu"))
+    assert neg.min() >= 2 and neg.max() < 12  # never padding or unknown
+    share = (neg == 2).float().mean().item()  # 0.5 * 100/109 + 0.5 * 1/10
+    assert abs(share - (0.5 * 100 / 109 + 0.05)) < 0.03
+    q = 0.5 * counts[neg].float() / 109 + 0.5 / 10
+    assert torch.allclose(corr, torch.log(4000 * q))
+    plain = NegativeSampler(vocab_size=12, n_negatives=10, pop_share=1.0, correct=False)
+    assert torch.equal(plain(torch.device("cpu"))[1], torch.zeros(10))
