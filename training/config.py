@@ -28,6 +28,9 @@ class TrainConfig:
     seed: int = 42
     max_minutes: float = 30.0  # wall-clock budget; stops after the epoch that crosses it
     full_data: bool = False  # train on every interaction (production model), no held-out split
+    # After choosing the epoch on validation, train this many more epochs with the validation
+    # items added (everything but the test item, as in the BERT4Rec paper's protocol).
+    refit_epochs: int = 0
     # Evaluation protocol: "popularity" or "uniform" sampled negatives, or "full" ranking.
     eval_negatives: str = "full"
     n_eval_negatives: int = 100

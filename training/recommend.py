@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from training.evaluate import evaluate, item_counts, popularity_scorer
 from training.export import export_recommender
 from training.loop import seed_everything, train, window_batches
 from training.preflight import preflight
-from training.splits import EvalSet, leave_one_out, pad_right, windows
+from training.splits import EvalSet, Split, leave_one_out, pad_right, windows
 
 EVALSET_FIELDS = ("users", "histories", "targets", "interacted")
 
@@ -53,6 +54,12 @@ def evaluate_all(
             t.exclude_seen, t.eval_batch_size, seed=t.seed,
         )
     return out
+
+
+def short_sequences(split: Split) -> list[list[int]]:
+    """Training sequences of the users too short to hold anything out (they are not in test)."""
+    held = set(split.test.users)
+    return [s for u, s in enumerate(split.train) if u not in held]
 
 
 def train_recommender(cfg: RunConfig, data: Interactions, out_root: Path) -> Path:
@@ -90,6 +97,18 @@ def train_recommender(cfg: RunConfig, data: Interactions, out_root: Path) -> Pat
     model.set_item_frequencies(item_counts(split.train, vocab))
     preflight(model, win[: t.batch_size], vocab)
     history = train(model, window_batches(win, t.batch_size), t, validate if val_set.targets else None)
+    valid_metrics = None
+    if not t.full_data:
+        # Measured here, before a refit has seen the validation items.
+        valid_metrics = evaluate_all(model, cfg, split, vocab, popularity, max_history, "valid")
+        if t.refit_epochs:
+            # The validation target joins the training data; the test item stays held out.
+            refit_rows = windows(split.test.histories + short_sequences(split), win_len, min_len=2)
+            refit = torch.tensor(pad_right(refit_rows, win_len), dtype=torch.long)
+            refit_cfg = dataclasses.replace(t, epochs=t.refit_epochs, patience=t.refit_epochs + 1)
+            log.info("refit: %d more epochs on %d windows with the validation items", t.refit_epochs, len(refit_rows))
+            refit_hist = train(model, window_batches(refit, t.batch_size), refit_cfg, None)
+            history.stopped += f"; then {len(refit_hist.epoch)} refit epochs with the validation items"
     train_seconds = time.monotonic() - t0
     metrics: dict[str, Any] = {
         "train_seconds": round(train_seconds, 1),
@@ -98,6 +117,7 @@ def train_recommender(cfg: RunConfig, data: Interactions, out_root: Path) -> Pat
         "stopped": history.stopped,
         "protocol": {
             "split": "full_data" if t.full_data else "leave_one_out",
+            "refit_epochs_with_validation_items": t.refit_epochs,
             "n_negatives": t.n_eval_negatives,
             "exclude_seen_in_full_ranking": t.exclude_seen,
             "ties": "count against the target",
@@ -105,7 +125,7 @@ def train_recommender(cfg: RunConfig, data: Interactions, out_root: Path) -> Pat
     }
     if not t.full_data:
         t1 = time.monotonic()
-        metrics["valid"] = evaluate_all(model, cfg, split, vocab, popularity, max_history, "valid")
+        metrics["valid"] = valid_metrics
         metrics["test"] = evaluate_all(model, cfg, split, vocab, popularity, max_history, "test")
         metrics["baseline_popularity_test"] = evaluate_all(None, cfg, split, vocab, popularity, max_history, "test")
         metrics["eval_seconds"] = round(time.monotonic() - t1, 1)

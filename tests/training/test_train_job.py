@@ -92,3 +92,20 @@ def test_cli_reports_bad_model_keys(tmp_path: Path, synthetic_dir: Path) -> None
     cfg = tmp_path / "c.toml"
     cfg.write_text("[model]\nkind='sasrec'\nd_modle=8\n")
     assert main(["train", "--config", str(cfg), "--data", str(synthetic_dir), "--out", str(tmp_path)]) == 2
+
+
+def test_refit_adds_the_validation_items(synthetic_dir: Path, tmp_path: Path) -> None:
+    from training.data import load_interactions
+    from training.recommend import short_sequences, train_recommender
+    from training.splits import leave_one_out
+
+    split = leave_one_out([[2, 3, 4, 5], [6, 7]])
+    assert split.test.histories == [[2, 3, 4]] and short_sequences(split) == [[6, 7]]
+    cfg = load_config(None, ["model.kind='sasrec'", "name='refit'", "model.max_len=16", "model.d_model=16",
+                             "model.n_heads=2", "model.n_layers=1", "model.d_ff=32", "model.n_negatives=8",
+                             "train.epochs=2", "train.batch_size=16", "train.refit_epochs=1",
+                             "train.n_eval_negatives=10"])
+    folder = train_recommender(cfg, load_interactions(synthetic_dir), tmp_path)
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["protocol"]["refit_epochs_with_validation_items"] == 1
+    assert "1 refit epochs" in metrics["stopped"] and metrics["valid"]["full"]["n"] == 40
