@@ -29,9 +29,9 @@ VARIANTS = {
 KEYS = ("Acc@1", "Acc@5", "Acc@10", "MRR", "NDCG@10", "F1_weighted")
 
 
-def run(config: str, overrides: list[str], seed: int, data: Path, out: Path, variant: str) -> dict:
+def run(config: str, overrides: list[str], seed: int, data: Path, out: Path, variant: str, extra: list[str]) -> dict:
     tag = f"{re.sub(r'[^a-z0-9]+', '-', variant.lower()).strip('-')}-s{seed}"
-    sets = [f"train.seed={seed}", "train.threads=1", *overrides]
+    sets = [f"train.seed={seed}", "train.threads=1", *overrides, *extra]
     cmd = [sys.executable, "-m", "training", "train", "--config", config, "--data", str(data),
            "--out", str(out / tag), *[a for o in sets for a in ("--set", o)]]
     log = out / f"{tag}.log"
@@ -54,11 +54,14 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
     p.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    p.add_argument("--set", dest="extra", action="append", default=[], help="extra override for every run")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     jobs = [(v, s) for v in args.variants for s in args.seeds]
     with ThreadPoolExecutor(args.parallel) as pool:
-        results = list(pool.map(lambda vs: run(*VARIANTS[vs[0]], vs[1], args.data.resolve(), args.out, vs[0]), jobs))
+        results = list(pool.map(
+            lambda vs: run(*VARIANTS[vs[0]], vs[1], args.data.resolve(), args.out, vs[0], args.extra), jobs
+        ))
     by_variant: dict[str, list[dict]] = {}
     for (v, _), m in zip(jobs, results, strict=True):
         by_variant.setdefault(v, []).append(m)
@@ -70,7 +73,7 @@ def main() -> None:
     for v, ms in by_variant.items():
         cells = {k: summary([m["test"]["all"][k] for m in ms]) for k in KEYS}
         known = summary([m["test"]["known"]["Acc@1"] for m in ms])
-        secs = summary([m["train_seconds"] for m in ms]).split(" ±")[0]
+        secs = f"{statistics.mean(m['train_seconds'] for m in ms):.0f}"
         rows.append((v, secs, cells, known))
     print(f"| model | train s (mean) | {' | '.join(KEYS)} | Acc@1 known targets |")
     print("|---|---|" + "---|" * len(KEYS) + "---|")
