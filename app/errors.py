@@ -85,7 +85,12 @@ def install_error_handlers(app: FastAPI) -> None:
         ]
         first = details[0] if details else {"loc": [], "msg": "invalid request"}
         where = ".".join(str(p) for p in first["loc"])
-        return _reply(request, 422, "invalid_request", f"{where}: {first['msg']}", details)
+        message = f"{where}: {first['msg']}"
+        ctype = request.headers.get("content-type", "")
+        if ctype and "json" not in ctype:
+            # curl -d sends a form content type: the JSON body was never parsed.
+            message += f" (the body was sent as {ctype.split(';')[0]}; send Content-Type: application/json)"
+        return _reply(request, 422, "invalid_request", message, details)
 
     @app.exception_handler(StarletteHTTPException)
     async def http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -131,6 +131,12 @@ def test_malformed_bodies_are_422_naming_the_field(client: TestClient, body: obj
     assert out["error"]["message"]
 
 
+def test_form_content_type_gets_a_hint(client: TestClient) -> None:
+    r = client.post("/recommend", content=b'{"queries":[{"user_id":"u1"}]}',
+                    headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 422 and "Content-Type: application/json" in r.json()["error"]["message"]
+
+
 def test_not_json_and_unknown_route(client: TestClient) -> None:
     r = client.post("/recommend", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
