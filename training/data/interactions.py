@@ -275,7 +275,7 @@ def _time_value(value: object, path: Path, line: int, what: str) -> float:
     return (d if d.tzinfo else d.replace(tzinfo=dt.UTC)).timestamp()
 
 
-def _table_rows(path: Path) -> tuple[list[str], list[tuple[int, list[object]]]]:
+def read_table(path: Path) -> tuple[list[str], list[tuple[int, list[object]]]]:
     """(header, [(line, values)]) of a CSV or Parquet table; Parquet rows count from 2 like CSV."""
     if path.suffix == ".parquet":
         try:
@@ -302,7 +302,7 @@ def _table_rows(path: Path) -> tuple[list[str], list[tuple[int, list[object]]]]:
 
 
 def load_table(path: Path, item_table: Path | None = None) -> Interactions:
-    header, rows = _table_rows(path)
+    header, rows = read_table(path)
     ui, ii = _pick(header, USER_COLS, path), _pick(header, ITEM_COLS, path)
     ti = _pick(header, TIME_COLS, path)
     assert ui is not None and ii is not None and ti is not None
@@ -317,7 +317,7 @@ def load_table(path: Path, item_table: Path | None = None) -> Interactions:
     files = [path]
     if item_table is not None:
         files.append(item_table)
-        iheader, irows = _table_rows(item_table)
+        iheader, irows = read_table(item_table)
         iid = _pick(iheader, ITEM_COLS, item_table)
         ri = _pick(iheader, RELEASE_COLS, item_table)
         assert iid is not None and ri is not None
@@ -361,7 +361,7 @@ def load_interactions(path: Path, item_table: Path | None = None) -> Interaction
 def load_movielens_csv(ratings: Path, movies: Path | None) -> Interactions:
     data = load_table(ratings)
     if movies is not None:
-        header, rows = _table_rows(movies)
+        header, rows = read_table(movies)
         ii, ti = _pick(header, ITEM_COLS, movies), _pick(header, ("title",), movies)
         assert ii is not None and ti is not None
         data.release = _titles_years(movies, ((n, str(v[ii]), str(v[ti])) for n, v in rows))

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import hashlib
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from pathlib import Path
 
 from models.features import MAX_DURATION_MINUTES, from_times
 from models.ids import IdMap
-from training.data.interactions import DataFormatError
+from training.data.interactions import DataFormatError, read_table
 
 GEOLIFE_COLUMNS = ("user_id", "location_id", "start_day", "start_min", "duration", "weekday")
 TIMESTAMP_COLUMNS = ("user_id", "location_id", "started_at", "finished_at")
@@ -76,58 +75,50 @@ def _parse_time(value: str, path: Path, line: int, name: str) -> dt.datetime:
 
 
 def load_staypoints(path: Path) -> StaypointData:
-    """Read a staypoint CSV: the GeoLife columns, or started_at/finished_at timestamps."""
-    with path.open(encoding="utf-8", newline="") as f:
-        reader = csv.reader(f)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise DataFormatError(path, 1, "empty file") from None
-        col = {name: i for i, name in enumerate(header)}
-        if all(c in col for c in GEOLIFE_COLUMNS):
-            mode = "geolife"
-        elif all(c in col for c in TIMESTAMP_COLUMNS):
-            mode = "timestamps"
-        else:
-            raise DataFormatError(
-                path, 1, f"needs columns {list(GEOLIFE_COLUMNS)} or {list(TIMESTAMP_COLUMNS)}; got {header}"
-            )
-        points: list[Staypoint] = []
-        first_day: dict[str, dt.date] = {}
-        raw_times: list[tuple[int, dt.datetime, dt.datetime]] = []
-        for n, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise DataFormatError(path, n, f"expected {len(header)} fields, got {len(row)}")
-            user, loc = row[col["user_id"]].strip(), row[col["location_id"]].strip()
-            if not user or not loc:
-                raise DataFormatError(path, n, "empty user_id or location_id")
-            if mode == "geolife":
-                points.append(
-                    Staypoint(
-                        user, loc,
-                        day=_int(row[col["start_day"]], path, n, "start_day", 0),
-                        start_min=_int(row[col["start_min"]], path, n, "start_min", 0, 1439),
-                        duration=min(int(_float_nonneg(row[col["duration"]], path, n)), MAX_DURATION_MINUTES),
-                        weekday=_int(row[col["weekday"]], path, n, "weekday", 0, 6),
-                    )
+    """Read a staypoint table (CSV or Parquet): the GeoLife columns, or started_at/finished_at."""
+    header, rows = read_table(path)  # CSV or Parquet; checks the field count of every row
+    col = {name: i for i, name in enumerate(header)}
+    if all(c in col for c in GEOLIFE_COLUMNS):
+        mode = "geolife"
+    elif all(c in col for c in TIMESTAMP_COLUMNS):
+        mode = "timestamps"
+    else:
+        raise DataFormatError(
+            path, 1, f"needs columns {list(GEOLIFE_COLUMNS)} or {list(TIMESTAMP_COLUMNS)}; got {header}"
+        )
+    points: list[Staypoint] = []
+    raw_times: list[tuple[int, dt.datetime, dt.datetime]] = []
+    for n, values in rows:
+        row = ["" if v is None else str(v) for v in values]
+        user, loc = row[col["user_id"]].strip(), row[col["location_id"]].strip()
+        if not user or not loc:
+            raise DataFormatError(path, n, "empty user_id or location_id")
+        if mode == "geolife":
+            points.append(
+                Staypoint(
+                    user, loc,
+                    day=_int(row[col["start_day"]], path, n, "start_day", 0),
+                    start_min=_int(row[col["start_min"]], path, n, "start_min", 0, 1439),
+                    duration=min(int(_float_nonneg(row[col["duration"]], path, n)), MAX_DURATION_MINUTES),
+                    weekday=_int(row[col["weekday"]], path, n, "weekday", 0, 6),
                 )
-            else:
-                start = _parse_time(row[col["started_at"]], path, n, "started_at")
-                end = _parse_time(row[col["finished_at"]], path, n, "finished_at")
-                if end < start:
-                    raise DataFormatError(path, n, "finished_at is before started_at")
-                raw_times.append((len(points), start, end))
-                points.append(Staypoint(user, loc, 0, 0, 0, 0))
-        for idx, start, _ in raw_times:
-            p = points[idx]
-            first_day[p.user] = min(first_day.get(p.user, start.date()), start.date())
-        for idx, start, end in raw_times:
-            p = points[idx]
-            p.day = (start.date() - first_day[p.user]).days
-            p.start_min, p.weekday, duration = from_times(start, end)
-            p.duration = min(duration, MAX_DURATION_MINUTES)
+            )
+        else:
+            start = _parse_time(row[col["started_at"]], path, n, "started_at")
+            end = _parse_time(row[col["finished_at"]], path, n, "finished_at")
+            if end < start:
+                raise DataFormatError(path, n, "finished_at is before started_at")
+            raw_times.append((len(points), start, end))
+            points.append(Staypoint(user, loc, 0, 0, 0, 0))
+    first_day: dict[str, dt.date] = {}
+    for idx, start, _ in raw_times:
+        p = points[idx]
+        first_day[p.user] = min(first_day.get(p.user, start.date()), start.date())
+    for idx, start, end in raw_times:
+        p = points[idx]
+        p.day = (start.date() - first_day[p.user]).days
+        p.start_min, p.weekday, duration = from_times(start, end)
+        p.duration = min(duration, MAX_DURATION_MINUTES)
     if not points:
         raise DataFormatError(path, None, "no staypoints")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
