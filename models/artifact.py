@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from models.base import SequentialRecommender
 from models.checkpoint import load_checkpoint
 from models.features import BUCKETING
@@ -120,21 +122,28 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return m
 
 
-def load_rec_artifact(folder: Path, map_location: str = "cpu") -> RecArtifact:
-    """Load and cross-check a recommendation artifact; raises ArtifactError on any defect."""
+def _load_parts(
+    folder: Path, map_location: str, id_files: tuple[str, ...]
+) -> tuple[dict[str, Any], str, nn.Module, list[IdMap]]:
+    """Manifest, checkpoint and id maps of a version folder; every defect is an ArtifactError."""
     manifest = read_manifest(folder)
     if not (folder / WEIGHTS).exists():
         raise ArtifactError(f"{folder}: missing {WEIGHTS}")
     try:
         kind, model = load_checkpoint(folder / WEIGHTS, map_location)
-        items = IdMap.from_json(_read_json(folder, ITEMS))
-        users = IdMap.from_json(_read_json(folder, USERS))
+        maps = [IdMap.from_json(_read_json(folder, name)) for name in id_files]
     except ValueError as exc:
         raise ArtifactError(str(exc)) from exc
-    if not isinstance(model, SequentialRecommender):
-        raise ArtifactError(f"{folder}: kind {kind!r} is not a recommender")
     if kind != manifest["kind"]:
         raise ArtifactError(f"{folder}: checkpoint kind {kind!r} != manifest kind {manifest['kind']!r}")
+    return manifest, kind, model, maps
+
+
+def load_rec_artifact(folder: Path, map_location: str = "cpu") -> RecArtifact:
+    """Load and cross-check a recommendation artifact; raises ArtifactError on any defect."""
+    manifest, kind, model, (items, users) = _load_parts(folder, map_location, (ITEMS, USERS))
+    if not isinstance(model, SequentialRecommender):
+        raise ArtifactError(f"{folder}: kind {kind!r} is not a recommender")
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if vocab != len(items):
         raise ArtifactError(f"{folder}: model vocabulary {vocab} != {len(items)} ids in {ITEMS}")
@@ -155,18 +164,10 @@ def load_rec_artifact(folder: Path, map_location: str = "cpu") -> RecArtifact:
 
 def load_location_artifact(folder: Path, map_location: str = "cpu") -> LocArtifact:
     """Load and cross-check a next-location artifact; raises ArtifactError on any defect."""
-    manifest = read_manifest(folder)
+    manifest, _, model, (locations, users) = _load_parts(folder, map_location, (LOCATIONS, USERS))
     if manifest.get("bucketing") != BUCKETING:
         # The features would be computed differently from how the model was trained.
         raise ArtifactError(f"{folder}: bucketing {manifest.get('bucketing')} differs from this code's {BUCKETING}")
-    if not (folder / WEIGHTS).exists():
-        raise ArtifactError(f"{folder}: missing {WEIGHTS}")
-    try:
-        _, model = load_checkpoint(folder / WEIGHTS, map_location)
-        locations = IdMap.from_json(_read_json(folder, LOCATIONS))
-        users = IdMap.from_json(_read_json(folder, USERS))
-    except ValueError as exc:
-        raise ArtifactError(str(exc)) from exc
     if not isinstance(model, MHSA):
         raise ArtifactError(f"{folder}: checkpoint is not a next-location model")
     if model.config.n_locations != len(locations) or model.config.n_users != len(users):
