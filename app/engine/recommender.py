@@ -59,6 +59,12 @@ class Recommender:
         self.release = (
             release_tensor(art.items.raws(), art.release).to(device) if art.release_unit else None
         )
+        # Stored histories mapped once at load, not on every request: (known item indices, last time).
+        self.stored: dict[str, tuple[list[int], float | None]] = {}
+        for user, events in art.histories.items():
+            times = [t for _, t in events if not math.isnan(t)]
+            known = [x for x in art.items.indices([i for i, _ in events]) if x >= N_SPECIAL]
+            self.stored[user] = (known, max(times) if times else None)
 
     @property
     def catalog_size(self) -> int:
@@ -69,24 +75,22 @@ class Recommender:
         return [self._prepare(q, n) for n, q in enumerate(queries)]
 
     def _prepare(self, q: RecQuery, position: int) -> Prepared:
-        events: list[tuple[str, float | None]] = []
+        stored: tuple[list[int], float | None] = ([], None)
         if q.user_id is not None:
-            stored = self.art.histories.get(q.user_id)
-            if stored is None and not q.history:
+            found = self.stored.get(q.user_id)
+            if found is None and not q.history:
                 raise UnknownUserError(q.user_id, position)
-            events.extend((i, None if math.isnan(t) else t) for i, t in stored or [])
-        events.extend(q.history)
-        idx = self.art.items.indices([i for i, _ in events])
-        given = idx[len(idx) - len(q.history) :]
+            stored = found or stored
+        given = self.art.items.indices([i for i, _ in q.history])
         unknown = [i for (i, _), x in zip(q.history, given, strict=True) if x < N_SPECIAL]
         ref = None
         if q.exclude_future and self.art.release_unit:
-            times = [t for _, t in events if t is not None]
+            times = [t for _, t in q.history if t is not None] + ([stored[1]] if stored[1] is not None else [])
             when = q.as_of if q.as_of is not None else (max(times) if times else None)
             ref = reference_value(when, self.art.release_unit) if when is not None else None
         return Prepared(
             query=q,
-            history=[x for x in idx if x >= N_SPECIAL],
+            history=stored[0] + [x for x in given if x >= N_SPECIAL],
             requested=[x for x in self.art.items.indices(q.exclude_items) if x >= N_SPECIAL],
             unknown=list(dict.fromkeys(unknown)),
             reference=ref,
