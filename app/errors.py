@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.engine.batcher import BatchTimeoutError, QueueFullError
 from app.engine.recommender import UnknownUserError
+from app.store import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,20 @@ class Forbidden(DomainError):
     status, code = 403, "forbidden"
 
 
+class StoreUnavailable(DomainError):
+    status, code = 503, "store_unavailable"
+
+
+class InvalidEvents(DomainError):
+    """Every event of a request was rejected; the details name each one."""
+
+    status, code = 422, "invalid_events"
+
+    def __init__(self, message: str, details: list[dict[str, Any]]) -> None:
+        super().__init__(message, ["body", "events"])
+        self.details = details
+
+
 def error_body(code: str, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "details": details or []}}
 
@@ -61,13 +76,21 @@ def _reply(
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def domain(request: Request, exc: DomainError) -> JSONResponse:
-        details = [{"loc": exc.loc, "msg": exc.message, "type": exc.code}] if exc.loc else []
+        details = getattr(exc, "details", None) or (
+            [{"loc": exc.loc, "msg": exc.message, "type": exc.code}] if exc.loc else []
+        )
         return _reply(request, exc.status, exc.code, exc.message, details)
 
     @app.exception_handler(UnknownUserError)
     async def unknown_user(request: Request, exc: UnknownUserError) -> JSONResponse:
         loc: list[str | int] = ["body", "queries", exc.position, "user_id"]
         return _reply(request, 404, "unknown_user", str(exc), [{"loc": loc, "msg": str(exc), "type": "unknown_user"}])
+
+    @app.exception_handler(StoreError)
+    async def store_down(request: Request, exc: StoreError) -> JSONResponse:
+        log.error("history store: %s", exc)
+        message = f"history store unavailable: {exc}"
+        return _reply(request, 503, "store_unavailable", message, headers={"Retry-After": "1"})
 
     @app.exception_handler(QueueFullError)
     async def overloaded(request: Request, exc: QueueFullError) -> JSONResponse:

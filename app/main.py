@@ -12,8 +12,9 @@ from fastapi import FastAPI
 from app.engine.registry import BatchPolicy, ModelRegistry, resolve_device
 from app.errors import BodyLimit, install_error_handlers
 from app.observability import Metrics, configure_logging, install_observability
-from app.routers import admin, bench, health, models, next_location, recommend
+from app.routers import admin, bench, events, health, models, next_location, recommend
 from app.settings import Settings, get_settings
+from app.store import StoreError, open_store
 
 log = logging.getLogger("app")
 
@@ -26,9 +27,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         policy = BatchPolicy(settings.batching, settings.max_batch_size, settings.max_wait_ms, settings.max_queue)
+        store, app.state.store_error = None, None
+        try:
+            store = open_store(settings.history_store, settings.history_path, settings.redis_url, settings.redis_prefix)
+        except (StoreError, OSError, ValueError) as exc:
+            # The service still starts: queries that carry their own history are answered; the
+            # ones by user_id, and /events, answer 503 and /readyz says why.
+            app.state.store_error = f"{settings.history_store}: {exc}"
+            log.error("history store not available: %s", app.state.store_error)
+        app.state.store = store
         registry = ModelRegistry(
             device=resolve_device(settings.device), policy=policy, on_batch=metrics.on_batch,
-            half_precision=settings.half_precision,
+            half_precision=settings.half_precision, store=store,
         )
         registry.load_all(settings.artifacts_dir, settings.default_model)
         if not registry.names:
@@ -36,6 +46,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.registry = registry
         yield
         await registry.close()
+        if store is not None:
+            store.close()
 
     app = FastAPI(title="seqserve", version="0.1.0", lifespan=lifespan)
     metrics = Metrics()
@@ -44,7 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     install_observability(app, metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    for r in (health.router, models.router, recommend.router, next_location.router, admin.router):
+    for r in (health.router, models.router, recommend.router, events.router, next_location.router, admin.router):
         app.include_router(r)
     if settings.bench_endpoints:
         app.include_router(bench.router)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -150,6 +150,39 @@ class Readiness(BaseModel):
     ready: bool
     models: list[str]
     broken: dict[str, str]
+    history_store: str = Field(description="'<kind>: ok', or why the store cannot be used")
+
+
+class EventIn(Strict):
+    """One interaction; validated one by one, so a bad event is rejected alone."""
+
+    event_id: RawId = Field(description="replaying an event_id already stored is a no-op")
+    user_id: RawId
+    item_id: RawId
+    timestamp: UnixTime
+
+
+class EventsRequest(Strict):
+    model: RawId | None = Field(None, description="events go to this model's data set (default model if absent)")
+    # Plain objects here: each is checked against EventIn on its own (see the events router).
+    events: list[Any] = Field(min_length=1, max_length=100_000)
+
+
+class EventResult(BaseModel):
+    index: int
+    event_id: str | None
+    status: Literal["stored", "duplicate", "rejected"]
+    unknown_item: bool = Field(False, description="stored, but the served model does not know the item yet")
+    errors: list[ErrorDetail] = Field(default_factory=list)
+
+
+class EventsResponse(BaseModel):
+    model: str
+    namespace: str
+    stored: int
+    duplicates: int
+    rejected: int
+    results: list[EventResult]
 
 
 class ReloadReport(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -31,6 +32,12 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(default=2.0, ge=0)  # longest wait for more when others are queued
     max_queue: int = Field(default=1024, ge=1)  # waiting requests per model before 503
     request_timeout_s: float = Field(default=10.0, gt=0)  # 504 after this
+    # User histories: seeded from the artifacts, appended to by POST /events.
+    history_store: Literal["sqlite", "redis"] = "sqlite"
+    history_path: Path = Path("state/history.sqlite3")  # the SQLite store's file (not under the artifacts)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "seqserve:"  # key prefix, so several deployments can share one Redis
+    max_events: int = Field(default=1000, ge=1)  # events per POST /events
 
 
 @lru_cache

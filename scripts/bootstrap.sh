@@ -9,8 +9,13 @@ if ! "$py" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] < (3, 1
     echo "bootstrap: need Python 3.11 or 3.12 (set PYTHON=...); found $("$py" --version 2>&1)" >&2
     exit 1
 fi
-stamp=".venv/.installed-$( (cat pyproject.toml; echo "$extras") | sha256sum | cut -c1-16)"
+pins="$(sha256sum pyproject.toml | cut -c1-16)"
+stamp=".venv/.installed-$pins-${extras:-base}"
 if [ -f "$stamp" ]; then
+    exit 0
+fi
+# The base install is part of every extras install: any stamp for the same pins will do.
+if [ -z "$extras" ] && compgen -G ".venv/.installed-$pins-*" >/dev/null; then
     exit 0
 fi
 [ -x .venv/bin/python ] || "$py" -m venv .venv

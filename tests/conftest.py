@@ -28,6 +28,22 @@ def synthetic_log(n_users: int = 40, seed: int = 0) -> list[tuple[str, str, int]
     return rows
 
 
+@pytest.fixture(autouse=True)
+def _private_history_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's service gets its own SQLite history file (the default path is under the repo)."""
+    monkeypatch.setenv("SEQSERVE_HISTORY_PATH", str(tmp_path / "history.sqlite3"))
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real redis-server on a free loopback port, killed after the test."""
+    from tests.servers import RedisServer
+
+    srv = RedisServer(tmp_path / "redis").start()
+    yield srv
+    srv.kill()
+
+
 @pytest.fixture(scope="session")
 def synthetic_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A RecBole-style dataset folder (.inter + .item with release years)."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
+from app.store import Timeline
 from models.artifact import RecArtifact
 from models.ids import N_SPECIAL
 from models.ranking import recommend, reference_value, release_tensor
@@ -70,22 +72,39 @@ class Recommender:
     def catalog_size(self) -> int:
         return self.art.items.n_entities
 
-    def prepare(self, queries: list[RecQuery]) -> list[Prepared]:
-        """Map raw ids to indices; raises UnknownUserError naming the query. Cheap: no model call."""
-        return [self._prepare(q, n) for n, q in enumerate(queries)]
+    @property
+    def namespace(self) -> str:
+        """The history store's namespace: the data set's name, shared by every model trained on it."""
+        data = self.art.manifest.get("config", {}).get("data", {})
+        name = data.get("name") if isinstance(data, dict) else None
+        return str(name or self.art.manifest.get("name") or self.art.path.parent.name)
 
-    def _prepare(self, q: RecQuery, position: int) -> Prepared:
+    @property
+    def seed_token(self) -> str:
+        """Identifies the base histories: the training data's hash."""
+        return str(self.art.manifest.get("data", {}).get("sha256") or self.art.manifest["version"])
+
+    def prepare(self, queries: list[RecQuery], live: Mapping[str, Timeline] | None = None) -> list[Prepared]:
+        """Map raw ids to indices; raises UnknownUserError naming the query. Cheap: no model call.
+
+        `live` holds the users' events from the history store (appended since the artifact was made).
+        """
+        live = live or {}
+        return [self._prepare(q, n, live.get(q.user_id, []) if q.user_id else []) for n, q in enumerate(queries)]
+
+    def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
         stored: tuple[list[int], float | None] = ([], None)
         if q.user_id is not None:
             found = self.stored.get(q.user_id)
-            if found is None and not q.history:
+            if found is None and not q.history and not live:
                 raise UnknownUserError(q.user_id, position)
             stored = found or stored
-        given = self.art.items.indices([i for i, _ in q.history])
-        unknown = [i for (i, _), x in zip(q.history, given, strict=True) if x < N_SPECIAL]
+        events = [(i, None if math.isnan(t) else t) for i, t in live] + list(q.history)
+        given = self.art.items.indices([i for i, _ in events])
+        unknown = [i for (i, _), x in zip(events, given, strict=True) if x < N_SPECIAL]
         ref = None
         if q.exclude_future and self.art.release_unit:
-            times = [t for _, t in q.history if t is not None] + ([stored[1]] if stored[1] is not None else [])
+            times = [t for _, t in events if t is not None] + ([stored[1]] if stored[1] is not None else [])
             when = q.as_of if q.as_of is not None else (max(times) if times else None)
             ref = reference_value(when, self.art.release_unit) if when is not None else None
         return Prepared(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from app.engine.batcher import MicroBatcher, Q, R
 from app.engine.locator import Locator, LocPrepared, LocQuery, LocResult, LocStep
 from app.engine.recommender import Prepared, Recommender, RecQuery, RecResult
+from app.store import HistoryStore, StoreError
 from models.artifact import (
     ArtifactError,
     latest_versions,
@@ -55,6 +57,7 @@ class ModelRegistry:
     broken: dict[str, str] = field(default_factory=dict)
     default: str | None = None  # default recommendation model
     default_locator: str | None = None
+    store: HistoryStore | None = None  # seeded with each recommendation artifact's histories
 
     @property
     def names(self) -> list[str]:
@@ -112,12 +115,26 @@ class ModelRegistry:
         if task == "recommend":
             rec = Recommender(load_rec_artifact(folder), self.device, half)
             rec.recommend([RecQuery(None, [(rec.art.items.raw(2) or "", None)], k=1)])
+            self._seed(rec)
             return rec
         if task == "next_location":
             loc = Locator(load_location_artifact(folder), self.device, half)
             loc.predict([LocQuery(None, [LocStep(loc.art.locations.raw(2) or "", 0, 0, 0)])])
             return loc
         raise ArtifactError(f"task {task!r} is not served by this version")
+
+    def _seed(self, rec: Recommender) -> None:
+        """Seed the store with the artifact's histories (once per data hash); a store fault is logged,
+        not fatal: the model still serves, and requests that need the store answer 503."""
+        if self.store is None:
+            return
+        try:
+            t0 = time.perf_counter()
+            if self.store.seed(rec.namespace, rec.seed_token, rec.art.histories):
+                log.info("seeded history store namespace %s with %d users in %.1f s", rec.namespace,
+                         len(rec.art.histories), time.perf_counter() - t0)
+        except StoreError as exc:
+            log.error("could not seed history store namespace %s: %s", rec.namespace, exc)
 
     def _install(
         self, name: str, served: Recommender | Locator

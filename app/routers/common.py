@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar
 
-from app.errors import LimitExceeded, ModelUnavailable, UnknownModel
+from fastapi import Request
+
+from app.errors import LimitExceeded, ModelUnavailable, StoreUnavailable, UnknownModel
 from app.settings import Settings
+from app.store import HistoryStore
 
 T = TypeVar("T")
 
@@ -43,3 +46,12 @@ def pick(served: Mapping[str, T], broken: Mapping[str, str], name: str | None, d
             raise ModelUnavailable(f"model {name!r} failed to load: {broken[name]}", ["body", "model"])
         raise UnknownModel(f"unknown {what} model {name!r}; loaded: {sorted(served)}", ["body", "model"])
     return name, model
+
+
+def history_store(request: Request) -> HistoryStore:
+    """The store, or 503 naming why it is unavailable."""
+    store: HistoryStore | None = request.app.state.store
+    if store is None:
+        raise StoreUnavailable(f"history store unavailable: {request.app.state.store_error}")
+    return store
+

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 
 from app.engine.recommender import RecQuery
-from app.routers.common import enforce_limits, pick
+from app.routers.common import enforce_limits, history_store, pick
 from app.schemas import ErrorResponse, RecommendRequest, RecommendResponse
 
 router = APIRouter(tags=["recommend"])
@@ -31,7 +33,10 @@ async def recommend(body: RecommendRequest, request: Request) -> RecommendRespon
         )
         for q in body.queries
     ]
-    prepared = rec.prepare(queries)
+    users = [q.user_id for q in queries if q.user_id is not None]
+    # The users' events since the artifact was made, so a new interaction counts at once.
+    live = await asyncio.to_thread(history_store(request).events, rec.namespace, users) if users else {}
+    prepared = rec.prepare(queries, live)
     results = await batcher.submit(prepared, settings.request_timeout_s)
     return RecommendResponse.model_validate(
         {

@@ -6,23 +6,15 @@ import asyncio
 import os
 import random
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.servers import start_api, stop
+
 SOAK_SECONDS = float(os.environ.get("SEQSERVE_SOAK_SECONDS", "8"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rss_mb(pid: int) -> float:
@@ -34,27 +26,9 @@ def _rss_mb(pid: int) -> float:
 
 @pytest.fixture
 def server(tiny_artifacts: Path):  # type: ignore[no-untyped-def]
-    port = _free_port()
-    env = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(tiny_artifacts), "SEQSERVE_LOG_LEVEL": "WARNING",
-           "SEQSERVE_TORCH_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--factory", "app.main:app_from_env", "--host", "127.0.0.1",
-         "--port", str(port), "--no-access-log", "--timeout-graceful-shutdown", "20"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.2)
-    yield proc, f"http://127.0.0.1:{port}"
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(timeout=10)
+    proc, url = start_api(tiny_artifacts)
+    yield proc, url
+    stop(proc)
 
 
 VALID = [{"queries": [{"user_id": f"u{i}", "k": 5}]} for i in range(40)] + [

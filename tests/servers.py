@@ -1,0 +1,105 @@
+"""Real processes for tests: the service under uvicorn and a redis-server, on loopback only."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_api(artifacts: Path, env: Mapping[str, str] | None = None, port: int | None = None,
+              timeout_s: float = 60) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `uvicorn app.main:app_from_env` and wait until /readyz answers 200."""
+    port = port or free_port()
+    full = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(artifacts), "SEQSERVE_LOG_LEVEL": "WARNING",
+            "SEQSERVE_TORCH_THREADS": "1", **(env or {})}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--factory", "app.main:app_from_env", "--host", "127.0.0.1",
+         "--port", str(port), "--no-access-log", "--timeout-graceful-shutdown", "20"],
+        cwd=ROOT, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+            raise AssertionError(f"server did not become ready: {err}")
+        time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+
+
+def redis_binary() -> str:
+    """The redis-server executable; outside CI a missing one skips, in CI it fails (.ci/run installs it)."""
+    found = shutil.which("redis-server")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed; scripts/test.sh installs it (apt-get install redis-server)")
+        pytest.skip("redis-server not installed (scripts/test.sh installs it when run as root)")
+    return found
+
+
+class RedisServer:
+    """A private redis-server with append-only persistence fsynced on every write, as in compose."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.binary = redis_binary()
+        self.dir = data_dir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown save; what survives is what the append-only file holds."""
+        if self.proc is not None:
+            stop(self.proc)
+            self.proc = None

@@ -1,0 +1,97 @@
+"""The deployment files, checked by parsing (no Docker engine runs here) and by running their scripts."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def _volumes(service: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(source, target, read_only) for short and long volume syntax."""
+    out = []
+    for v in service.get("volumes", []):
+        if isinstance(v, str):
+            parts = v.split(":")
+            out.append((parts[0], parts[1], len(parts) > 2 and "ro" in parts[2].split(",")))
+        else:
+            out.append((v["source"], v["target"], bool(v.get("read_only"))))
+    return out
+
+
+def test_services_and_start_order(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert {"api", "redis", "trainer", "retrain"} <= set(services)
+    deps = services["api"]["depends_on"]
+    assert deps["trainer"]["condition"] == "service_completed_successfully"
+    assert deps["redis"]["condition"] == "service_healthy"
+    assert services["retrain"]["profiles"] == ["train"]
+    assert "profiles" not in services["trainer"]  # runs on every `up`, and trains only into an empty volume
+    assert services["trainer"]["restart"] == "no"
+
+
+def test_api_uses_redis_and_reads_artifacts_read_only(compose: dict[str, Any]) -> None:
+    api = compose["services"]["api"]
+    env = api["environment"]
+    assert env["SEQSERVE_HISTORY_STORE"] == "redis" and env["SEQSERVE_REDIS_URL"].startswith("redis://redis:")
+    assert ("artifacts", "/app/artifacts", True) in _volumes(api)
+    assert any(p.endswith(":8000") for p in api["ports"])
+    assert "/readyz" in " ".join(api["healthcheck"]["test"])
+    for name in ("trainer", "retrain"):
+        assert ("artifacts", "/app/artifacts", False) in _volumes(compose["services"][name])
+    assert "artifacts" in compose["volumes"] and "redis-data" in compose["volumes"]
+
+
+def test_redis_persists_every_write(compose: dict[str, Any]) -> None:
+    redis = compose["services"]["redis"]
+    cmd = " ".join(redis["command"])
+    assert "--appendonly yes" in cmd and "--appendfsync always" in cmd
+    assert ("redis-data", "/data", False) in _volumes(redis)
+    assert "ping" in " ".join(redis["healthcheck"]["test"])
+
+
+def test_entrypoints_are_the_scripts_used_here(compose: dict[str, Any]) -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r'^ENTRYPOINT \["scripts/serve\.sh"\]$', dockerfile, re.M)
+    assert "scripts/serve.sh" in (ROOT / "README.md").read_text()
+    for name, script in (("trainer", ["scripts/train_defaults.sh"]),
+                         ("retrain", ["scripts/train_defaults.sh", "--force"])):
+        assert compose["services"][name]["entrypoint"] == script
+    for script in ("serve.sh", "train_defaults.sh", "bootstrap.sh"):
+        assert os.access(ROOT / "scripts" / script, os.X_OK), script
+
+
+def test_dockerfile_shape() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    assert len(stages) >= 2, "multi-stage build"
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.\d+-slim", text, re.M)
+    assert re.search(r"^ARG VARIANT=cpu$", text, re.M) and "cuda)" in text
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1] not in ("root", "0")
+    assert re.search(r"^HEALTHCHECK .*\n?.*/readyz", text, re.M)
+    for src in re.findall(r"^COPY (?!--from)(\S+)", text, re.M):
+        assert (ROOT / src).exists(), f"Dockerfile copies {src}, which is not in the repository"
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", "artifacts", "runs", ".git"} <= set(ignored)
+
+
+def test_trainer_does_nothing_when_models_exist(tiny_artifacts: Path) -> None:
+    env = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(tiny_artifacts)}
+    out = subprocess.run([str(ROOT / "scripts" / "train_defaults.sh")], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert "already holds models" in out.stderr
