@@ -7,7 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from training.config import load_config
+from training import distributed
+from training.config import RunConfig, load_config
 from training.data import DataFormatError, load_interactions, locate_ml100k
 
 DEFAULT_SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "ml-100k"
@@ -42,16 +43,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    dist = distributed.setup()  # one process, or one rank of a torchrun job
+    try:
+        return _train_with(args, cfg, dist)
+    finally:
+        if dist.enabled:
+            logging.getLogger("training").info("rank %d of %d finished", dist.rank, dist.world)
+        dist.close()
+
+
+def _train_with(args: argparse.Namespace, cfg: RunConfig, dist: distributed.Dist) -> int:
     from training.recommend import train_recommender
 
-    cfg = load_config(args.config, args.overrides)
     if cfg.kind == "mhsa":
         from training.next_location import train_next_location
 
         data_path = args.data or (Path(cfg.data.path) if cfg.data.path else None)
         if data_path is None:
             raise ValueError("no data: pass --data or set data.path")
-        train_next_location(cfg, data_path, args.out)
+        train_next_location(cfg, data_path, args.out, dist)
         return 0
     given = args.data or (Path(cfg.data.path) if cfg.data.path else None)
     if cfg.data.name == "ml-100k" and (given is None or given.is_dir()):
@@ -62,7 +73,7 @@ def _train(args: argparse.Namespace) -> int:
         path = given
     item_table = args.item_table or (Path(cfg.data.item_table) if cfg.data.item_table else None)
     data = load_interactions(path, item_table)
-    train_recommender(cfg, data, args.out)
+    train_recommender(cfg, data, args.out, dist)
     return 0
 
 

@@ -16,6 +16,7 @@ from models.mhsa import MHSA, StayBatch, collate_staypoints
 from models.registry import build
 from training.config import RunConfig
 from training.data.staypoints import ProtocolSplit, Sample, build_protocol, load_staypoints, split_by_day
+from training.distributed import Dist
 from training.export import export_artifact
 from training.locations_eval import (
     fit_transitions,
@@ -93,8 +94,10 @@ def baselines(split: ProtocolSplit, data_points: Any, batch: StayBatch) -> dict[
     }
 
 
-def train_next_location(cfg: RunConfig, data_path: Path, out_root: Path) -> Path:
+def train_next_location(cfg: RunConfig, data_path: Path, out_root: Path, dist: Dist | None = None) -> Path | None:
+    """Train, evaluate and export; returns the artifact folder (None on ranks other than 0)."""
     t = cfg.train
+    dist = dist or Dist()
     if t.threads:
         torch.set_num_threads(t.threads)
     seed_everything(t.seed)
@@ -115,6 +118,7 @@ def train_next_location(cfg: RunConfig, data_path: Path, out_root: Path) -> Path
     mcfg = {**cfg.model, "n_locations": len(split.locations), "n_users": len(split.users)}
     model = build(cfg.kind, mcfg)
     assert isinstance(model, MHSA)
+    seed_everything(t.seed + dist.rank)  # same initial weights everywhere; each rank its own dropout
     lengths = (train_b.loc != PAD).sum(1)
 
     def batches(gen: torch.Generator) -> list[StayBatch]:
@@ -124,7 +128,10 @@ def train_next_location(cfg: RunConfig, data_path: Path, out_root: Path) -> Path
         return evaluate_split(_scores(m, valid_b), valid_b)["all"]
 
     t0 = time.monotonic()
-    history = train(model, batches, t, validate, key_metric="MRR", clip_grad_norm=t.clip_grad_norm or None)
+    history = train(model, batches, t, validate, key_metric="MRR", clip_grad_norm=t.clip_grad_norm or None,
+                    dist=dist)
+    if not dist.is_main:
+        return None
     metrics: dict[str, Any] = {
         "train_seconds": round(time.monotonic() - t0, 1),
         "best_epoch": history.best_epoch,

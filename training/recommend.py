@@ -15,6 +15,7 @@ from models.ids import IdMap
 from models.registry import build_recommender
 from training.config import RunConfig
 from training.data import Interactions
+from training.distributed import Dist
 from training.evaluate import evaluate, item_counts, popularity_scorer
 from training.export import export_recommender
 from training.loop import seed_everything, train, window_batches
@@ -62,14 +63,17 @@ def short_sequences(split: Split) -> list[list[int]]:
     return [s for u, s in enumerate(split.train) if u not in held]
 
 
-def train_recommender(cfg: RunConfig, data: Interactions, out_root: Path) -> Path:
+def train_recommender(cfg: RunConfig, data: Interactions, out_root: Path, dist: Dist | None = None) -> Path | None:
+    """Train, evaluate and export; returns the artifact folder (None on ranks other than 0)."""
     t = cfg.train
+    dist = dist or Dist()
     if t.threads:
         torch.set_num_threads(t.threads)
     seed_everything(t.seed)
     items, users, sequences = index_data(data)
     vocab = len(items)
     model = build_recommender(cfg.kind, _model_config(cfg, vocab))
+    seed_everything(t.seed + dist.rank)  # same initial weights everywhere; each rank its own negatives
     split = leave_one_out(sequences, full_data=t.full_data)
     win_len = model.window_len
     rows = windows(split.train, win_len, min_len=2)
@@ -96,25 +100,29 @@ def train_recommender(cfg: RunConfig, data: Interactions, out_root: Path) -> Pat
     t0 = time.monotonic()
     model.set_item_frequencies(item_counts(split.train, vocab))
     preflight(model, win[: t.batch_size], vocab)
-    history = train(model, window_batches(win, t.batch_size), t, validate if val_set.targets else None)
+    history = train(model, window_batches(win, t.batch_size), t, validate if val_set.targets else None, dist=dist)
     valid_metrics = None
     if not t.full_data:
         # Measured here, before a refit has seen the validation items.
-        valid_metrics = evaluate_all(model, cfg, split, vocab, popularity, max_history, "valid")
+        if dist.is_main:
+            valid_metrics = evaluate_all(model, cfg, split, vocab, popularity, max_history, "valid")
         if t.refit_epochs:
             # The validation target joins the training data; the test item stays held out.
             refit_rows = windows(split.test.histories + short_sequences(split), win_len, min_len=2)
             refit = torch.tensor(pad_right(refit_rows, win_len), dtype=torch.long)
             refit_cfg = dataclasses.replace(t, epochs=t.refit_epochs, patience=t.refit_epochs + 1)
             log.info("refit: %d more epochs on %d windows with the validation items", t.refit_epochs, len(refit_rows))
-            refit_hist = train(model, window_batches(refit, t.batch_size), refit_cfg, None)
+            refit_hist = train(model, window_batches(refit, t.batch_size), refit_cfg, None, dist=dist)
             history.stopped += f"; then {len(refit_hist.epoch)} refit epochs with the validation items"
     train_seconds = time.monotonic() - t0
+    if not dist.is_main:
+        return None  # the weights are rank 0's too; it evaluates and writes the one artifact
     metrics: dict[str, Any] = {
         "train_seconds": round(train_seconds, 1),
         "best_epoch": history.best_epoch,
         "epochs_run": len(history.epoch),
         "stopped": history.stopped,
+        "ranks": dist.world,
         "protocol": {
             "split": "full_data" if t.full_data else "leave_one_out",
             "refit_epochs_with_validation_items": t.refit_epochs,

@@ -1,0 +1,91 @@
+"""Data-parallel training under torchrun (gloo: training runs on the CPU).
+
+`torchrun --nproc-per-node N -m training train --config ...` starts N ranks. Each rank draws the same
+shuffled batches (same seed) and trains on its own share of them; DistributedDataParallel averages
+the gradients, so every rank holds the same weights. Rank 0 validates and broadcasts what it found,
+so all ranks stop together; only rank 0 evaluates the test split and writes the artifact.
+Without torchrun (no WORLD_SIZE) everything here is a no-op.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, batches: Sequence[T]) -> list[T]:
+        """This rank's batches: every rank gets the same count (DDP needs equal steps), so up to
+        world - 1 batches of an epoch are left out; they differ from epoch to epoch."""
+        if not self.enabled:
+            return list(batches)
+        per_rank = len(batches) // self.world
+        if per_rank == 0:
+            raise ValueError(f"{len(batches)} batches cannot be shared by {self.world} ranks: lower batch_size")
+        return list(batches[self.rank :: self.world][:per_rank])
+
+    def from_main(self, *values: float) -> list[float]:
+        """Rank 0's values on every rank (decisions such as early stopping must agree)."""
+        if not self.enabled:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64)
+        tdist.broadcast(t, src=0)
+        return [float(v) for v in t.tolist()]
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """A module whose forward is the model's training loss, under DDP when distributed."""
+        step = _LossStep(model)
+        if not self.enabled:
+            return step
+        # Parameters some batches leave unused (e.g. a copy head) must not stall the gradient sync.
+        return nn.parallel.DistributedDataParallel(step, find_unused_parameters=True)
+
+    def close(self) -> None:
+        if self.enabled and tdist.is_initialized():
+            tdist.destroy_process_group()
+
+
+class _LossStep(nn.Module):
+    """DDP synchronises gradients through forward(); the models expose their loss as loss()."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.model.loss(batch)  # type: ignore[operator]
+
+
+def setup() -> Dist:
+    """Join the process group torchrun describes in the environment; a single process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    rank = int(os.environ["RANK"])
+    # A long timeout: the other ranks wait while rank 0 validates an epoch.
+    tdist.init_process_group("gloo", timeout=dt.timedelta(hours=2))
+    log.info("distributed training: rank %d of %d (gloo)", rank, world)
+    return Dist(rank, world)
