@@ -51,6 +51,9 @@ class HistoryStore(ABC):
     """Per-namespace user histories: an immutable seeded base plus appended live events."""
 
     kind: str
+    # Whether reads are quick local calls (SQLite's WAL readers never wait on a writer) that may run
+    # on the event loop; a network store's reads go to a worker thread.
+    local_reads: bool = False
 
     @abstractmethod
     def seed(self, namespace: str, token: str, histories: Mapping[str, Timeline]) -> bool:
@@ -90,6 +93,7 @@ class SQLiteStore(HistoryStore):
     """Embedded store: one file, WAL journal, synchronous=FULL so a commit survives a crash."""
 
     kind = "sqlite"
+    local_reads = True
     _SCHEMA = """
     CREATE TABLE IF NOT EXISTS seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
     CREATE TABLE IF NOT EXISTS base (ns TEXT, user TEXT, items TEXT NOT NULL, PRIMARY KEY (ns, user))

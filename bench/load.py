@@ -7,8 +7,9 @@ Modes, each in a fresh server process with every model of --artifacts loaded:
   noop       POST /bench/noop with the same JSON body (parsing, validation, response): the ceiling
   unbatched  POST /recommend, SEQSERVE_BATCHING=false (one model call per request)
   batched    POST /recommend, dynamic micro-batching on
-The load generator is a separate process (asyncio + httpx2, keep-alive); every run is bounded by
---seconds and stops by itself. Only loopback is used.
+The load generator is a separate process: asyncio workers with one keep-alive connection each,
+writing pre-encoded HTTP/1.1 requests (--client httpx for the httpx2 client instead); every run
+is bounded by --seconds and stops by itself. Only loopback is used.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,31 +59,82 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float) -> dict:
+async def _raw_post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> int:
+    """One HTTP/1.1 keep-alive exchange on an open connection; returns the status code."""
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+            break
+    await reader.readexactly(length)
+    return status
+
+
+async def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float,
+                client_kind: str = "raw") -> dict:
+    """N workers, each with its own keep-alive connection, posting back to back for `seconds`.
+
+    The raw client writes pre-encoded requests on asyncio streams: a few microseconds per request,
+    so on a 2-core box the generator leaves the server most of a core (httpx2 costs several times more).
+    """
     lat: list[float] = []
     errors = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
-        t_start = time.perf_counter()
-        t_measure = t_start + warmup
-        t_end = t_measure + seconds
+    t_start = time.perf_counter()
+    t_measure = t_start + warmup
+    t_end = t_measure + seconds
+    host, port_path = url.split("://", 1)[1].split(":", 1)
+    port, path = int(port_path.split("/", 1)[0]), "/" + port_path.split("/", 1)[1]
 
-        async def worker(seed: int) -> None:
-            nonlocal errors
-            rng = random.Random(seed)
+    def encode(body: dict) -> bytes:
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+
+    encoded = [encode(b) for b in bodies]
+
+    async def raw_worker(seed: int) -> None:
+        nonlocal errors
+        rng = random.Random(seed)
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
             while True:
                 t0 = time.perf_counter()
                 if t0 >= t_end:
                     return
-                r = await client.post(url, json=rng.choice(bodies))
+                status = await _raw_post(reader, writer, rng.choice(encoded))
                 t1 = time.perf_counter()
                 if t0 >= t_measure:
-                    if r.status_code == 200:
+                    if status == 200:
                         lat.append(t1 - t0)
                     else:
                         errors += 1
+        finally:
+            writer.close()
 
-        await asyncio.gather(*[worker(i) for i in range(concurrency)])
+    async def httpx_worker(client: httpx.AsyncClient, seed: int) -> None:
+        nonlocal errors
+        rng = random.Random(seed)
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= t_end:
+                return
+            r = await client.post(url, json=rng.choice(bodies))
+            t1 = time.perf_counter()
+            if t0 >= t_measure:
+                if r.status_code == 200:
+                    lat.append(t1 - t0)
+                else:
+                    errors += 1
+
+    if client_kind == "raw":
+        await asyncio.gather(*[raw_worker(i) for i in range(concurrency)])
+    else:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+            await asyncio.gather(*[httpx_worker(client, i) for i in range(concurrency)])
     lat.sort()
 
     def pct(p: float) -> float:
@@ -117,22 +170,33 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "load.json")
+    p.add_argument("--client", choices=["raw", "httpx"], default="raw")
+    p.add_argument("--modes", nargs="+", default=["noop", "unbatched", "batched"])
+    p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="extra server settings, e.g. SEQSERVE_MAX_WAIT_MS=1")
     args = p.parse_args()
+    extra = dict(kv.split("=", 1) for kv in args.env)
+    store_dir = tempfile.mkdtemp(prefix="seqserve-bench-")
     modes = {
         "noop": ("/bench/noop", {"SEQSERVE_BATCHING": "true"}),
         "unbatched": ("/recommend", {"SEQSERVE_BATCHING": "false"}),
         "batched": ("/recommend", {"SEQSERVE_BATCHING": "true"}),
     }
     results: dict = {"rows": []}
+    results["settings"] = {"torch_threads": args.torch_threads, "client": args.client, **extra}
     for mode, (path, env) in modes.items():
-        env = {**env, "SEQSERVE_TORCH_THREADS": str(args.torch_threads)}
+        if mode not in args.modes:
+            continue
+        env = {**env, "SEQSERVE_TORCH_THREADS": str(args.torch_threads),
+               "SEQSERVE_HISTORY_PATH": f"{store_dir}/{mode}.sqlite3", **extra}
         proc = start_server(args.artifacts, args.port, env)
         try:
             results.setdefault("rss_mb", {})[mode] = round(rss_mb(proc.pid), 1)
             for model in args.models:
                 bodies = bodies_for(args.artifacts, model)
                 for c in args.concurrency:
-                    r = asyncio.run(drive(f"http://127.0.0.1:{args.port}{path}", bodies, c, args.seconds, args.warmup))
+                    url = f"http://127.0.0.1:{args.port}{path}"
+                    r = asyncio.run(drive(url, bodies, c, args.seconds, args.warmup, args.client))
                     row = {"mode": mode, "model": model, "concurrency": c, **r}
                     results["rows"].append(row)
                     print(json.dumps(row), flush=True)

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from app.engine.recommender import RecQuery
 from app.routers.common import enforce_limits, history_store, pick
 from app.schemas import ErrorResponse, RecommendRequest, RecommendResponse
+from app.store import Timeline
 
 router = APIRouter(tags=["recommend"])
 
@@ -35,7 +36,13 @@ async def recommend(body: RecommendRequest, request: Request) -> RecommendRespon
     ]
     users = [q.user_id for q in queries if q.user_id is not None]
     # The users' events since the artifact was made, so a new interaction counts at once.
-    live = await asyncio.to_thread(history_store(request).events, rec.namespace, users) if users else {}
+    live: dict[str, Timeline] = {}
+    if users:
+        store = history_store(request)
+        if store.local_reads:
+            live = store.events(rec.namespace, users)
+        else:
+            live = await asyncio.to_thread(store.events, rec.namespace, users)
     prepared = rec.prepare(queries, live)
     results = await batcher.submit(prepared, settings.request_timeout_s)
     return RecommendResponse.model_validate(
