@@ -109,7 +109,7 @@ class BERT4Rec(SequentialRecommender):
         x = torch.cat([seq, torch.zeros_like(seq[:, :1])], dim=1)  # (B, L+1)
         rows = torch.arange(seq.size(0), device=seq.device)
         x[rows, lengths] = self.mask_token
-        h = self(x)[rows, lengths]  # (B, D)
+        h = self.encoder.read(x, lengths)  # (B, D)
         s = self._logits(h)
         s[:, :N_SPECIAL] = float("-inf")  # padding, unknown (and [MASK] is not in the output)
         return s

@@ -66,8 +66,8 @@ class SequenceEncoder(nn.Module):
         self.out_norm = nn.LayerNorm(d_model)
         self.apply(init_weights)
 
-    def forward(self, seq: torch.Tensor) -> torch.Tensor:
-        """seq: (B, L) long, right-padded, L <= max_len -> hidden (B, L, D)."""
+    def _embed(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Embedded input (B, L, D), key padding mask (B, L) and attention mask (L, L) or None."""
         _, length = seq.shape
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len {self.max_len}")
@@ -79,7 +79,37 @@ class SequenceEncoder(nn.Module):
         if not self.causal:
             # A row of only padding would make softmax NaN; let it attend to itself harmlessly.
             pad = pad & ~pad.all(dim=1, keepdim=True)
+        return x, pad, attn
+
+    def forward(self, seq: torch.Tensor) -> torch.Tensor:
+        """seq: (B, L) long, right-padded, L <= max_len -> hidden (B, L, D)."""
+        x, pad, attn = self._embed(seq)
         h = self.layers(x, mask=attn, src_key_padding_mask=pad, is_causal=False)  # (B, L, D)
+        return self.out_norm(h)
+
+    def read(self, seq: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """Hidden state at one position per row: forward(seq)[b, at[b]]. seq: (B, L), at: (B,) -> (B, D).
+
+        Serving reads one position per history, so the last layer computes only that row's query
+        (keys and values still cover every position): about a third less work with two layers.
+        """
+        x, pad, attn = self._embed(seq)
+        layers = self.layers.layers
+        for layer in layers[:-1]:
+            x = layer(x, src_mask=attn, src_key_padding_mask=pad)  # (B, L, D)
+        last = layers[-1]
+        if not last.norm_first:
+            raise ValueError("read() implements the pre-norm layer only")
+        rows = torch.arange(seq.size(0), device=seq.device)
+        keys = last.norm1(x)  # (B, L, D)
+        hidden = pad.clone()  # (B, L) keys the read position may not attend to
+        if attn is not None:
+            hidden |= torch.arange(seq.size(1), device=seq.device)[None, :] > at[:, None]
+        hidden[rows, at] = False  # it always sees itself, as in forward()
+        query = keys[rows, at][:, None]  # (B, 1, D)
+        sa = last.self_attn(query, keys, keys, key_padding_mask=hidden, need_weights=False)[0]  # (B, 1, D)
+        h = x[rows, at] + last.dropout1(sa[:, 0])  # (B, D)
+        h = h + last._ff_block(last.norm2(h))
         return self.out_norm(h)
 
 

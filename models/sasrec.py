@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from models.base import SequentialRecommender
 from models.ids import N_SPECIAL, PAD
-from models.layers import NegativeSampler, SequenceEncoder, gather_last
+from models.layers import NegativeSampler, SequenceEncoder, last_valid_index
 
 LOSSES = ("sampled_softmax", "softmax", "bce")
 
@@ -68,7 +68,7 @@ class SASRec(SequentialRecommender):
 
     def scores(self, seq: torch.Tensor) -> torch.Tensor:
         """Next-item scores for each history. seq: (B, L) -> (B, V); specials are -inf."""
-        h = gather_last(self(seq), seq)  # (B, D)
+        h = self.encoder.read(seq, last_valid_index(seq))  # (B, D)
         s = h @ self.item_weights().T  # (B, V)
         s[:, :N_SPECIAL] = float("-inf")
         return s

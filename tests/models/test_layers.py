@@ -110,3 +110,19 @@ def test_negative_sampler_mixes_and_corrects() -> None:
     assert torch.allclose(corr, torch.log(4000 * q))
     plain = NegativeSampler(vocab_size=12, n_negatives=10, pop_share=1.0, correct=False)
     assert torch.equal(plain(torch.device("cpu"))[1], torch.zeros(10))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n_layers", [1, 3])
+def test_read_equals_forward_at_the_read_position(causal: bool, n_layers: int) -> None:
+    """Serving's shortcut (the last layer computes only the row read) gives forward()'s numbers."""
+    from models.layers import SequenceEncoder
+
+    torch.manual_seed(0)
+    enc = SequenceEncoder(50, 12, 16, 2, n_layers, 32, 0.1, causal).eval()
+    seq = torch.tensor([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 0, 0, 0, 0, 0, 0], [3, 4, 5, 6, 7, 8, 9, 10]])
+    at = torch.tensor([5, 1, 4])  # the last item, or (row 3) a position before the end
+    for ctx in (torch.no_grad, torch.inference_mode):  # the fused fast path runs under inference_mode
+        with ctx():
+            full = enc(seq)[torch.arange(3), at]
+            assert torch.allclose(enc.read(seq, at), full, atol=1e-5)
