@@ -7,7 +7,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-RawId = Annotated[str, Field(min_length=1, max_length=256)]
+
+def _utf8(s: str) -> str:
+    # Bodies checked after JSON parsing (the events) can hold lone surrogates, which no store or
+    # response can encode.
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid UTF-8 text (lone surrogate)") from None
+    return s
+
+
+RawId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_utf8)]
 UnixTime = Annotated[float, Field(ge=0, le=1e11, description="unix seconds")]
 MAX_HISTORY = 10_000
 

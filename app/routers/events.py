@@ -64,4 +64,10 @@ async def post_events(body: EventsRequest, request: Request) -> EventsResponse:
 
 def _id_of(raw: Any) -> str | None:
     value = raw.get("event_id") if isinstance(raw, dict) else None
-    return value if isinstance(value, str) and len(value) <= 256 else None
+    if not isinstance(value, str) or len(value) > 256:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return value

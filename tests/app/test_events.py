@@ -104,6 +104,17 @@ def test_invalid_events_are_rejected_one_by_one(client: TestClient) -> None:
     assert res[4]["errors"][0]["loc"] == ["body", "events", 4, "event_id"]
 
 
+def test_ids_that_are_not_utf8_are_rejected_not_500(client: TestClient) -> None:
+    body = ('{"events": [{"event_id": "\\ud800", "user_id": "u1", "item_id": "12", "timestamp": 1},'
+            ' {"event_id": "ok", "user_id": "u1", "item_id": "\\udfff", "timestamp": 1},'
+            ' {"event_id": "fine", "user_id": "u1", "item_id": "12", "timestamp": 1}]}')
+    r = client.post("/events", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    res = r.json()["results"]
+    assert [e["status"] for e in res] == ["rejected", "rejected", "stored"]
+    assert res[0]["event_id"] is None and res[1]["errors"][0]["loc"] == ["body", "events", 1, "item_id"]
+
+
 def test_all_invalid_is_422_and_limits_hold(client: TestClient) -> None:
     r = client.post("/events", json={"events": [{"event_id": "e", "user_id": "u1"}, "junk"]})
     assert r.status_code == 422

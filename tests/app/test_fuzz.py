@@ -19,7 +19,7 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=20,
 )
-IDS = st.sampled_from(["u1", "u2", "12", "13", "nope", "", "x" * 300]) | st.text(max_size=8)
+IDS = st.sampled_from(["u1", "u2", "12", "13", "nope", "", "x" * 300, "\ud800", "a\x00b"]) | st.text(max_size=8)
 NUMS = st.integers(-5, 3000) | st.floats(allow_nan=True, allow_infinity=True) | st.none() | st.text(max_size=3)
 HISTORY_EVENT = st.fixed_dictionaries({"item_id": IDS}, optional={"timestamp": NUMS})
 REC_QUERY = st.fixed_dictionaries(
@@ -36,6 +36,10 @@ STAY = st.fixed_dictionaries(
 )
 LOC_QUERY = st.fixed_dictionaries({}, optional={"user_id": IDS | st.none(), "history": st.lists(STAY, max_size=4),
                                                 "k": NUMS})
+EVENT = st.fixed_dictionaries(
+    {}, optional={"event_id": IDS | NUMS, "user_id": IDS | NUMS, "item_id": IDS | NUMS, "timestamp": NUMS,
+                  "extra": JSON},
+) | JSON
 HEADERS = {"content-type": "application/json"}
 
 
@@ -60,7 +64,7 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 @FUZZ
 @given(body=JSON)
 def test_arbitrary_json_never_5xx(client: TestClient, body: object) -> None:
-    for path in ("/recommend", "/next-location"):
+    for path in ("/recommend", "/next-location", "/events"):
         r = post(client, path, body)
         assert r.status_code < 500, r.text
         assert r.status_code == 200 or "error" in r.json()
@@ -87,3 +91,15 @@ def test_next_location_shaped_bodies_never_5xx(client: TestClient, model: str | 
 def test_raw_bytes_never_5xx(client: TestClient, raw: bytes) -> None:
     r = client.post("/recommend", content=raw, headers={"content-type": "application/json"})
     assert r.status_code < 500
+
+
+@FUZZ
+@given(model=MODELS, events=st.lists(EVENT, max_size=5))
+def test_event_shaped_bodies_never_5xx(client: TestClient, model: str | None, events: list) -> None:
+    r = post(client, "/events", {"model": model, "events": events})
+    assert r.status_code < 500, r.text
+    body = r.json()
+    if r.status_code == 200:
+        assert body["stored"] + body["duplicates"] + body["rejected"] == len(events)
+    else:
+        assert body["error"]["code"]
