@@ -105,7 +105,9 @@ def train_recommender(cfg: RunConfig, data: Interactions, out_root: Path, dist: 
     if not t.full_data:
         # Measured here, before a refit has seen the validation items.
         if dist.is_main:
+            tv = time.monotonic()
             valid_metrics = evaluate_all(model, cfg, split, vocab, popularity, max_history, "valid")
+            t0 += time.monotonic() - tv  # evaluation, not training: kept out of train_seconds
         if t.refit_epochs:
             # The validation target joins the training data; the test item stays held out.
             refit_rows = windows(split.test.histories + short_sequences(split), win_len, min_len=2)
