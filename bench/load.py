@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_server(artifacts: Path, port: int, env_extra: dict[str, str]) -> subprocess.Popen[bytes]:
+    # MALLOC_ARENA_MAX as scripts/serve.sh sets it.
     env = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(artifacts), "SEQSERVE_BENCH_ENDPOINTS": "true",
-           "SEQSERVE_LOG_LEVEL": "WARNING", **env_extra}
+           "SEQSERVE_LOG_LEVEL": "WARNING", "MALLOC_ARENA_MAX": "2", **env_extra}
     proc = subprocess.Popen(
         [str(ROOT / ".venv/bin/uvicorn"), "--factory", "app.main:app_from_env", "--host", "127.0.0.1",
          "--port", str(port), "--no-access-log", "--log-level", "warning"],
