@@ -39,7 +39,6 @@ class TrainConfig:
     eval_batch_size: int = 512
     threads: int = 0  # torch threads; 0 = torch's default
     clip_grad_norm: float = 0.0  # 0 = no clipping
-    bf16: bool = False  # bfloat16 autocast for forward/backward (weights and optimizer stay float32)
     # Next-location: train on "a place the person had not visited before this history window"
     # as the unknown class, the way unseen places look at serving time.
     novel_as_unknown: bool = False

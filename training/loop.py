@@ -90,9 +90,7 @@ def train(
         batches = dist.shard(make_batches(gen))
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
         for batch in bar:
-            # autocast is off unless asked: bfloat16 matmuls where the CPU has them (AVX512-BF16, AMX).
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                loss = step(batch)
+            loss = step(batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if clip_grad_norm:
