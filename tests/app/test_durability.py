@@ -68,15 +68,21 @@ def _check_served_after_restart(artifacts: Path, env: dict[str, str], user: str,
         stop(proc)
 
 
-def test_sqlite_events_survive_kill_9(tiny_artifacts: Path, tmp_path: Path) -> None:
-    db = tmp_path / "kill.sqlite3"
-    env = {"SEQSERVE_HISTORY_PATH": str(db)}
-    proc, url = start_api(tiny_artifacts, env)
+def _serve_and_kill(artifacts: Path, env: dict[str, str]) -> list[str]:
+    """Start the service, post events until SIGKILL lands 1.5 s in; the acknowledged event ids."""
+    proc, url = start_api(artifacts, env)
     try:
         acked = _post_until_killed(url, proc.pid, after_s=1.5)
     finally:
         stop(proc)
     assert proc.returncode == -signal.SIGKILL and len(acked) >= 5
+    return acked
+
+
+def test_sqlite_events_survive_kill_9(tiny_artifacts: Path, tmp_path: Path) -> None:
+    db = tmp_path / "kill.sqlite3"
+    env = {"SEQSERVE_HISTORY_PATH": str(db)}
+    acked = _serve_and_kill(tiny_artifacts, env)
     store = SQLiteStore(db)
     try:
         assert _stored_ids(store, acked) == set(acked)
@@ -89,12 +95,7 @@ def test_redis_events_survive_kill_9_of_api_and_redis(
     tiny_artifacts: Path, tmp_path: Path, redis_server: RedisServer
 ) -> None:
     env = {"SEQSERVE_HISTORY_STORE": "redis", "SEQSERVE_REDIS_URL": redis_server.url}
-    proc, url = start_api(tiny_artifacts, env)
-    try:
-        acked = _post_until_killed(url, proc.pid, after_s=1.5)
-    finally:
-        stop(proc)
-    assert proc.returncode == -signal.SIGKILL and len(acked) >= 5
+    acked = _serve_and_kill(tiny_artifacts, env)
     # Redis dies too, without a chance to save: the append-only file must hold every acknowledged event.
     redis_server.kill()
     redis_server.start()
