@@ -127,6 +127,8 @@ class ModelRegistry:
             rec = Recommender(load_rec_artifact(folder), self.device, half)
             rec.recommend([RecQuery(None, [(rec.art.items.raw(2) or "", None)], k=1)])
             self._seed(rec)
+            # The store and Recommender.stored hold them now: free the raw (str, float) copies.
+            rec.art.histories.clear()
             return rec
         if task == "next_location":
             loc = Locator(load_location_artifact(folder), self.device, half)

@@ -8,12 +8,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from app.errors import InvalidEvents, LimitExceeded
 from app.routers.common import history_store, pick
-from app.schemas import ErrorResponse, EventIn, EventResult, EventsRequest, EventsResponse
+from app.schemas import ErrorResponse, EventIn, EventResult, EventsRequest, EventsResponse, RawId
 from app.store import Event
 from models.ids import N_SPECIAL
 
 router = APIRouter(tags=["events"])
 _event = TypeAdapter(EventIn)
+_raw_id: TypeAdapter[str] = TypeAdapter(RawId)
 
 
 @router.post(
@@ -63,11 +64,8 @@ async def post_events(body: EventsRequest, request: Request) -> EventsResponse:
 
 
 def _id_of(raw: Any) -> str | None:
-    value = raw.get("event_id") if isinstance(raw, dict) else None
-    if not isinstance(value, str) or len(value) > 256:
-        return None
+    """The event's id when it is a valid one (the same check as EventIn's), else None."""
     try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
+        return _raw_id.validate_python(raw.get("event_id") if isinstance(raw, dict) else None)
+    except ValidationError:
         return None
-    return value
