@@ -2,9 +2,10 @@
 
     python -m app.export_history --namespace ml-100k --out runs/ml100k_with_events.csv
 
-Uses the same SEQSERVE_* settings as the service (store kind, SQLite path, Redis URL). Timed data
-becomes a `user_id,item_id,timestamp` CSV; data without times (e.g. Amazon Beauty) becomes
-`user item` lines in order. Either is read by `python -m training train --data ...`, so items first
+Uses the same SEQSERVE_* settings as the service (store kind, SQLite path, Redis URL). The log is a
+CSV with a header, quoted by the csv module so that any id (spaces, commas, quotes, newlines) reads
+back exactly: `user_id,item_id,timestamp[,action]`, the timestamp empty when the data has none (e.g.
+Amazon Beauty, whose order is kept). `python -m training train --data ...` reads it, so items first
 seen in events become part of the catalog at the next training run.
 """
 
@@ -26,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     s = Settings()
-    store = open_store(s.history_store, s.history_path, s.redis_url, s.redis_prefix)
+    store = open_store(s.history_store, sqlite_path=s.history_path, redis_url=s.redis_url.get_secret_value(),
+                       redis_prefix=s.redis_prefix, keep=s.live_events)
     try:
         timelines = {u: store.history(args.namespace, u) for u in store.users(args.namespace)}
     finally:
@@ -34,17 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     if not timelines:
         print(f"namespace {args.namespace!r} holds no history in the {s.history_store} store", file=sys.stderr)
         return 1
-    timed = all(not math.isnan(t) for tl in timelines.values() for _, t in tl)
+    with_actions = any(a is not None for tl in timelines.values() for _, _, a in tl)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        if timed:
-            w = csv.writer(f)
-            w.writerow(["user_id", "item_id", "timestamp"])
-            for user, tl in timelines.items():
-                w.writerows((user, item, f"{t:.0f}" if t == int(t) else t) for item, t in tl)
-        else:
-            for user, tl in timelines.items():
-                f.writelines(f"{user} {item}\n" for item, _ in tl)
+    with args.out.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["user_id", "item_id", "timestamp", *(["action"] if with_actions else [])])
+        for user, tl in timelines.items():
+            for item, t, action in tl:
+                ts = "" if math.isnan(t) else (f"{t:.0f}" if t == int(t) else repr(t))
+                w.writerow([user, item, ts, *([action or ""] if with_actions else [])])
     n = sum(len(tl) for tl in timelines.values())
     print(f"wrote {n} interactions of {len(timelines)} users to {args.out}", file=sys.stderr)
     return 0

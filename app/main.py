@@ -1,73 +1,94 @@
-"""App factory: settings -> lifespan loads the models -> routers and error handlers."""
+"""App factory: settings -> lifespan opens the store and loads the models -> routers, errors, middleware."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import torch
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
-from app.engine.registry import BatchPolicy, ModelRegistry, resolve_device
-from app.errors import BodyLimit, install_error_handlers
-from app.observability import Metrics, configure_logging, install_observability
-from app.routers import admin, bench, events, health, models, next_location, recommend
+from app.deps import Services
+from app.engine.registry import ModelRegistry, resolve_device
+from app.handlers import install_error_handlers
+from app.middleware import BodyLimit, Observe
+from app.observability import Metrics, configure_logging
+from app.routers import admin, bench, events, health, metrics, models, next_location, recommend
+from app.schemas import EventIn
 from app.settings import Settings, get_settings
 from app.store import StoreError, open_store
+from models.serving import EngineOptions
 
 log = logging.getLogger("app")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    services = Services(settings=settings, metrics=Metrics(), registry=ModelRegistry())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
-        policy = BatchPolicy(settings.batching, settings.max_batch_size, settings.max_wait_ms, settings.max_queue)
-        store, app.state.store_error = None, None
         try:
-            store = open_store(settings.history_store, settings.history_path, settings.redis_url, settings.redis_prefix)
+            services.store = open_store(
+                settings.history_store, sqlite_path=settings.history_path,
+                redis_url=settings.redis_url.get_secret_value(), redis_prefix=settings.redis_prefix,
+                keep=settings.live_events)
         except (StoreError, OSError, ValueError) as exc:
             # The service still starts: queries that carry their own history are answered; the
-            # ones by user_id, and /events, answer 503 and /readyz says why.
-            app.state.store_error = f"{settings.history_store}: {exc}"
-            log.error("history store not available: %s", app.state.store_error)
-        app.state.store = store
-        registry = ModelRegistry(
-            device=resolve_device(settings.device), policy=policy, on_batch=metrics.on_batch,
-            half_precision=settings.half_precision, store=store,
+            # ones by user_id, and /events, answer 503 and /readyz says the store is unavailable.
+            services.store_problem = str(exc)
+            log.error("history store not available: %s", exc)
+        device = resolve_device(settings.device)
+        services.registry = ModelRegistry(
+            options=EngineOptions(device=device, half=settings.half_precision and device.type == "cuda",
+                                  live_events=settings.live_events),
+            policy=settings.batch_policy,
+            store=services.store, on_batch=services.metrics.on_batch,
         )
-        registry.load_all(settings.artifacts_dir, settings.default_model)
-        if not registry.names:
+        services.registry.load_all(settings.artifacts_dir)
+        if not services.registry.names:
             log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)
-        app.state.registry = registry
         yield
-        await registry.close()
-        if store is not None:
-            store.close()
+        await services.registry.close()
+        if services.store is not None:
+            services.store.close()
 
-    app = FastAPI(title="seqserve", version="0.1.0", lifespan=lifespan)
-    metrics = Metrics()
-    app.state.settings = settings
-    app.state.metrics = metrics
-    install_error_handlers(app)
-    install_observability(app, metrics)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    for r in (health.router, models.router, recommend.router, events.router, next_location.router, admin.router):
+    app = FastAPI(title="seqserve", version="0.2.0", lifespan=lifespan)
+    app.state.services = services
+    install_error_handlers(app, services.metrics)
+    for r in (health.router, metrics.router, models.router, recommend.router, events.router,
+              next_location.router, admin.router):
         app.include_router(r)
     if settings.bench_endpoints:
         app.include_router(bench.router)
+    # Outermost first: every response, a 413 included, gets a request id and is counted.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(Observe, metrics=services.metrics)
+
+    def openapi() -> dict[str, Any]:
+        """The generated document plus the request bodies the dependencies parse, with this app's bounds."""
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            for model in (services.schemas.recommend, services.schemas.next_location, services.schemas.events,
+                          EventIn):
+                spec = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(spec.pop("$defs", {}))
+                schemas[model.__name__] = spec
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 
 def app_from_env() -> FastAPI:
     """Entry point for `uvicorn --factory app.main:app_from_env`."""
     s = get_settings()
-    if s.json_logs:
-        configure_logging(s.log_level)
-    else:
-        logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(s.log_level, s.json_logs)
     return create_app(s)

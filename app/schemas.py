@@ -1,16 +1,21 @@
-"""Every request and response body of the API, with bounds on every field."""
+"""Every request and response body of the API.
+
+Request bodies have one set of bounds, the settings in force: `bounded(limits)` makes the app's
+own subclasses of the request models with them, and those same classes validate bodies and write
+the OpenAPI document, so what is documented is exactly what is accepted.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, cast
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 
 def _utf8(s: str) -> str:
-    # Bodies checked after JSON parsing (the events) can hold lone surrogates, which no store or
-    # response can encode.
+    # JSON can carry lone surrogates, which no store or response can encode.
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
@@ -20,7 +25,6 @@ def _utf8(s: str) -> str:
 
 RawId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_utf8)]
 UnixTime = Annotated[float, Field(ge=0, le=1e11, description="unix seconds")]
-MAX_HISTORY = 10_000
 
 
 def _utc_if_naive(t: dt.datetime) -> dt.datetime:
@@ -31,22 +35,40 @@ def _utc_if_naive(t: dt.datetime) -> dt.datetime:
 AwareOrNaive = Annotated[dt.datetime, AfterValidator(_utc_if_naive)]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """The bounds of a request, from the settings."""
+
+    max_queries: int = 1024
+    max_k: int = 1000
+    max_history: int = 2000
+    max_exclude_items: int = 1000
+    max_total_k: int = 20_000  # sum of k over a request's queries
+    max_total_items: int = 100_000  # history events plus excluded items over a request's queries
+    max_events: int = 1000
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# --- /recommend ------------------------------------------------------------------------------------
+
+
 class HistoryEvent(Strict):
-    item_id: RawId
+    item_id: RawId = Field(description="the item; for a social model, the target user")
     timestamp: UnixTime | None = None
+    action: RawId | None = Field(None, description="the action (required by a social model)")
 
 
 class RecommendQuery(Strict):
     user_id: RawId | None = None
-    history: list[HistoryEvent] | None = Field(None, max_length=MAX_HISTORY)
-    k: int = Field(10, ge=1, le=10_000)
-    exclude_seen: bool = True
+    history: list[HistoryEvent] | None = None
+    k: int = Field(10, ge=1)
+    exclude_seen: bool | None = Field(
+        None, description="default: true for item recommenders, false for social models")
     exclude_future: bool = True
-    exclude_items: list[RawId] = Field(default_factory=list, max_length=MAX_HISTORY)
+    exclude_items: list[RawId] = Field(default_factory=list)
     as_of: UnixTime | None = None
 
     @model_validator(mode="after")
@@ -57,8 +79,19 @@ class RecommendQuery(Strict):
 
 
 class RecommendRequest(Strict):
+    limits: ClassVar[Limits] = Limits()
     model: RawId | None = None
-    queries: list[RecommendQuery] = Field(min_length=1, max_length=100_000)
+    queries: list[RecommendQuery] = Field(min_length=1)
+
+    @field_validator("queries")
+    @classmethod
+    def _totals(cls, queries: list[RecommendQuery]) -> list[RecommendQuery]:
+        lim = cls.limits
+        if sum(q.k for q in queries) > lim.max_total_k:
+            raise ValueError(f"the queries' k add up to more than {lim.max_total_k}")
+        if sum(len(q.history or ()) + len(q.exclude_items) for q in queries) > lim.max_total_items:
+            raise ValueError(f"history events and excluded items add up to more than {lim.max_total_items}")
+        return queries
 
 
 class ScoredItem(BaseModel):
@@ -84,6 +117,9 @@ class RecommendResponse(BaseModel):
     model: str
     version: str
     results: list[RecommendResult]
+
+
+# --- /next-location --------------------------------------------------------------------------------
 
 
 class StayStep(Strict):
@@ -112,13 +148,24 @@ class StayStep(Strict):
 
 class NextLocationQuery(Strict):
     user_id: RawId | None = None
-    history: list[StayStep] = Field(min_length=1, max_length=MAX_HISTORY)
-    k: int = Field(5, ge=1, le=10_000)
+    history: list[StayStep] = Field(min_length=1)
+    k: int = Field(5, ge=1)
 
 
 class NextLocationRequest(Strict):
+    limits: ClassVar[Limits] = Limits()
     model: RawId | None = None
-    queries: list[NextLocationQuery] = Field(min_length=1, max_length=100_000)
+    queries: list[NextLocationQuery] = Field(min_length=1)
+
+    @field_validator("queries")
+    @classmethod
+    def _totals(cls, queries: list[NextLocationQuery]) -> list[NextLocationQuery]:
+        lim = cls.limits
+        if sum(q.k for q in queries) > lim.max_total_k:
+            raise ValueError(f"the queries' k add up to more than {lim.max_total_k}")
+        if sum(len(q.history) for q in queries) > lim.max_total_items:
+            raise ValueError(f"history steps add up to more than {lim.max_total_items}")
+        return queries
 
 
 class ScoredLocation(BaseModel):
@@ -137,6 +184,52 @@ class NextLocationResponse(BaseModel):
     model: str
     version: str
     results: list[NextLocationResult]
+
+
+# --- /events ---------------------------------------------------------------------------------------
+
+
+class EventIn(Strict):
+    """One interaction; validated one by one, so a bad event is rejected alone."""
+
+    event_id: RawId = Field(description="replaying an event_id already stored with the same payload is a no-op")
+    user_id: RawId
+    item_id: RawId = Field(description="the item; for a social model, the target user")
+    timestamp: UnixTime
+    action: RawId | None = Field(None, description="the action (required by a social model)")
+
+
+class EventsRequest(Strict):
+    model: RawId | None = Field(None, description="events go to this model's data set (default model if absent)")
+    # Each element is checked against EventIn on its own (see app.serving), so one bad event does not
+    # reject the others; the document says what a valid one is.
+    events: list[Any] = Field(min_length=1, json_schema_extra={"items": {"$ref": "#/components/schemas/EventIn"}})
+
+
+class ErrorDetail(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class EventResult(BaseModel):
+    index: int
+    event_id: str | None
+    status: Literal["stored", "duplicate", "rejected"]
+    unknown_item: bool = Field(False, description="stored, but the served model does not know the item yet")
+    errors: list[ErrorDetail] = Field(default_factory=list)
+
+
+class EventsResponse(BaseModel):
+    model: str
+    namespace: str
+    stored: int
+    duplicates: int
+    rejected: int
+    results: list[EventResult]
+
+
+# --- service ---------------------------------------------------------------------------------------
 
 
 class ModelInfo(BaseModel):
@@ -160,52 +253,15 @@ class ModelsResponse(BaseModel):
 class Readiness(BaseModel):
     ready: bool
     models: list[str]
-    broken: dict[str, str]
-    history_store: str = Field(description="'<kind>: ok', or why the store cannot be used")
-
-
-class EventIn(Strict):
-    """One interaction; validated one by one, so a bad event is rejected alone."""
-
-    event_id: RawId = Field(description="replaying an event_id already stored is a no-op")
-    user_id: RawId
-    item_id: RawId
-    timestamp: UnixTime
-
-
-class EventsRequest(Strict):
-    model: RawId | None = Field(None, description="events go to this model's data set (default model if absent)")
-    # Plain objects here: each is checked against EventIn on its own (see the events router).
-    events: list[Any] = Field(min_length=1, max_length=100_000)
-
-
-class EventResult(BaseModel):
-    index: int
-    event_id: str | None
-    status: Literal["stored", "duplicate", "rejected"]
-    unknown_item: bool = Field(False, description="stored, but the served model does not know the item yet")
-    errors: list[ErrorDetail] = Field(default_factory=list)
-
-
-class EventsResponse(BaseModel):
-    model: str
-    namespace: str
-    stored: int
-    duplicates: int
-    rejected: int
-    results: list[EventResult]
+    broken: dict[str, str] = Field(description="artifact name/version -> why it did not load")
+    degraded: dict[str, str] = Field(default_factory=dict, description="model -> why its batcher is not healthy")
+    history_store: str = Field(description="'<kind>: ok', or '<kind>: unavailable'")
 
 
 class ReloadReport(BaseModel):
     loaded: dict[str, str] = Field(description="model name -> version swapped in")
     unchanged: dict[str, str]
-    failed: dict[str, str] = Field(description="model name -> error; an older version keeps serving if one was")
-
-
-class ErrorDetail(BaseModel):
-    loc: list[str | int]
-    msg: str
-    type: str
+    failed: dict[str, str] = Field(description="name/version -> why; the current version keeps serving")
 
 
 class ErrorBody(BaseModel):
@@ -216,3 +272,44 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+# --- the app's own bounded request models --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestModels:
+    recommend: type[RecommendRequest]
+    next_location: type[NextLocationRequest]
+    events: type[EventsRequest]
+
+
+def bounded(limits: Limits) -> RequestModels:
+    """Subclasses of the request models carrying `limits` as their bounds (validation and docs)."""
+    query = create_model(
+        "RecommendQuery", __base__=RecommendQuery,
+        history=(list[HistoryEvent] | None, Field(None, max_length=limits.max_history)),
+        k=(int, Field(10, ge=1, le=limits.max_k)),
+        exclude_items=(list[RawId], Field(default_factory=list, max_length=limits.max_exclude_items)),
+    )
+    recommend = create_model(
+        "RecommendRequest", __base__=RecommendRequest,
+        queries=(list[query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
+    )
+    loc_query = create_model(
+        "NextLocationQuery", __base__=NextLocationQuery,
+        history=(list[StayStep], Field(min_length=1, max_length=limits.max_history)),
+        k=(int, Field(5, ge=1, le=limits.max_k)),
+    )
+    next_location = create_model(
+        "NextLocationRequest", __base__=NextLocationRequest,
+        queries=(list[loc_query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
+    )
+    events = create_model(
+        "EventsRequest", __base__=EventsRequest,
+        events=(list[Any], Field(min_length=1, max_length=limits.max_events,
+                                 json_schema_extra={"items": {"$ref": "#/components/schemas/EventIn"}})),
+    )
+    recommend.limits = next_location.limits = limits
+    return RequestModels(cast(type[RecommendRequest], recommend), cast(type[NextLocationRequest], next_location),
+                         cast(type[EventsRequest], events))

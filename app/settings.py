@@ -6,8 +6,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.engine.batcher import BatchPolicy
+from app.schemas import Limits
+
+_BATCH = BatchPolicy()
 
 
 class Settings(BaseSettings):
@@ -18,26 +23,45 @@ class Settings(BaseSettings):
     half_precision: bool = False  # float16 weights on a CUDA device; ignored on the CPU
     default_model: str | None = None  # None = the first model by name
     torch_threads: int = Field(default=0, ge=0)  # 0 = leave torch's default
+    # Request bounds: the OpenAPI document states these, and validation enforces exactly these.
     max_queries: int = Field(default=1024, ge=1)  # queries per request
     max_k: int = Field(default=1000, ge=1)
     max_history: int = Field(default=2000, ge=1)  # history events per query (the model reads its most recent)
+    max_exclude_items: int = Field(default=1000, ge=0)  # exclude_items per query
+    max_total_k: int = Field(default=20_000, ge=1)  # sum of k over a request's queries
+    max_total_items: int = Field(default=100_000, ge=1)  # history events + excluded items over a request
+    max_events: int = Field(default=1000, ge=1)  # events per POST /events
     log_level: str = "INFO"
     json_logs: bool = True
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
-    admin_api_key: str | None = None  # admin endpoints answer 403 while unset
+    admin_api_key: SecretStr | None = None  # admin endpoints answer 403 while unset
+    events_api_key: SecretStr | None = None  # when set, POST /events needs it (X-API-Key)
     bench_endpoints: bool = False  # POST /bench/noop: the framework's ceiling, for bench/load.py
-    # Dynamic micro-batching of concurrent requests (per model).
-    batching: bool = True
-    max_batch_size: int = Field(default=256, ge=1)  # queries per model call
-    max_wait_ms: float = Field(default=2.0, ge=0)  # longest wait for more when others are queued
-    max_queue: int = Field(default=1024, ge=1)  # waiting requests per model before 503
+    # Dynamic micro-batching of concurrent requests (per model); defaults in BatchPolicy.
+    batching: bool = _BATCH.enabled
+    max_batch_size: int = Field(default=_BATCH.max_batch_size, ge=1)
+    max_wait_ms: float = Field(default=_BATCH.max_wait_ms, ge=0)
+    max_queue: int = Field(default=_BATCH.max_queue, ge=1)  # waiting requests per model before 503
     request_timeout_s: float = Field(default=10.0, gt=0)  # 504 after this
     # User histories: seeded from the artifacts, appended to by POST /events.
     history_store: Literal["sqlite", "redis"] = "sqlite"
     history_path: Path = Path("state/history.sqlite3")  # the SQLite store's file (not under the artifacts)
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")  # may hold a password: never shown
     redis_prefix: str = "seqserve:"  # key prefix, so several deployments can share one Redis
-    max_events: int = Field(default=1000, ge=1)  # events per POST /events
+    live_events: int = Field(default=1000, ge=1)  # newest live events kept and read per user
+    event_skew_s: float = Field(default=300.0, ge=0)  # events later than now + this are rejected
+
+    @property
+    def batch_policy(self) -> BatchPolicy:
+        return BatchPolicy(self.batching, self.max_batch_size, self.max_wait_ms, self.max_queue)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            max_queries=self.max_queries, max_k=self.max_k, max_history=self.max_history,
+            max_exclude_items=self.max_exclude_items, max_total_k=self.max_total_k,
+            max_total_items=self.max_total_items, max_events=self.max_events,
+        )
 
 
 @lru_cache

@@ -3,23 +3,39 @@
 One interface, two stores: embedded SQLite (the default; WAL, fsync on commit) and Redis (for several
 service instances; durable when the server runs with append-only persistence). Histories are kept per
 namespace, the data set a model was trained on, so every model of one data set sees the same events.
-An `append` returns only after the events are durably stored; an event id already stored is a no-op.
+
+- `append` returns only after the events are durably stored. An event id is remembered with a digest
+  of its payload: the same id and payload again is a no-op ("duplicate"), the same id with another
+  payload is refused ("conflict"), whatever happened to the event since.
+- Each user keeps at most `keep` live events, the newest by time; older ones are dropped on write
+  (their ids stay known). Reads return at most `limit` newest events per user.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
 import sqlite3
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
-Timeline = list[tuple[str, float]]  # (raw item id, unix time; NaN when the data had none), oldest first
+from models.serving import Timeline
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# "conflict": the id was stored with another payload. When any event of a call conflicts, the call
+# stores nothing: the conflicting ones say "conflict", the others "skipped".
+Outcome = Literal["stored", "duplicate", "conflict", "skipped"]
+BaseHistories = Mapping[str, Sequence[tuple[str, float, str | None]]]
 
 
 @dataclass(frozen=True)
@@ -27,11 +43,31 @@ class Event:
     event_id: str
     user_id: str
     item_id: str
-    timestamp: float
+    timestamp: float  # unix seconds; NaN when the data has no times
+    action: str | None = None
+
+    @property
+    def digest(self) -> str:
+        """Identifies the payload, so a reused event id with another payload is recognised."""
+        payload = json.dumps([self.user_id, self.item_id, _json_ts(self.timestamp), self.action])
+        return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
 class StoreError(RuntimeError):
-    """The store could not be reached or refused a write: nothing of the call was stored."""
+    """The store could not be reached or refused a write: nothing of the call was stored.
+
+    The message is for logs (it may name a file or host); clients get a fixed one.
+    """
+
+
+def redact(url: str) -> str:
+    """A URL without its password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _ts(t: float | None) -> float:
@@ -42,9 +78,17 @@ def _json_ts(t: float) -> float | None:
     return None if math.isnan(t) else t
 
 
-def _held(base: Timeline) -> set[tuple[str, float | None]]:
+def _held(base: Sequence[tuple[str, float, str | None]]) -> set[tuple[str, float | None]]:
     """A new base's events as keys: live events it already holds (it was retrained on them) are dropped."""
-    return {(i, _json_ts(t)) for i, t in base}
+    return {(i, _json_ts(t)) for i, t, _ in base}
+
+
+def _base_json(events: Sequence[tuple[str, float, str | None]]) -> str:
+    return json.dumps([[i, _json_ts(t), a] if a is not None else [i, _json_ts(t)] for i, t, a in events])
+
+
+def _parse_base(text: str) -> Timeline:
+    return [(str(e[0]), _ts(e[1]), str(e[2]) if len(e) > 2 and e[2] is not None else None) for e in json.loads(text)]
 
 
 class HistoryStore(ABC):
@@ -52,26 +96,36 @@ class HistoryStore(ABC):
 
     kind: str
     # Whether reads are quick local calls (SQLite's WAL readers never wait on a writer) that may run
-    # on the event loop; a network store's reads go to a worker thread.
+    # on the event loop when small; a network store's reads always go to a worker thread.
     local_reads: bool = False
 
+    def __init__(self, keep: int = 1000) -> None:
+        self.keep = keep  # live events kept per user
+
     @abstractmethod
-    def seed(self, namespace: str, token: str, histories: Mapping[str, Timeline]) -> bool:
+    def seed(self, namespace: str, token: str, histories: BaseHistories) -> bool:
         """Replace the base with `histories` unless `token` (the data's hash) is already seeded.
 
-        Live events that the new base contains are dropped. Returns whether it wrote.
+        Live events that the new base contains are folded (dropped; their ids stay known).
+        Returns whether it wrote.
         """
 
     @abstractmethod
-    def append(self, namespace: str, events: Sequence[Event]) -> list[bool]:
-        """Store events durably; per event, True when newly stored, False when its id was already there."""
+    def append(self, namespace: str, events: Sequence[Event]) -> list[Outcome]:
+        """Store events durably; per event, whether it was stored or a duplicate. If any event reuses a
+        stored id with another payload, nothing is stored (see Outcome)."""
 
     @abstractmethod
-    def events(self, namespace: str, users: Sequence[str]) -> dict[str, Timeline]:
-        """Live events of each user that has any, oldest first (by timestamp, then arrival)."""
+    def events(self, namespace: str, users: Sequence[str], limit: int | None = None) -> dict[str, Timeline]:
+        """The newest `limit` (default: all kept) live events of each user that has any, oldest first
+        (by timestamp, then arrival)."""
 
     @abstractmethod
     def base(self, namespace: str, user: str) -> Timeline: ...
+
+    @abstractmethod
+    def stored_ids(self, namespace: str, event_ids: Sequence[str]) -> set[str]:
+        """Which of these event ids the store has taken (durably)."""
 
     @abstractmethod
     def users(self, namespace: str) -> Iterator[str]:
@@ -94,6 +148,7 @@ class SQLiteStore(HistoryStore):
 
     kind = "sqlite"
     local_reads = True
+    SCHEMA_VERSION = 2
     _SCHEMA = """
     CREATE TABLE IF NOT EXISTS seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
     CREATE TABLE IF NOT EXISTS base (ns TEXT, user TEXT, items TEXT NOT NULL, PRIMARY KEY (ns, user))
@@ -101,23 +156,56 @@ class SQLiteStore(HistoryStore):
     CREATE TABLE IF NOT EXISTS events (
         seq INTEGER PRIMARY KEY, ns TEXT NOT NULL, event_id TEXT NOT NULL, user TEXT NOT NULL,
         item TEXT NOT NULL, ts REAL, recorded_at REAL NOT NULL,
-        folded INTEGER NOT NULL DEFAULT 0,  -- 1: a later base holds it; kept so its id stays known
+        folded INTEGER NOT NULL DEFAULT 0,  -- 1: a later base held it (files of the first version)
+        action TEXT,
         UNIQUE (ns, event_id));
     CREATE INDEX IF NOT EXISTS events_by_user ON events (ns, user, ts, seq);
+    -- Every id ever stored, with its payload's digest: kept when an event is folded or trimmed.
+    CREATE TABLE IF NOT EXISTS event_ids (ns TEXT, event_id TEXT, digest TEXT NOT NULL,
+        PRIMARY KEY (ns, event_id)) WITHOUT ROWID;
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, keep: int = 1000) -> None:
+        super().__init__(keep)
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._write_lock = threading.Lock()
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
-        conn = self._conn()
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise StoreError(f"{path}: SQLite refused WAL mode (got {mode!r})")
-        conn.executescript(self._SCHEMA)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = self._conn()
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"{path}: SQLite refused WAL mode (got {mode!r})")
+            self._migrate(conn)
+        except (sqlite3.Error, OSError) as exc:  # a corrupt or unreadable file: the store is unavailable
+            self.close()
+            raise StoreError(f"{path}: {exc}") from exc
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Create the schema, or bring a file written by an earlier version up to it."""
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version >= self.SCHEMA_VERSION:
+            return
+        had_events = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone() is not None
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if had_events and "action" not in {r[1] for r in conn.execute("PRAGMA table_info(events)")}:
+                conn.execute("ALTER TABLE events ADD COLUMN action TEXT")
+            # One statement at a time: executescript() would commit the open transaction first.
+            for statement in self._SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            rows = conn.execute("SELECT ns, event_id, user, item, ts, action FROM events").fetchall()
+            conn.executemany(
+                "INSERT OR IGNORE INTO event_ids (ns, event_id, digest) VALUES (?, ?, ?)",
+                ((ns, eid, Event(eid, u, i, _ts(t), a).digest) for ns, eid, u, i, t, a in rows))
+            conn.execute(f"PRAGMA user_version = {self.SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     def _conn(self) -> sqlite3.Connection:
         """One connection per thread: reads never wait on another thread's fsync."""
@@ -125,40 +213,49 @@ class SQLiteStore(HistoryStore):
         if conn is None:
             try:
                 conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("PRAGMA busy_timeout=10000")
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.path}: {exc}") from exc
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA busy_timeout=10000")
             self._local.conn = conn
             with self._conns_lock:
                 self._conns.append(conn)
         return conn
 
-    def _write(self, fn: Any) -> Any:
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` in one write transaction. Any failure, the COMMIT's included, rolls back, so the
+        connection is never left inside an open transaction that would fail every later write."""
         with self._write_lock:
             conn = self._conn()
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                try:
-                    out = fn(conn)
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
+                out = fn(conn)
                 conn.execute("COMMIT")
                 return out
-            except sqlite3.Error as exc:
-                raise StoreError(f"{self.path}: {exc}") from exc
+            except BaseException as exc:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        log.exception("SQLite rollback failed")
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"{self.path}: {exc}") from exc
+                raise
 
-    def seed(self, namespace: str, token: str, histories: Mapping[str, Timeline]) -> bool:
+    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return fn(self._conn())
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
+
+    def seed(self, namespace: str, token: str, histories: BaseHistories) -> bool:
         def do(conn: sqlite3.Connection) -> bool:
             row = conn.execute("SELECT token FROM seeded WHERE ns = ?", (namespace,)).fetchone()
             if row is not None and row[0] == token:
                 return False
             conn.execute("DELETE FROM base WHERE ns = ?", (namespace,))
-            conn.executemany(
-                "INSERT INTO base (ns, user, items) VALUES (?, ?, ?)",
-                ((namespace, u, json.dumps([[i, _json_ts(t)] for i, t in evs])) for u, evs in histories.items()),
-            )
+            conn.executemany("INSERT INTO base (ns, user, items) VALUES (?, ?, ?)",
+                             ((namespace, u, _base_json(evs)) for u, evs in histories.items()))
             live = conn.execute("SELECT DISTINCT user FROM events WHERE ns = ? AND folded = 0",
                                 (namespace,)).fetchall()
             for (user,) in live:
@@ -167,65 +264,93 @@ class SQLiteStore(HistoryStore):
                     rows = conn.execute("SELECT seq, item, ts FROM events WHERE ns = ? AND user = ? AND folded = 0",
                                         (namespace, user)).fetchall()
                     drop = [(seq,) for seq, item, ts in rows if (item, ts) in held]
-                    conn.executemany("UPDATE events SET folded = 1 WHERE seq = ?", drop)
+                    conn.executemany("DELETE FROM events WHERE seq = ?", drop)  # event_ids keeps their ids
             conn.execute("INSERT OR REPLACE INTO seeded (ns, token, at) VALUES (?, ?, ?)",
                          (namespace, token, time.time()))
             return True
 
-        return bool(self._write(do))
+        return self._write(do)
 
-    def append(self, namespace: str, events: Sequence[Event]) -> list[bool]:
-        def do(conn: sqlite3.Connection) -> list[bool]:
-            now = time.time()
-            out = []
+    def append(self, namespace: str, events: Sequence[Event]) -> list[Outcome]:
+        def do(conn: sqlite3.Connection) -> list[Outcome]:
+            known: dict[str, str] = {}  # ids stored before or earlier in this call -> digest
+            out: list[Outcome] = []
             for e in events:
-                cur = conn.execute(
-                    "INSERT OR IGNORE INTO events (ns, event_id, user, item, ts, recorded_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (namespace, e.event_id, e.user_id, e.item_id, _json_ts(e.timestamp), now),
-                )
-                out.append(cur.rowcount == 1)
+                if e.event_id not in known:
+                    row = conn.execute("SELECT digest FROM event_ids WHERE ns = ? AND event_id = ?",
+                                       (namespace, e.event_id)).fetchone()
+                    if row is None:
+                        known[e.event_id] = e.digest
+                        out.append("stored")
+                        continue
+                    known[e.event_id] = row[0]
+                prev = known[e.event_id]
+                out.append("duplicate" if prev in (e.digest, "") else "conflict")
+            if "conflict" in out:
+                return [o if o == "conflict" else "skipped" for o in out]
+            now = time.time()
+            new = [e for e, o in zip(events, out, strict=True) if o == "stored"]
+            conn.executemany("INSERT INTO event_ids (ns, event_id, digest) VALUES (?, ?, ?)",
+                             ((namespace, e.event_id, e.digest) for e in new))
+            conn.executemany(
+                "INSERT OR IGNORE INTO events (ns, event_id, user, item, ts, action, recorded_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                ((namespace, e.event_id, e.user_id, e.item_id, _json_ts(e.timestamp), e.action, now) for e in new))
+            for user in {e.user_id for e in new}:  # keep the newest `keep` live events of each user
+                conn.execute(
+                    "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE ns = ? AND user = ? AND folded = 0"
+                    " ORDER BY ts DESC, seq DESC LIMIT -1 OFFSET ?)", (namespace, user, self.keep))
             return out
 
-        return list(self._write(do))
+        return self._write(do)
 
-    def events(self, namespace: str, users: Sequence[str]) -> dict[str, Timeline]:
-        if not users:
-            return {}
-        out: dict[str, Timeline] = {}
-        conn = self._conn()
+    def events(self, namespace: str, users: Sequence[str], limit: int | None = None) -> dict[str, Timeline]:
         wanted = list(dict.fromkeys(users))
-        try:
+        if not wanted:
+            return {}
+        n = min(limit or self.keep, self.keep)
+
+        def do(conn: sqlite3.Connection) -> dict[str, Timeline]:
+            out: dict[str, Timeline] = {}
             for start in range(0, len(wanted), 500):  # SQLite's bound-parameter limit
                 chunk = wanted[start : start + 500]
                 marks = ",".join("?" * len(chunk))
                 rows = conn.execute(
-                    f"SELECT user, item, ts FROM events WHERE ns = ? AND user IN ({marks}) AND folded = 0"
-                    " ORDER BY user, ts, seq",
-                    (namespace, *chunk),
+                    "SELECT user, item, ts, action FROM (SELECT user, item, ts, action, seq, ROW_NUMBER() OVER"
+                    " (PARTITION BY user ORDER BY ts DESC, seq DESC) AS newest FROM events"
+                    f" WHERE ns = ? AND user IN ({marks}) AND folded = 0) WHERE newest <= ? ORDER BY user, ts, seq",
+                    (namespace, *chunk, n),
                 ).fetchall()
-                for user, item, ts in rows:
-                    out.setdefault(user, []).append((item, _ts(ts)))
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
-        return out
+                for user, item, ts, action in rows:
+                    out.setdefault(user, []).append((item, _ts(ts), action))
+            return out
+
+        return self._read(do)
 
     def base(self, namespace: str, user: str) -> Timeline:
-        row = self._conn().execute("SELECT items FROM base WHERE ns = ? AND user = ?", (namespace, user)).fetchone()
-        return [(str(i), _ts(t)) for i, t in json.loads(row[0])] if row else []
+        row = self._read(lambda c: c.execute("SELECT items FROM base WHERE ns = ? AND user = ?",
+                                             (namespace, user)).fetchone())
+        return _parse_base(row[0]) if row else []
+
+    def stored_ids(self, namespace: str, event_ids: Sequence[str]) -> set[str]:
+        ids = list(dict.fromkeys(event_ids))
+        found: set[str] = set()
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            rows = self._read(lambda c, chunk=chunk: c.execute(  # type: ignore[misc]
+                f"SELECT event_id FROM event_ids WHERE ns = ? AND event_id IN ({','.join('?' * len(chunk))})",
+                (namespace, *chunk)).fetchall())
+            found |= {r[0] for r in rows}
+        return found
 
     def users(self, namespace: str) -> Iterator[str]:
-        rows = self._conn().execute(
+        rows = self._read(lambda c: c.execute(
             "SELECT user FROM base WHERE ns = ? UNION SELECT user FROM events WHERE ns = ? AND folded = 0 ORDER BY 1",
-            (namespace, namespace),
-        ).fetchall()
+            (namespace, namespace)).fetchall())
         return (u for (u,) in rows)
 
     def ping(self) -> None:
-        try:
-            self._conn().execute("SELECT 1").fetchone()
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
+        self._read(lambda c: c.execute("SELECT 1").fetchone())
 
     def close(self) -> None:
         with self._conns_lock:
@@ -235,119 +360,175 @@ class SQLiteStore(HistoryStore):
         self._local = threading.local()
 
 
-# Atomic per call: an id set guards each event, so a replay (or a race between instances) is a no-op.
+# One call appends many events atomically. First every id's digest is checked (new, same payload, or
+# another payload: then nothing is written); then each new event joins the user's sorted set (score =
+# time; member = a zero-padded arrival number + payload, so equal times keep arrival order), and the
+# set is trimmed to `keep`.
 _APPEND_LUA = """
-local out = {}
-for n = 2, #ARGV, 3 do
-  local added = redis.call('SADD', KEYS[1], ARGV[n])
-  if added == 1 then
-    redis.call('RPUSH', ARGV[1] .. ARGV[n + 1], ARGV[n + 2])
-    redis.call('SADD', KEYS[2], ARGV[n + 1])
+local prefix, keep = ARGV[1], tonumber(ARGV[2])
+local out, known, conflict = {}, {}, false
+for n = 3, #ARGV, 5 do
+  local id, digest = ARGV[n], ARGV[n + 2]
+  local prev = known[id]
+  if prev == nil then prev = redis.call('HGET', KEYS[1], id) end
+  if not prev then
+    known[id] = digest
+    out[#out + 1] = 1
+  elseif prev == digest or prev == '' then
+    out[#out + 1] = 0
+  else
+    out[#out + 1] = 2
+    conflict = true
   end
-  out[#out + 1] = added
+end
+if conflict then
+  for i = 1, #out do if out[i] ~= 2 then out[i] = 3 end end
+  return out
+end
+for n = 3, #ARGV, 5 do
+  local i = (n - 3) / 5 + 1
+  if out[i] == 1 then
+    local id, user, digest, score, payload = ARGV[n], ARGV[n + 1], ARGV[n + 2], ARGV[n + 3], ARGV[n + 4]
+    redis.call('HSET', KEYS[1], id, digest)
+    local seq = redis.call('INCR', KEYS[3])
+    local key = prefix .. user
+    redis.call('ZADD', key, score, string.format('%020d', seq) .. payload)
+    redis.call('ZREMRANGEBYRANK', key, 0, -(keep + 1))
+    redis.call('SADD', KEYS[2], user)
+  end
 end
 return out
 """
+_OUTCOMES: dict[int, Outcome] = {1: "stored", 0: "duplicate", 2: "conflict", 3: "skipped"}
+_SEQ_WIDTH = 20
 
 
 class RedisStore(HistoryStore):
-    """Redis store for several instances. Keys: <prefix><ns>:{seeded, base (hash), ids, live, ev:<user>}.
+    """Redis store for several instances. Keys, under <prefix><ns>: `seeded`, `base` (hash user -> JSON),
+    `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of events).
 
-    The keys the append script writes are derived inside it, so this needs one Redis server, not a cluster.
+    The append script derives the per-user keys inside it, so this needs one Redis server, not a cluster.
     """
 
     kind = "redis"
 
-    def __init__(self, url: str, prefix: str = "seqserve:", timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, prefix: str = "seqserve:", timeout_s: float = 5.0, keep: int = 1000) -> None:
         import redis
 
+        super().__init__(keep)
         self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
-        self.r = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                      decode_responses=True)
+        self.where = redact(url)
+        try:
+            self.r = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                          decode_responses=True)
+        except (ValueError, *self._redis_errors) as exc:
+            raise StoreError(f"redis {self.where}: {type(exc).__name__}") from None
         self.prefix = prefix
         self._append = self.r.register_script(_APPEND_LUA)
-        self.url = url
 
     def _k(self, namespace: str, what: str) -> str:
         return f"{self.prefix}{namespace}:{what}"
 
-    def _call(self, fn: Any) -> Any:
+    def _call(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except self._redis_errors as exc:
-            raise StoreError(f"redis {self.url}: {exc}") from exc
+            # redis-py's messages can repeat the connection URL: keep only the redacted one.
+            raise StoreError(f"redis {self.where}: {type(exc).__name__}: {str(exc).split(' redis://')[0]}") from None
 
-    def seed(self, namespace: str, token: str, histories: Mapping[str, Timeline]) -> bool:
+    def _migrate(self, namespace: str) -> None:
+        """Move a namespace written by the previous version (a list per user, a set of ids) to this layout."""
+        old_ids = self._k(namespace, "ids")
+        if self.r.type(old_ids) == "set":
+            for eid in self.r.sscan_iter(old_ids, count=1000):
+                self.r.hsetnx(self._k(namespace, "eids"), eid, "")  # "": any payload counts as a duplicate
+            self.r.delete(old_ids)
+        live: set[str] = self.r.smembers(self._k(namespace, "live"))  # type: ignore[assignment]
+        for user in live:
+            old = self._k(namespace, f"ev:{user}")
+            if self.r.type(old) != "list":
+                continue
+            payloads: list[str] = self.r.lrange(old, 0, -1)  # type: ignore[assignment]
+            for payload in payloads:
+                item, ts = json.loads(payload)[:2]
+                seq = self.r.incr(self._k(namespace, "seq"))
+                self.r.zadd(self._k(namespace, f"z:{user}"),
+                            {f"{seq:0{_SEQ_WIDTH}d}{json.dumps([item, ts, None])}": _score(_ts(ts))})
+            self.r.delete(old)
+
+    def seed(self, namespace: str, token: str, histories: BaseHistories) -> bool:
         def do() -> bool:
+            self._migrate(namespace)
             if self.r.get(self._k(namespace, "seeded")) == token:
                 return False
-            base_key, tmp = self._k(namespace, "base"), self._k(namespace, f"base-{token}")
-            self.r.delete(tmp)
+            base_key = self._k(namespace, "base")
+            tmp = self._k(namespace, f"base-tmp-{uuid.uuid4().hex}")  # one per writer: instances may seed at once
             items = list(histories.items())
-            for start in range(0, len(items), 5000):
-                chunk = {u: json.dumps([[i, _json_ts(t)] for i, t in evs]) for u, evs in items[start : start + 5000]}
-                self.r.hset(tmp, mapping=chunk)  # type: ignore[arg-type]
-            if not items:
-                self.r.delete(base_key)
-            else:
-                self.r.rename(tmp, base_key)  # readers see the old base or the new one, never half
+            try:
+                for start in range(0, len(items), 5000):
+                    chunk = {u: _base_json(evs) for u, evs in items[start : start + 5000]}
+                    self.r.hset(tmp, mapping=chunk)  # type: ignore[arg-type]
+                if items:
+                    self.r.rename(tmp, base_key)  # readers see the old base or the new one, never half
+                else:
+                    self.r.delete(base_key)
+            finally:
+                self.r.delete(tmp)
             live: set[str] = self.r.smembers(self._k(namespace, "live"))  # type: ignore[assignment]
             for user in live:
-                key = self._k(namespace, f"ev:{user}")
                 held = _held(histories.get(user, []))
-                raw: list[str] = self.r.lrange(key, 0, -1)  # type: ignore[assignment]
-                kept = [p for p, (i, t) in zip(raw, self._decode(raw), strict=True) if (i, _json_ts(t)) not in held]
-                if len(kept) != len(raw):
-                    pipe = self.r.pipeline(transaction=True)
-                    pipe.delete(key)
-                    if kept:
-                        pipe.rpush(key, *kept)
-                    pipe.execute()
+                if not held:
+                    continue
+                key = self._k(namespace, f"z:{user}")
+                members: list[str] = self.r.zrange(key, 0, -1)  # type: ignore[assignment]
+                folded = [m for m in members if _member_key(m) in held]
+                if folded:
+                    # Removing these members only: events appended meanwhile are untouched.
+                    self.r.zrem(key, *folded)
             self.r.set(self._k(namespace, "seeded"), token)
             return True
 
-        return bool(self._call(do))
+        return self._call(do)
 
-    @staticmethod
-    def _decode(payloads: Sequence[str]) -> Timeline:
-        out = []
-        for p in payloads:
-            item, ts = json.loads(p)
-            out.append((str(item), _ts(ts)))
-        return out
-
-    def append(self, namespace: str, events: Sequence[Event]) -> list[bool]:
+    def append(self, namespace: str, events: Sequence[Event]) -> list[Outcome]:
         if not events:
             return []
-        args: list[str] = [self._k(namespace, "ev:")]
+        args: list[str | int | float] = [self._k(namespace, "z:"), self.keep]
         for e in events:
-            args += [e.event_id, e.user_id, json.dumps([e.item_id, _json_ts(e.timestamp)])]
-        keys = [self._k(namespace, "ids"), self._k(namespace, "live")]
-        added = self._call(lambda: self._append(keys=keys, args=args))
-        return [int(a) == 1 for a in added]
+            args += [e.event_id, e.user_id, e.digest, _score(e.timestamp),
+                     json.dumps([e.item_id, _json_ts(e.timestamp), e.action])]
+        keys = [self._k(namespace, "eids"), self._k(namespace, "live"), self._k(namespace, "seq")]
+        codes = self._call(lambda: self._append(keys=keys, args=args))
+        return [_OUTCOMES[int(c)] for c in codes]
 
-    def events(self, namespace: str, users: Sequence[str]) -> dict[str, Timeline]:
+    def events(self, namespace: str, users: Sequence[str], limit: int | None = None) -> dict[str, Timeline]:
         wanted = list(dict.fromkeys(users))
         if not wanted:
             return {}
+        n = min(limit or self.keep, self.keep)
 
         def do() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
             for u in wanted:
-                pipe.lrange(self._k(namespace, f"ev:{u}"), 0, -1)
+                pipe.zrange(self._k(namespace, f"z:{u}"), -n, -1)
             return pipe.execute()
 
         out: dict[str, Timeline] = {}
-        for u, raw in zip(wanted, self._call(do), strict=True):
-            if raw:
-                timeline = self._decode(raw)
-                # Arrival order is the list order; a stable sort by time keeps it for equal times.
-                out[u] = sorted(timeline, key=lambda e: -math.inf if math.isnan(e[1]) else e[1])
+        for u, members in zip(wanted, self._call(do), strict=True):
+            if members:
+                out[u] = [_decode(m) for m in members]
         return out
 
     def base(self, namespace: str, user: str) -> Timeline:
         raw = self._call(lambda: self.r.hget(self._k(namespace, "base"), user))
-        return [(str(i), _ts(t)) for i, t in json.loads(raw)] if raw else []
+        return _parse_base(raw) if isinstance(raw, str) else []
+
+    def stored_ids(self, namespace: str, event_ids: Sequence[str]) -> set[str]:
+        ids = list(dict.fromkeys(event_ids))
+        if not ids:
+            return set()
+        flags = self._call(lambda: self.r.hmget(self._k(namespace, "eids"), ids))
+        return {i for i, d in zip(ids, flags, strict=True) if d is not None}
 
     def users(self, namespace: str) -> Iterator[str]:
         def do() -> list[str]:
@@ -364,10 +545,25 @@ class RedisStore(HistoryStore):
         self.r.close()
 
 
-def open_store(kind: str, sqlite_path: Path, redis_url: str, redis_prefix: str = "seqserve:") -> HistoryStore:
+def _score(t: float) -> str:
+    return "-inf" if math.isnan(t) else repr(float(t))
+
+
+def _decode(member: str) -> tuple[str, float, str | None]:
+    item, ts, action = json.loads(member[_SEQ_WIDTH:])
+    return str(item), _ts(ts), action
+
+
+def _member_key(member: str) -> tuple[str, float | None]:
+    item, ts, _ = _decode(member)
+    return item, _json_ts(ts)
+
+
+def open_store(kind: str, *, sqlite_path: Path, redis_url: str, redis_prefix: str = "seqserve:",
+               keep: int = 1000) -> HistoryStore:
     if kind == "sqlite":
-        return SQLiteStore(sqlite_path)
+        return SQLiteStore(sqlite_path, keep=keep)
     if kind == "redis":
         # Not pinged here: the client reconnects by itself, and /readyz reports while Redis is away.
-        return RedisStore(redis_url, redis_prefix)
+        return RedisStore(redis_url, redis_prefix, keep=keep)
     raise ValueError(f"unknown history store {kind!r} (sqlite or redis)")

@@ -48,8 +48,8 @@ def main() -> None:
         seq = torch.tensor(hist)
         with torch.inference_mode():
             enc = timed(lambda: model(seq), args.repeats)  # noqa: B023
-            full = timed(lambda: recommend(model, hist, 10, [True] * args.batch, [[]] * args.batch),  # noqa: B023
-                         args.repeats)
+            full = timed(lambda: recommend(model, hist, k=10, exclude_seen=[True] * args.batch,  # noqa: B023
+                                           requested=[[]] * args.batch), args.repeats)
         per_q = full / args.batch * 1000
         base = base or per_q
         row = {"items": n, "ms_per_query": round(per_q, 4), "encoder_ms_per_query": round(enc / args.batch * 1000, 4),

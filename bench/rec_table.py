@@ -3,7 +3,8 @@
     .venv/bin/python bench/rec_table.py artifacts/sasrec-beauty/<version> artifacts/bert4rec-beauty/<version>
 
 All figures come from the artifacts' metrics.json, written by the training job: the same
-evaluation code, split and negatives for the models and the baseline.
+evaluation code, split and negatives for the models and the baselines (popularity, item
+transitions, item-kNN).
 """
 
 from __future__ import annotations
@@ -14,25 +15,26 @@ from pathlib import Path
 
 
 def row(name: str, m: dict, minutes: str) -> str:
-    pop, full = m["popularity"], m["full"]
+    nan = {k: float("nan") for k in ("HR@1", "HR@5", "HR@10", "NDCG@5", "NDCG@10", "MRR")}
+    pop, full, uni = m.get("popularity", nan), m.get("full", nan), m.get("uniform", nan)
     return (f"| {name} | {pop['HR@1']:.4f} | {pop['HR@5']:.4f} | {pop['HR@10']:.4f} | {pop['NDCG@5']:.4f} | "
             f"{pop['NDCG@10']:.4f} | {pop['MRR']:.4f} | {full['HR@10']:.4f} | {full['NDCG@10']:.4f} | "
-            f"{m['uniform']['NDCG@10']:.4f} | {minutes} |")
+            f"{uni['NDCG@10']:.4f} | {minutes} |")
 
 
 def main(folders: list[str]) -> None:
     print("| model | HR@1 | HR@5 | HR@10 | NDCG@5 | NDCG@10 | MRR | full HR@10 | full NDCG@10 "
           "| uniform-100 NDCG@10 | train min |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    baseline = None
+    baselines: dict = {}
     for f in folders:
         metrics = json.loads((Path(f) / "metrics.json").read_text())
         run = json.loads((Path(f) / "run_config.json").read_text())
         name = f"{run['kind']} ({Path(f).parent.name})"
         print(row(name, metrics["test"], f"{metrics['train_seconds'] / 60:.1f}"))
-        baseline = baseline or metrics["baseline_popularity_test"]
-    if baseline:
-        print(row("popularity baseline", baseline, "-"))
+        baselines = baselines or metrics.get("baselines_test") or {"popularity": metrics["baseline_popularity_test"]}
+    for name, m in baselines.items():
+        print(row(f"baseline: {name}", m, "-"))
 
 
 if __name__ == "__main__":

@@ -1,72 +1,85 @@
 """The artifact folder contract, written by training and read by serving.
 
 artifacts/<name>/<version>/
-  manifest.json  model.pt  items.json  users.json  item_meta.json  histories.json
-  metrics.json  run_config.json  curves.png
+  manifest.json  model.pt  <id maps>.json  <task files>.json  metrics.json  run_config.json  curves.png
 A version folder is published by renaming a complete temporary folder, so a reader never sees a
-half-written one.
+half-written one. Version folders are named by the UTC time of the run (20261122T111403Z, with a
+-2, -3 ... suffix when two runs finish in the same second); nothing else under a name is a version.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
+import re
 import shutil
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from torch import nn
+import torch
+from pydantic import TypeAdapter, ValidationError
 
-from models.base import SequentialRecommender
-from models.checkpoint import load_checkpoint
-from models.features import BUCKETING
+from models.checkpoint import CheckpointError, load_checkpoint
 from models.ids import IdMap
-from models.mhsa import MHSA
+from models.manifest import Manifest, ManifestError
 
 MANIFEST = "manifest.json"
 WEIGHTS = "model.pt"
 ITEMS = "items.json"
 LOCATIONS = "locations.json"
 USERS = "users.json"
+ACTIONS = "actions.json"
 ITEM_META = "item_meta.json"
 HISTORIES = "histories.json"
 METRICS = "metrics.json"
 RUN_CONFIG = "run_config.json"
 CURVES = "curves.png"
 TMP_PREFIX = ".tmp-"
+VERSION_NAME = re.compile(r"^\d{8}T\d{6}Z(-\d+)?$")
+T = TypeVar("T")
 
 
 class ArtifactError(ValueError):
-    """An artifact folder that is missing a file or holds one that does not parse."""
+    """A version folder missing a file or holding one that does not parse.
+
+    The message names the file inside the version folder and the problem, never an absolute path:
+    it is safe to show to a client (the logs add the folder).
+    """
+
+    def __init__(self, file: str, problem: str) -> None:
+        super().__init__(f"{file}: {problem}")
+        self.file, self.problem = file, problem
 
 
-@dataclass
-class RecArtifact:
-    """Everything the service needs from a recommendation artifact."""
-
-    path: Path
-    manifest: dict[str, Any]
-    kind: str
-    model: SequentialRecommender
-    items: IdMap
-    users: IdMap
-    release_unit: str | None
-    release: dict[str, float]  # raw item id -> release time in release_unit
-    histories: dict[str, list[tuple[str, float]]]  # raw user id -> [(raw item id, unix time)]
+def _version_key(folder: Path) -> tuple[str, int]:
+    base, _, suffix = folder.name.partition("-")
+    return base, int(suffix or 1)
 
 
-@dataclass
-class LocArtifact:
-    """Everything the service needs from a next-location artifact."""
+def versions(named: Path) -> list[Path]:
+    """Complete version folders of one artifact name, newest first."""
+    if not named.is_dir():
+        return []
+    found = [v for v in named.iterdir() if v.is_dir() and VERSION_NAME.match(v.name)]
+    return sorted(found, key=_version_key, reverse=True)
 
-    path: Path
-    manifest: dict[str, Any]
-    model: MHSA
-    locations: IdMap
-    users: IdMap
+
+def artifact_names(root: Path) -> dict[str, list[Path]]:
+    """Every artifact name under root with its version folders, newest first (names without one left out)."""
+    if not root.is_dir():
+        return {}
+    out = {}
+    for named in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        found = versions(named)
+        if found:
+            out[named.name] = found
+    return out
+
+
+def latest_versions(root: Path) -> dict[str, Path]:
+    """Newest version folder of each artifact name under root."""
+    return {name: found[0] for name, found in artifact_names(root).items()}
 
 
 def new_version_dir(root: Path, name: str) -> Path:
@@ -77,100 +90,81 @@ def new_version_dir(root: Path, name: str) -> Path:
 
 
 def publish(tmp: Path, version: str) -> Path:
-    """Atomically turn a filled temporary folder into the version folder."""
-    final = tmp.parent / version
-    if final.exists():
-        raise FileExistsError(f"{final} already exists")
-    os.replace(tmp, final)
-    return final
+    """Atomically turn a filled temporary folder into the version folder (suffixed if taken)."""
+    suffix = 1
+    while True:
+        final = tmp.parent / (version if suffix == 1 else f"{version}-{suffix}")
+        if not final.exists():
+            try:
+                os.rename(tmp, final)  # fails if another writer took the name meanwhile
+                return final
+            except OSError:
+                if not final.exists():
+                    raise
+        suffix += 1
 
 
 def discard(tmp: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def latest_versions(root: Path) -> dict[str, Path]:
-    """Newest complete version folder of each artifact name under root (versions sort by time)."""
-    out: dict[str, Path] = {}
-    if not root.is_dir():
-        return out
-    for named in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        versions = sorted(v for v in named.iterdir() if v.is_dir() and not v.name.startswith(TMP_PREFIX))
-        if versions:
-            out[named.name] = versions[-1]
-    return out
-
-
 def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=None, separators=(",", ":")))
 
 
-def _read_json(folder: Path, name: str) -> Any:
+def read_json(folder: Path, name: str) -> Any:
     p = folder / name
-    if not p.exists():
-        raise ArtifactError(f"{folder}: missing {name}")
+    if not p.is_file():
+        raise ArtifactError(name, "missing")
     try:
-        return json.loads(p.read_text())
+        return json.loads(p.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"{p}: not valid JSON ({exc})") from exc
+        raise ArtifactError(name, f"not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+    except RecursionError:
+        raise ArtifactError(name, "nested too deeply") from None
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    m = _read_json(folder, MANIFEST)
-    if not isinstance(m, dict) or "kind" not in m or "version" not in m:
-        raise ArtifactError(f"{folder / MANIFEST}: needs at least 'kind' and 'version'")
-    return m
+def read_typed(folder: Path, name: str, adapter: TypeAdapter[T]) -> T:
+    """A JSON file checked against a type; the first mismatch is named."""
+    try:
+        return adapter.validate_python(read_json(folder, name))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "top level"
+        raise ArtifactError(name, f"unexpected shape at {where}: {first['msg']}") from None
 
 
-def _load_parts(
-    folder: Path, map_location: str, id_files: tuple[str, ...]
-) -> tuple[dict[str, Any], str, nn.Module, list[IdMap]]:
-    """Manifest, checkpoint and id maps of a version folder; every defect is an ArtifactError."""
-    manifest = read_manifest(folder)
-    if not (folder / WEIGHTS).exists():
-        raise ArtifactError(f"{folder}: missing {WEIGHTS}")
+def read_manifest(folder: Path) -> Manifest:
+    try:
+        return Manifest.from_json(read_json(folder, MANIFEST))
+    except ManifestError as exc:
+        raise ArtifactError(MANIFEST, str(exc)) from None
+
+
+def read_id_map(folder: Path, name: str) -> IdMap:
+    try:
+        return IdMap.from_json(read_json(folder, name))
+    except (ValueError, TypeError, AttributeError) as exc:
+        if isinstance(exc, ArtifactError):
+            raise
+        raise ArtifactError(name, f"not an id map ({exc})") from None
+
+
+def read_model(folder: Path, manifest: Manifest, expected: type[Any], map_location: str | torch.device = "cpu") -> Any:
+    """The checkpoint of a version folder, rebuilt and checked against the manifest and the expected class."""
     try:
         kind, model = load_checkpoint(folder / WEIGHTS, map_location)
-        maps = [IdMap.from_json(_read_json(folder, name)) for name in id_files]
-    except ValueError as exc:
-        raise ArtifactError(str(exc)) from exc
-    if kind != manifest["kind"]:
-        raise ArtifactError(f"{folder}: checkpoint kind {kind!r} != manifest kind {manifest['kind']!r}")
-    return manifest, kind, model, maps
-
-
-def load_rec_artifact(folder: Path, map_location: str = "cpu") -> RecArtifact:
-    """Load and cross-check a recommendation artifact; raises ArtifactError on any defect."""
-    manifest, kind, model, (items, users) = _load_parts(folder, map_location, (ITEMS, USERS))
-    if not isinstance(model, SequentialRecommender):
-        raise ArtifactError(f"{folder}: kind {kind!r} is not a recommender")
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if vocab != len(items):
-        raise ArtifactError(f"{folder}: model vocabulary {vocab} != {len(items)} ids in {ITEMS}")
-    meta = _read_json(folder, ITEM_META)
-    raw_hist = _read_json(folder, HISTORIES)
-    if not isinstance(meta, dict) or not isinstance(raw_hist, dict):
-        raise ArtifactError(f"{folder}: {ITEM_META} and {HISTORIES} must be JSON objects")
-    histories = {
-        u: [(str(i), math.nan if t is None else float(t)) for i, t in evs] for u, evs in raw_hist.items()
-    }
+    except CheckpointError as exc:
+        raise ArtifactError(WEIGHTS, exc.problem) from exc  # the cause, with its detail, goes to the log
+    if kind != manifest.kind:
+        raise ArtifactError(WEIGHTS, f"checkpoint kind {kind!r} != manifest kind {manifest.kind!r}")
+    if not isinstance(model, expected):
+        raise ArtifactError(WEIGHTS, f"kind {kind!r} is not a {expected.__name__}")
     model.eval()
-    return RecArtifact(
-        path=folder, manifest=manifest, kind=kind, model=model, items=items, users=users,
-        release_unit=meta.get("unit"), release={str(k): float(v) for k, v in meta.get("release", {}).items()},
-        histories=histories,
-    )
+    return model
 
 
-def load_location_artifact(folder: Path, map_location: str = "cpu") -> LocArtifact:
-    """Load and cross-check a next-location artifact; raises ArtifactError on any defect."""
-    manifest, _, model, (locations, users) = _load_parts(folder, map_location, (LOCATIONS, USERS))
-    if manifest.get("bucketing") != BUCKETING:
-        # The features would be computed differently from how the model was trained.
-        raise ArtifactError(f"{folder}: bucketing {manifest.get('bucketing')} differs from this code's {BUCKETING}")
-    if not isinstance(model, MHSA):
-        raise ArtifactError(f"{folder}: checkpoint is not a next-location model")
-    if model.config.n_locations != len(locations) or model.config.n_users != len(users):
-        raise ArtifactError(f"{folder}: model vocabularies do not match {LOCATIONS}/{USERS}")
-    model.eval()
-    return LocArtifact(folder, manifest, model, locations, users)
+def check(condition: bool, file: str, problem: str) -> None:
+    if not condition:
+        raise ArtifactError(file, problem)
+

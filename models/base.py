@@ -3,10 +3,36 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
+
+from models.ids import N_SPECIAL
+
+
+@dataclass
+class RecommenderConfig:
+    """The fields every sequential recommender's config shares."""
+
+    vocab_size: int  # items + 2 specials (0 = padding, 1 = unknown)
+    max_len: int = 50
+    d_model: int = 64
+    n_heads: int = 2
+    n_layers: int = 2
+    d_ff: int = 256
+    dropout: float = 0.2
+    # Sampled softmax over negatives shared by the batch (0 = a full softmax where the model offers one).
+    n_negatives: int = 1024
+    negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency
+    logq_correction: bool = True  # False: no log-Q correction of sampled negatives (see NegativeSampler)
+
+    def __post_init__(self) -> None:
+        if self.vocab_size <= N_SPECIAL:
+            raise ValueError("vocab_size must leave room for at least one item")
+        if self.d_model % self.n_heads:
+            raise ValueError("d_model must be a multiple of n_heads")
 
 
 class SequentialRecommender(nn.Module, ABC):

@@ -8,34 +8,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import SequentialRecommender
+from models.base import RecommenderConfig, SequentialRecommender
 from models.ids import N_SPECIAL, PAD
 from models.layers import NegativeSampler, SequenceEncoder, init_weights
 
 
 @dataclass
-class BERT4RecConfig:
-    vocab_size: int  # items + 2 specials; the [MASK] token is index vocab_size
-    max_len: int = 50
-    d_model: int = 64
-    n_heads: int = 2
-    n_layers: int = 2
-    d_ff: int = 256
-    dropout: float = 0.2
+class BERT4RecConfig(RecommenderConfig):
+    """The [MASK] token is index vocab_size. n_negatives = 0: softmax over all items at the masked positions."""
+
+    n_negatives: int = 0
     mask_prob: float = 0.15
     # Share of training rows where only the last item is masked: the inference task itself
     # (the BERT4Rec paper adds such samples too).
     last_item_prob: float = 0.1
-    # 0 = softmax over all items at the masked positions; otherwise sampled softmax.
-    n_negatives: int = 0
-    negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency
-    logq_correction: bool = True  # False: no log-Q correction of sampled negatives (see NegativeSampler)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 < self.mask_prob < 1.0:
             raise ValueError("mask_prob must be in (0, 1)")
-        if self.vocab_size <= N_SPECIAL:
-            raise ValueError("vocab_size must leave room for at least one item")
 
 
 def cloze(

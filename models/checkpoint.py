@@ -15,13 +15,17 @@ FORMAT_VERSION = 1
 
 
 class CheckpointError(ValueError):
-    """The file is not a checkpoint this code can load."""
+    """The file is not a checkpoint this code can load. `problem` names what is wrong without the path."""
+
+    def __init__(self, path: Path | str, problem: str, detail: str = "") -> None:
+        super().__init__(f"{path}: {problem}" + (f" ({detail})" if detail else ""))
+        self.problem = problem
 
 
 def save_checkpoint(path: Path, kind: str, model: nn.Module) -> None:
     config = getattr(model, "config", None)
     if kind not in REGISTRY or not dataclasses.is_dataclass(config):
-        raise CheckpointError(f"cannot save model of kind {kind!r}")
+        raise CheckpointError(path, f"cannot save model of kind {kind!r}")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     torch.save(
         {
@@ -39,15 +43,18 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> tup
     try:
         obj: Any = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # corrupt file, truncated write, not a torch file
-        raise CheckpointError(f"{path}: unreadable checkpoint ({exc.__class__.__name__}: {exc})") from exc
+        raise CheckpointError(path, "unreadable checkpoint", f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, dict) or not {"kind", "format_version", "config", "state_dict"} <= obj.keys():
-        raise CheckpointError(f"{path}: missing kind/format_version/config/state_dict")
+        raise CheckpointError(path, "missing kind/format_version/config/state_dict")
     if obj["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: format version {obj['format_version']}, expected {FORMAT_VERSION}")
-    kind = obj["kind"]
+        raise CheckpointError(path, f"format version {obj['format_version']!r}, expected {FORMAT_VERSION}")
+    kind, config, state = obj["kind"], obj["config"], obj["state_dict"]
+    if not isinstance(kind, str) or not isinstance(config, dict) or not isinstance(state, dict):
+        raise CheckpointError(path, "kind must be a string, config and state_dict tables")
     try:
-        model = build(kind, obj["config"])
-        model.load_state_dict(obj["state_dict"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"{path}: {exc}") from exc
+        model = build(kind, config)
+        model.load_state_dict(state)
+    except Exception as exc:  # an untrusted file: any way it fails to build is a defect of the file
+        # The message names config keys or tensor shapes, never a path.
+        raise CheckpointError(path, f"does not build: {str(exc).splitlines()[0][:300]}") from exc
     return kind, model

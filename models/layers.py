@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from models.ids import PAD
+from models.ids import N_SPECIAL, PAD
 
 
 def padding_mask(seq: torch.Tensor) -> torch.Tensor:
@@ -150,7 +150,7 @@ class NegativeSampler(nn.Module):
     freq: torch.Tensor  # (V,) sampling distribution, a non-persistent buffer
 
     def __init__(
-        self, vocab_size: int, n_negatives: int, pop_share: float, correct: bool = True, n_special: int = 2
+        self, vocab_size: int, n_negatives: int, pop_share: float, correct: bool = True, n_special: int = N_SPECIAL
     ) -> None:
         super().__init__()
         if not 0.0 <= pop_share <= 1.0:

@@ -66,6 +66,7 @@ class Ranked:
 def rank(
     scores: torch.Tensor,
     k: int,
+    *,
     seen: torch.Tensor | None = None,
     future: torch.Tensor | None = None,
     requested: torch.Tensor | None = None,
@@ -102,6 +103,7 @@ def _distinct_live(idx: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
 def rank_sparse(
     scores: torch.Tensor,
     k: int,
+    *,
     seen: torch.Tensor,
     future: torch.Tensor | None,
     requested: torch.Tensor,
@@ -143,6 +145,7 @@ def release_tensor(raw_ids: list[str], release: dict[str, float]) -> torch.Tenso
 def recommend(
     model: SequentialRecommender,
     histories: list[list[int]],
+    *,
     k: int,
     exclude_seen: list[bool],
     requested: list[list[int]],
@@ -164,5 +167,5 @@ def recommend(
     if release is not None and reference is not None:
         ref = torch.tensor([float("inf") if r is None else r for r in reference], device=device)
         fut = future_mask(release.to(device), ref)
-    return rank_sparse(scores, k, seen, fut, req)
+    return rank_sparse(scores, k, seen=seen, future=fut, requested=req)
 

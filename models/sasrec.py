@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.base import SequentialRecommender
+from models.base import RecommenderConfig, SequentialRecommender
 from models.ids import N_SPECIAL, PAD
 from models.layers import NegativeSampler, SequenceEncoder, last_valid_index
 
@@ -15,26 +15,15 @@ LOSSES = ("sampled_softmax", "softmax", "bce")
 
 
 @dataclass
-class SASRecConfig:
-    vocab_size: int  # items + 2 specials (0 = padding, 1 = unknown)
-    max_len: int = 50
-    d_model: int = 64
-    n_heads: int = 2
-    n_layers: int = 2
-    d_ff: int = 256
-    dropout: float = 0.2
+class SASRecConfig(RecommenderConfig):
     # sampled_softmax: softmax over the target and `n_negatives` items shared by the batch
     # (SASRec+ / gSASRec); softmax: over all items; bce: one random negative (the original).
     loss: str = "sampled_softmax"
-    n_negatives: int = 1024
-    negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency
-    logq_correction: bool = True  # False: no log-Q correction of sampled negatives (see NegativeSampler)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
-        if self.vocab_size <= N_SPECIAL:
-            raise ValueError("vocab_size must leave room for at least one item")
 
 
 class SASRec(SequentialRecommender):

@@ -59,24 +59,30 @@ def synthetic_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+def run_job(overrides: list[str], out: Path, data: Path | None = None, config: Path | None = None) -> Path:
+    """Run the training job a config names (through the task table, as the CLI does); its artifact folder."""
+    from training.config import kind_of, read_raw
+    from training.jobs import job_for_kind
+
+    raw = read_raw(config, overrides)
+    job = job_for_kind(kind_of(raw))
+    folder = job(job.parse_config(raw), out_root=out, data_path=data).run()
+    assert folder is not None
+    return folder
+
+
+TINY_REC = [
+    "model.max_len=16", "model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32",
+    "train.epochs=3", "train.batch_size=16", "train.patience=5", "eval.n_negatives=10",
+]
+
+
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory: pytest.TempPathFactory, synthetic_dir: Path) -> Path:
     """An artifacts root holding one SASRec and one BERT4Rec trained on the synthetic log."""
-    from training.config import load_config
-    from training.data import load_interactions
-    from training.recommend import train_recommender
-
     root = tmp_path_factory.mktemp("artifacts")
-    data = load_interactions(synthetic_dir)
-    common = [
-        "model.max_len=16", "model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32",
-        "train.epochs=3", "train.batch_size=16", "train.patience=5", "train.n_eval_negatives=10",
-    ]
-    for kind in ("sasrec", "bert4rec"):
-        cfg = load_config(None, [f"model.kind={kind!r}", f"name='{kind}-tiny'", *common])
-        if kind == "sasrec":
-            cfg.model["n_negatives"] = 8
-        train_recommender(cfg, data, root)
+    run_job(["model.kind='sasrec'", "name='sasrec-tiny'", "model.n_negatives=8", *TINY_REC], root, synthetic_dir)
+    run_job(["model.kind='bert4rec'", "name='bert4rec-tiny'", *TINY_REC], root, synthetic_dir)
     return root
 
 
@@ -87,18 +93,13 @@ def tiny_location_artifact(
     """A root with the tiny recommenders and a tiny MHSA (copy head)."""
     import shutil
 
-    from training.config import load_config
-    from training.next_location import train_next_location
-
     root = tmp_path_factory.mktemp("artifacts-all")
     shutil.copytree(tiny_artifacts, root, dirs_exist_ok=True)
-
-    cfg = load_config(None, [
+    run_job([
         "model.kind='mhsa'", "name='mhsa-tiny'", "model.d_model=16", "model.n_heads=2", "model.d_ff=32",
         "model.n_layers=1", "model.pointer=true", "train.epochs=2", "train.batch_size=32",
         "train.novel_as_unknown=true", "train.clip_grad_norm=1.0",
-    ])
-    train_next_location(cfg, staypoint_file, root)
+    ], root, staypoint_file)
     return root
 
 

@@ -1,59 +1,66 @@
-"""Run configuration: a TOML file per model and dataset, plus `--set section.key=value` overrides."""
+"""Run configuration: a TOML file per model and data set, plus `--set section.key=value` overrides.
+
+Sections: `name`, `[model]` (kind + the model's config dataclass fields), `[train]` (the loop: shared
+by every job, extended by a task's own knobs), `[data]` and `[eval]` (the task's own dataclasses).
+Each job declares its section classes; an unknown key anywhere is an error naming the section.
+"""
 
 from __future__ import annotations
 
 import tomllib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+D = TypeVar("D")
+T = TypeVar("T", bound="LoopConfig")
+E = TypeVar("E")
+
+DEVICES = "auto | cpu | cuda | cuda:N"
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 @dataclass
-class DataConfig:
-    path: str = ""  # file or folder; empty = the default MovieLens-100k lookup
-    item_table: str = ""  # optional item table (item, release time) for CSV/Parquet logs
-    name: str = ""  # dataset label in the manifest
-    previous_days: int = 7  # next-location protocol: history window in days
-    min_history: int = 3  # next-location protocol: fewest history staypoints of a sample
+class LoopConfig:
+    """[train]: the training loop every job shares."""
 
-
-@dataclass
-class TrainConfig:
     epochs: int = 50
     batch_size: int = 128
     lr: float = 1e-3
     weight_decay: float = 0.0
-    patience: int = 5  # epochs without a better validation NDCG@10 before stopping
+    patience: int = 5  # epochs without a better validation score before stopping
     seed: int = 42
     max_minutes: float = 30.0  # wall-clock budget; stops after the epoch that crosses it
-    full_data: bool = False  # train on every interaction (production model), no held-out split
-    # After choosing the epoch on validation, train this many more epochs with the validation
-    # items added (everything but the test item, as in the BERT4Rec paper's protocol).
-    refit_epochs: int = 0
-    # Evaluation protocol: "popularity" or "uniform" sampled negatives, or "full" ranking.
-    eval_negatives: str = "full"
-    n_eval_negatives: int = 100
-    exclude_seen: bool = True  # full ranking: remove the user's earlier items from the candidates
-    val_users: int = 0  # validate each epoch on this many users (0 = all), for speed
-    eval_batch_size: int = 512
     threads: int = 0  # torch threads; 0 = torch's default
+    device: str = "auto"  # auto = CUDA when available, else CPU
+    precision: str = "auto"  # auto = bf16 autocast on CUDA, fp32 on the CPU (where bf16 matmuls are slower)
     clip_grad_norm: float = 0.0  # 0 = no clipping
-    # Next-location: train on "a place the person had not visited before this history window"
-    # as the unknown class, the way unseen places look at serving time.
-    novel_as_unknown: bool = False
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        dev = self.device
+        if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            raise ValueError(f"train.device must be {DEVICES}, got {dev!r}")
 
 
 @dataclass
-class RunConfig:
+class RunConfig(Generic[D, T, E]):
     kind: str
     model: dict[str, Any]
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    data: D
+    train: T
+    eval: E
     name: str = ""  # artifact name
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class Empty:
+    """A section a task does not use."""
 
 
 def _parse_value(text: str) -> Any:
@@ -71,30 +78,54 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     parts = key.strip().split(".")
     node = raw
     for p in parts[:-1]:
-        node = node.setdefault(p, {})
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ValueError(f"override {assignment!r}: {p!r} is not a section")
+        node = child
     node[parts[-1]] = _parse_value(value.strip())
 
 
-def _section(cls: type, values: dict[str, Any], where: str) -> Any:
+def read_raw(path: Path | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The TOML file (or nothing) with the overrides applied."""
+    raw: dict[str, Any] = tomllib.loads(path.read_text()) if path else {}
+    for o in overrides:
+        apply_override(raw, o)
+    return raw
+
+
+def kind_of(raw: dict[str, Any]) -> str:
+    model = raw.get("model")
+    kind = model.get("kind") if isinstance(model, dict) else None
+    if not kind or not isinstance(kind, str):
+        raise ValueError("the config needs model.kind")
+    return kind
+
+
+def section(cls: type[Any], values: Any, where: str) -> Any:
+    """Build a section dataclass, naming the section for an unknown key or a wrong shape."""
+    if not isinstance(values, dict):
+        raise ValueError(f"[{where}] must be a table")
     known = {f.name for f in fields(cls)}
     unknown = set(values) - known
     if unknown:
         raise ValueError(f"unknown key(s) {sorted(unknown)} in [{where}]; known: {sorted(known)}")
-    return cls(**values)
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ValueError(f"[{where}]: {exc}") from None
 
 
-def load_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    raw: dict[str, Any] = tomllib.loads(path.read_text()) if path else {}
-    for o in overrides:
-        apply_override(raw, o)
+def parse(raw: dict[str, Any], *, data: type[D], train: type[T], eval: type[E]) -> RunConfig[D, T, E]:
+    unknown = set(raw) - {"name", "model", "data", "train", "eval"}
+    if unknown:
+        raise ValueError(f"unknown section(s) {sorted(unknown)}; known: name, model, data, train, eval")
     model = dict(raw.get("model", {}))
-    kind = model.pop("kind", None)
-    if not kind:
-        raise ValueError("the config needs model.kind")
+    kind = kind_of(raw)
+    model.pop("kind")
     return RunConfig(
-        kind=kind,
-        model=model,
-        data=_section(DataConfig, raw.get("data", {}), "data"),
-        train=_section(TrainConfig, raw.get("train", {}), "train"),
-        name=str(raw.get("name", kind)),
+        kind=kind, model=model, name=str(raw.get("name", kind)),
+        data=section(data, raw.get("data", {}), "data"),
+        train=section(train, raw.get("train", {}), "train"),
+        eval=section(eval, raw.get("eval", {}), "eval"),
     )
+

@@ -1,4 +1,4 @@
-"""Data-parallel training under torchrun (gloo: training runs on the CPU).
+"""Data-parallel training under torchrun: NCCL between GPUs, gloo on the CPU.
 
 `torchrun --nproc-per-node N -m training train --config ...` starts N ranks. Each rank draws the same
 shuffled batches (same seed) and trains on its own share of them; DistributedDataParallel averages
@@ -28,6 +28,7 @@ T = TypeVar("T")
 class Dist:
     rank: int = 0
     world: int = 1
+    local_rank: int = 0  # this rank's GPU on its host
 
     @property
     def enabled(self) -> bool:
@@ -51,7 +52,9 @@ class Dist:
         """Rank 0's values on every rank (decisions such as early stopping must agree)."""
         if not self.enabled:
             return list(values)
-        t = torch.tensor(values, dtype=torch.float64)
+        backend = tdist.get_backend()
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        t = torch.tensor(values, dtype=torch.float64, device=device)
         tdist.broadcast(t, src=0)
         return [float(v) for v in t.tolist()]
 
@@ -60,8 +63,10 @@ class Dist:
         step = _LossStep(model)
         if not self.enabled:
             return step
+        device = next(model.parameters()).device
+        ids = [device.index] if device.type == "cuda" else None
         # Parameters some batches leave unused (e.g. a copy head) must not stall the gradient sync.
-        return nn.parallel.DistributedDataParallel(step, find_unused_parameters=True)
+        return nn.parallel.DistributedDataParallel(step, device_ids=ids, find_unused_parameters=True)
 
     def close(self) -> None:
         if self.enabled and tdist.is_initialized():
@@ -79,13 +84,20 @@ class _LossStep(nn.Module):
         return self.model.loss(batch)  # type: ignore[operator]
 
 
-def setup() -> Dist:
-    """Join the process group torchrun describes in the environment; a single process otherwise."""
+def setup(device: str = "auto") -> Dist:
+    """Join the process group torchrun describes in the environment; a single process otherwise.
+
+    NCCL when the ranks train on GPUs (each on its LOCAL_RANK device), gloo on the CPU.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
-    rank = int(os.environ["RANK"])
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    on_gpu = device != "cpu" and torch.cuda.is_available()
+    backend = "nccl" if on_gpu else "gloo"
+    if on_gpu:
+        torch.cuda.set_device(local_rank)
     # A long timeout: the other ranks wait while rank 0 validates an epoch.
-    tdist.init_process_group("gloo", timeout=dt.timedelta(hours=2))
-    log.info("distributed training: rank %d of %d (gloo)", rank, world)
-    return Dist(rank, world)
+    tdist.init_process_group(backend, timeout=dt.timedelta(hours=2))
+    log.info("distributed training: rank %d of %d (%s)", rank, world, backend)
+    return Dist(rank, world, local_rank)

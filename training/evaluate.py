@@ -1,18 +1,38 @@
-"""Ranking metrics over held-out targets: full ranking or sampled negatives, HR/NDCG/MRR@K."""
+"""Ranking metrics over held-out targets (full ranking or sampled negatives, HR/NDCG/MRR@K) and the
+simple baselines every recommendation run is measured against, through the same code."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from models.ids import N_SPECIAL
+from models.ids import N_SPECIAL, PAD
+from models.layers import last_valid_index
 from models.ranking import index_mask, pack_histories, pad_rows
 from training.splits import EvalSet
 
 KS = (1, 5, 10)
+PROTOCOLS = ("full", "popularity", "uniform")
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # (B, L) histories -> (B, V) scores
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How held-out targets are ranked."""
+
+    negatives: str = "full"  # full: against every item; popularity / uniform: against sampled negatives
+    n_negatives: int = 100  # sampled protocols: negatives per target, among items the user never touched
+    exclude_seen: bool = True  # full ranking: the user's earlier items are not candidates
+    batch_size: int = 512
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.negatives not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {self.negatives!r}; one of {PROTOCOLS}")
 
 
 def metrics_from_ranks(ranks: torch.Tensor, ks: tuple[int, ...] = KS) -> dict[str, float]:
@@ -34,58 +54,49 @@ def target_ranks(scores: torch.Tensor, targets: torch.Tensor, candidates: torch.
     """
     t = scores.gather(1, targets[:, None])  # (B, 1)
     others = candidates.clone()
-    others[torch.arange(len(targets)), targets] = False
+    others[torch.arange(len(targets), device=targets.device), targets] = False
     return ((scores >= t) & others).sum(1)
 
 
 def evaluate(
     score_fn: ScoreFn,
     data: EvalSet,
+    *,
     vocab_size: int,
     max_history: int,
-    protocol: str = "full",
-    n_negatives: int = 100,
+    protocol: Protocol,
     popularity: torch.Tensor | None = None,
-    exclude_seen: bool = True,
-    batch_size: int = 512,
-    seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> dict[str, float]:
-    """Score every held-out target with `score_fn` under one protocol.
-
-    protocol "full": the target against every catalog item (minus the user's earlier items when
-    `exclude_seen`); "uniform"/"popularity": against `n_negatives` items the user never interacted
-    with, drawn without replacement uniformly or in proportion to `popularity` (V,).
-    """
-    if protocol not in ("full", "uniform", "popularity"):
-        raise ValueError(f"unknown protocol {protocol!r}")
+    """Score every held-out target with `score_fn` under one protocol."""
     if not data.targets:
         return {}
-    gen = torch.Generator().manual_seed(seed)
-    weights = torch.ones(vocab_size) if protocol != "popularity" else popularity
+    gen = torch.Generator().manual_seed(protocol.seed)
+    weights = torch.ones(vocab_size) if protocol.negatives != "popularity" else popularity
     if weights is None:
         raise ValueError("popularity sampling needs item counts")
     weights = weights.double().clone()
     weights[:N_SPECIAL] = 0
     all_ranks = []
-    for lo in range(0, len(data.targets), batch_size):
-        hist = data.histories[lo : lo + batch_size]
+    bs = protocol.batch_size
+    for lo in range(0, len(data.targets), bs):
+        hist = data.histories[lo : lo + bs]
         seq = pack_histories(hist, max_history).to(device)
-        targets = torch.tensor(data.targets[lo : lo + batch_size])
+        targets = torch.tensor(data.targets[lo : lo + bs])
         with torch.inference_mode():
             scores = score_fn(seq).float().cpu()  # (B, V)
-        if protocol == "full":
+        if protocol.negatives == "full":
             cand = torch.ones_like(scores, dtype=torch.bool)
             cand[:, :N_SPECIAL] = False
-            if exclude_seen:
+            if protocol.exclude_seen:
                 cand &= ~index_mask(pad_rows(hist), vocab_size)
         else:
-            touched = index_mask(pad_rows(data.interacted[lo : lo + batch_size]), vocab_size)
+            touched = index_mask(pad_rows(data.interacted[lo : lo + bs]), vocab_size)
             probs = weights[None, :].expand(len(hist), -1).masked_fill(touched, 0.0)
-            if int((probs > 0).sum(1).min()) < n_negatives:
+            if int((probs > 0).sum(1).min()) < protocol.n_negatives:
                 # multinomial would silently draw zero-weight (interacted) items instead
-                raise ValueError(f"a user has fewer than {n_negatives} items left to sample negatives from")
-            neg = torch.multinomial(probs, n_negatives, replacement=False, generator=gen)  # (B, n)
+                raise ValueError(f"a user has fewer than {protocol.n_negatives} items left to sample negatives from")
+            neg = torch.multinomial(probs, protocol.n_negatives, replacement=False, generator=gen)  # (B, n)
             cand = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, neg, True)
         all_ranks.append(target_ranks(scores, targets, cand))
     ranks = torch.cat(all_ranks)
@@ -94,18 +105,116 @@ def evaluate(
     return out
 
 
-def popularity_scorer(train: list[list[int]], vocab_size: int) -> tuple[ScoreFn, torch.Tensor]:
-    """The popularity baseline: every user gets log(1 + training count) of each item."""
-    counts = item_counts(train, vocab_size)
-    base = torch.log1p(counts.float())
-    base[:N_SPECIAL] = -math.inf
-
-    def score(seq: torch.Tensor) -> torch.Tensor:
-        return base[None, :].expand(seq.size(0), -1).to(seq.device)
-
-    return score, counts
+# --- baselines -------------------------------------------------------------------------------------
 
 
 def item_counts(sequences: list[list[int]], vocab_size: int) -> torch.Tensor:
     flat = torch.tensor([i for s in sequences for i in s], dtype=torch.long)
     return torch.bincount(flat, minlength=vocab_size)[:vocab_size]
+
+
+def _tie_break(counts: torch.Tensor) -> torch.Tensor:
+    """Popularity scaled into [0, 1): added to integer counts, it orders ties without overtaking them."""
+    c = counts.double()
+    return (c / (c.max() + 1.0)).float()
+
+
+def popularity_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
+    """Every user gets each item's count in `known` (log-scaled)."""
+    base = torch.log1p(item_counts(known, vocab_size).float())
+    base[:N_SPECIAL] = -math.inf
+
+    def score(seq: torch.Tensor) -> torch.Tensor:
+        return base[None, :].expand(seq.size(0), -1).to(seq.device)
+
+    return score
+
+
+def _sparse_rows(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """A coalesced (n, m) COO matrix; duplicates summed."""
+    return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (n, m), check_invariants=False).coalesce()
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A sparse matrix by rows (CSR arrays), for gathering whole rows at once."""
+
+    crow: torch.Tensor  # (n + 1,) start of each row
+    col: torch.Tensor
+    val: torch.Tensor
+    width: int
+
+    @classmethod
+    def of(cls, coo: torch.Tensor) -> _Rows:
+        rows, cols = coo.indices()  # coalesced: sorted by row, then column
+        crow = torch.zeros(coo.size(0) + 1, dtype=torch.long)
+        crow[1:] = torch.cumsum(torch.bincount(rows, minlength=coo.size(0)), 0)
+        return cls(crow, cols, coo.values(), coo.size(1))
+
+
+def _gather_rows(m: _Rows, rows: torch.Tensor) -> torch.Tensor:
+    """Dense (len(rows), width) copy of the given rows, without a loop over rows."""
+    crow, col, val = m.crow, m.col, m.val
+    starts, lens = crow[rows], crow[rows + 1] - crow[rows]
+    out = torch.zeros(len(rows), m.width, dtype=val.dtype)
+    total = int(lens.sum())
+    if total:
+        row_id = torch.repeat_interleave(torch.arange(len(rows)), lens)
+        offset = torch.arange(total) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+        pos = starts[row_id] + offset
+        out[row_id, col[pos]] = val[pos]
+    return out
+
+
+def transitions_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
+    """First-order item transitions: for the history's last item, the items that followed it most
+    often in `known`; popularity fills (and orders ties)."""
+    a = torch.tensor([x for s in known for x in s[:-1]], dtype=torch.long)
+    b = torch.tensor([x for s in known for x in s[1:]], dtype=torch.long)
+    trans = _Rows.of(_sparse_rows(a, b, torch.ones(len(a)), vocab_size, vocab_size))
+    fill = _tie_break(item_counts(known, vocab_size))
+
+    def score(seq: torch.Tensor) -> torch.Tensor:
+        last = seq.cpu().gather(1, last_valid_index(seq.cpu())[:, None]).squeeze(1)
+        s = _gather_rows(trans, last) + fill[None, :]
+        s[:, :N_SPECIAL] = -math.inf
+        return s.to(seq.device)
+
+    return score
+
+
+def item_knn_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
+    """Item-to-item co-occurrence (item-kNN): an item scores the summed cosine similarity (over the
+    users of `known`) to the history's items; popularity orders ties."""
+    users = torch.repeat_interleave(torch.arange(len(known)), torch.tensor([len(s) for s in known]))
+    items = torch.tensor([x for s in known for x in s], dtype=torch.long)
+    ui = _sparse_rows(users, items, torch.ones(len(items)), len(known), vocab_size)
+    rows, cols = ui.indices()
+    ui = _sparse_rows(rows, cols, torch.ones(len(rows)), len(known), vocab_size)  # binary
+    with warnings.catch_warnings():  # sparse x sparse goes through torch's "beta" CSR support
+        warnings.simplefilter("ignore", UserWarning)
+        co = torch.sparse.mm(ui.t().coalesce(), ui).coalesce()  # (V, V) co-occurrence counts
+    n = item_counts([sorted(set(s)) for s in known], vocab_size).float()
+    i, j = co.indices()
+    keep = i != j  # an item is not its own neighbour
+    sim = co.values()[keep] / torch.sqrt(n[i[keep]] * n[j[keep]]).clamp(min=1.0)
+    sims = _sparse_rows(i[keep], j[keep], sim, vocab_size, vocab_size)
+    fill = _tie_break(item_counts(known, vocab_size)) * 1e-3
+
+    def score(seq: torch.Tensor) -> torch.Tensor:
+        s = seq.cpu()
+        hist = torch.zeros(len(s), vocab_size)
+        hist.scatter_(1, s, 1.0)
+        hist[:, PAD] = 0.0
+        out = torch.sparse.mm(sims, hist.t()).t() + fill[None, :]  # (B, V); sims is symmetric
+        out[:, :N_SPECIAL] = -math.inf
+        return out.to(seq.device)
+
+    return score
+
+
+BASELINES: dict[str, Callable[[list[list[int]], int], ScoreFn]] = {
+    "popularity": popularity_scorer,
+    "transitions": transitions_scorer,
+    "item_knn": item_knn_scorer,
+}

@@ -1,7 +1,8 @@
-"""The training loop: pre-flight, epochs with validation, early stopping, best weights kept."""
+"""The training loop: epochs with validation, early stopping, best weights kept; on any device."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import random
@@ -15,11 +16,12 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from training.config import TrainConfig
+from training.config import LoopConfig
 from training.distributed import Dist
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=nn.Module)
+BAR_EVERY = 50  # steps between progress-bar updates: each reads the loss back from the device
 
 
 def seed_everything(seed: int) -> None:
@@ -28,8 +30,26 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """auto = this rank's CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        name = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device={name!r} but CUDA is not available")
+    return dev
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on CUDA when asked (or by default); on the CPU only when asked explicitly."""
+    use = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    if not use:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
 def length_buckets(lengths: torch.Tensor, batch_size: int, gen: torch.Generator) -> list[torch.Tensor]:
-    """Shuffled batches of windows of similar length.
+    """Shuffled batches of rows of similar length.
 
     Most sequences are far shorter than the window (Beauty: 9 items on average against 50), so
     random batches would be mostly padding; sorting a shuffled order by length and shuffling the
@@ -53,29 +73,39 @@ class History:
 
 
 def window_batches(windows: torch.Tensor, batch_size: int) -> Callable[[torch.Generator], list[torch.Tensor]]:
-    """Per-epoch batches of right-padded windows (N, L), bucketed by length and trimmed."""
-    lengths = (windows != 0).sum(1)
+    """Per-epoch batches of right-padded windows (N, L), bucketed by length and trimmed.
+
+    `windows` may live on the training device: batches are then cut there, never copied per step.
+    """
+    lengths = (windows != 0).sum(1).cpu()
 
     def make(gen: torch.Generator) -> list[torch.Tensor]:
-        return [windows[idx][:, : int(lengths[idx].max())] for idx in length_buckets(lengths, batch_size, gen)]
+        return [windows[idx.to(windows.device)][:, : int(lengths[idx].max())]
+                for idx in length_buckets(lengths, batch_size, gen)]
 
     return make
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    return batch.to(device, non_blocking=True) if hasattr(batch, "to") else batch
 
 
 def train(
     model: M,
     make_batches: Callable[[torch.Generator], Sequence[Any]],
-    cfg: TrainConfig,
+    cfg: LoopConfig,
+    *,
     validate: Callable[[M], dict[str, float]] | None,
     key_metric: str = "NDCG@10",
-    clip_grad_norm: float | None = None,
     dist: Dist | None = None,
+    device: torch.device | None = None,
 ) -> History:
     """Train `model` on the batches `make_batches` draws each epoch; keep the weights of the best
-    validation `key_metric`. Without `validate` (full-data mode) the lowest training loss decides.
+    validation `key_metric`. Without `validate` the lowest training loss decides.
     Under torchrun (`dist`), each rank trains on its share of the batches; rank 0 validates.
     """
     dist = dist or Dist()
+    device = device or next(model.parameters()).device
     step = dist.wrap(model)
     # The fused kernel: ~10x faster steps on the CPU, where Adam over a large item table is a real cost.
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
@@ -85,21 +115,25 @@ def train(
     t0 = time.monotonic()
     for epoch in range(1, cfg.epochs + 1):
         model.train()
-        total, seen, te = 0.0, 0, time.monotonic()
-        # disable=None: a bar on a terminal, none in logs and CI.
+        total = torch.zeros((), device=device)  # summed on the device: no host sync per step
+        seen, te = 0, time.monotonic()
         batches = dist.shard(make_batches(gen))
+        # disable=None: a bar on a terminal, none in logs and CI.
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
-        for batch in bar:
-            loss = step(batch)
+        for n, batch in enumerate(bar):
+            batch = _to(batch, device)
+            with autocast(device, cfg.precision):
+                loss = step(batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            if clip_grad_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+            if cfg.clip_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
             opt.step()
-            total += loss.item() * len(batch)
+            total += loss.detach().float() * len(batch)
             seen += len(batch)
-            bar.set_postfix(loss=f"{total / seen:.4f}", seq_s=f"{seen / (time.monotonic() - te):.0f}")
-        epoch_loss = total / max(seen, 1)
+            if not bar.disable and n % BAR_EVERY == 0:
+                bar.set_postfix(loss=f"{total.item() / seen:.4f}", seq_s=f"{seen / (time.monotonic() - te):.0f}")
+        epoch_loss = total.item() / max(seen, 1)
         model.eval()
         val = validate(model) if validate and dist.is_main else {}
         hist.epoch.append(epoch)
@@ -109,7 +143,7 @@ def train(
         score, elapsed = dist.from_main(val.get(key_metric, -epoch_loss), time.monotonic() - t0)
         hist.seconds.append(elapsed)
         log.info(
-            "epoch %d loss %.4f %s (%.0fs, %.0f seq/s)", epoch, epoch_loss,
+            "epoch %d loss %.4f %s (%.0fs, %.0f rows/s)", epoch, epoch_loss,
             " ".join(f"{k} {v:.4f}" for k, v in val.items() if k != "n"),
             hist.seconds[-1], seen / (time.monotonic() - te),
         )

@@ -10,6 +10,7 @@ so a bad request fails alone.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,7 @@ from typing import Generic, TypeVar
 
 Q = TypeVar("Q")
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 
 class QueueFullError(RuntimeError):
@@ -26,6 +28,20 @@ class QueueFullError(RuntimeError):
 
 class BatchTimeoutError(TimeoutError):
     """The request was not answered within its timeout."""
+
+
+class BatcherStoppedError(RuntimeError):
+    """The batcher was stopped (its model version was swapped out): it takes no more work."""
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How a batcher groups requests; the service's settings default to these values."""
+
+    enabled: bool = True
+    max_batch_size: int = 256  # queries per model call
+    max_wait_ms: float = 2.0  # longest wait for more when others are queued
+    max_queue: int = 1024  # waiting requests before QueueFullError
 
 
 @dataclass
@@ -51,41 +67,66 @@ class MicroBatcher(Generic[Q, R]):
     def __init__(
         self,
         fn: Callable[[list[Q]], list[R]],
-        max_batch_size: int = 256,
-        max_wait_ms: float = 2.0,
-        max_queue: int = 1024,
-        enabled: bool = True,
+        policy: BatchPolicy = BatchPolicy(),
+        *,
         on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self.fn = fn
-        self.max_batch_size = max_batch_size
-        self.max_wait = max_wait_ms / 1000.0
-        self.enabled = enabled
+        self.max_batch_size = policy.max_batch_size
+        self.max_wait = policy.max_wait_ms / 1000.0
+        self.enabled = policy.enabled
+        max_queue = policy.max_queue
         self.on_batch = on_batch  # (items in the batch, seconds in the model call)
         self.stats = BatchStats()
         # None is the stop sentinel: queued behind every request already accepted.
         self._queue: asyncio.Queue[_Pending[Q, R] | None] = asyncio.Queue(maxsize=max_queue)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batcher")
         self._worker: asyncio.Task[None] | None = None
+        self._stopped = False
+        self.restarts = 0  # times the worker task died and was started again
 
     @property
     def depth(self) -> int:
         return self._queue.qsize()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
     def start(self) -> None:
+        """Start the worker task, or start it again if it died (a bug: logged, counted, survived)."""
+        if self._stopped:
+            raise BatcherStoppedError("this batcher was stopped")
+        if self._worker is not None and self._worker.done():
+            exc = None if self._worker.cancelled() else self._worker.exception()
+            log.error("batcher worker died (%r); starting a new one", exc)
+            self.restarts += 1
+            self._worker = None
         if self._worker is None:
             self._worker = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        """Answer every request already accepted (queued or in the model), then stop the worker."""
-        if self._worker is not None:
+        """Answer every request already accepted (queued or in the model), then stop the worker.
+
+        After this, submit() raises BatcherStoppedError: a stopped batcher never takes work again.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._worker is not None and not self._worker.done():
             await self._queue.put(None)
             await self._worker
-            self._worker = None
+        self._worker = None
+        while not self._queue.empty():  # left behind by a worker that died: never leave a caller waiting
+            p = self._queue.get_nowait()
+            if p is not None and not p.future.done():
+                p.future.set_exception(BatcherStoppedError("the batcher stopped before answering"))
         self._executor.shutdown(wait=True)
 
     async def submit(self, items: Sequence[Q], timeout: float | None = None) -> list[R]:
         """Queue `items` (one request) and wait for their results, in order."""
+        if self._stopped:
+            raise BatcherStoppedError("this batcher was stopped")
         loop = asyncio.get_running_loop()
         if not self.enabled:
             return await asyncio.wait_for(self._call(loop, list(items)), timeout)

@@ -1,4 +1,11 @@
-"""The models the service holds: every artifact under the artifacts folder, and the broken ones."""
+"""The models the service holds: one entry per loaded model (its engine, its batcher, its version).
+
+Every artifact name under the artifacts folder is loaded from its newest version that loads; a
+version that fails for any reason is recorded (and logged with the detail) and the next older one
+is tried, so one bad file never takes a model, or the service, down. A request leases the entry it
+uses for its whole life; a reload swaps a new entry in and stops the old one's batcher only after
+its last lease is returned, so a stopped batcher never receives work.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +13,22 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from app.engine.batcher import MicroBatcher, Q, R
-from app.engine.locator import Locator, LocPrepared, LocQuery, LocResult, LocStep
-from app.engine.recommender import Prepared, Recommender, RecQuery, RecResult
+from app.engine.batcher import BatchPolicy, MicroBatcher
+from app.errors import ModelUnavailable, UnknownModel
 from app.store import HistoryStore, StoreError
-from models.artifact import (
-    ArtifactError,
-    latest_versions,
-    load_location_artifact,
-    load_rec_artifact,
-    read_manifest,
-)
+from models.artifact import ArtifactError, artifact_names, read_manifest
+from models.serving import Engine, EngineOptions
+from models.tasks import TASKS, Task
 
 log = logging.getLogger(__name__)
-LOAD_ERRORS = (ArtifactError, OSError, RuntimeError, ValueError)
 
 
 def _freeze_heap() -> None:
@@ -45,140 +48,185 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-@dataclass
-class BatchPolicy:
-    enabled: bool = True
-    max_batch_size: int = 256
-    max_wait_ms: float = 2.0
-    max_queue: int = 1024
+def public_reason(exc: BaseException) -> str:
+    """What a client may see of a load failure: the file and the problem, never a path or a trace."""
+    if isinstance(exc, ArtifactError):
+        return str(exc)
+    if isinstance(exc, StoreError):
+        return "history store refused the artifact's histories (see the service log)"
+    return f"failed to load ({type(exc).__name__}; see the service log)"
+
+
+@dataclass(eq=False)
+class Served:
+    """One loaded model: what a request leases for its whole life."""
+
+    name: str
+    task: Task
+    engine: Engine[Any, Any, Any]
+    batcher: MicroBatcher[Any, Any]
+    folder: Path
+    holders: int = 0
+    retired: bool = False
+    drained: asyncio.Event | None = None  # set once retired with no holder left
+
+    @property
+    def version(self) -> str:
+        return self.folder.name
 
 
 @dataclass
 class ModelRegistry:
-    device: torch.device
+    options: EngineOptions = field(default_factory=EngineOptions)
     policy: BatchPolicy = field(default_factory=BatchPolicy)
+    store: HistoryStore | None = None  # seeded with each artifact's final histories
     on_batch: Callable[[str], Callable[[int, float], None]] | None = None  # model name -> batch observer
-    half_precision: bool = False  # float16 on CUDA only
-    rec_batchers: dict[str, MicroBatcher[Prepared, RecResult]] = field(default_factory=dict)
-    loc_batchers: dict[str, MicroBatcher[LocPrepared, LocResult]] = field(default_factory=dict)
-    recommenders: dict[str, Recommender] = field(default_factory=dict)
-    locators: dict[str, Locator] = field(default_factory=dict)
-    broken: dict[str, str] = field(default_factory=dict)
-    default: str | None = None  # default recommendation model
-    default_locator: str | None = None
-    store: HistoryStore | None = None  # seeded with each recommendation artifact's histories
+    models: dict[str, Served] = field(default_factory=dict)
+    broken: dict[str, str] = field(default_factory=dict)  # "name/version" (or "name") -> public reason
+    _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
     @property
     def names(self) -> list[str]:
-        return sorted([*self.recommenders, *self.locators])
+        return sorted(self.models)
 
-    def load_all(self, root: Path, default: str | None = None) -> None:
-        """Load the newest version of every artifact; a bad one is recorded, never fatal."""
-        for name, folder in latest_versions(root).items():
-            try:
-                self._install(name, self._load(folder))
-            except LOAD_ERRORS as exc:
-                self.broken[name] = str(exc)
-                log.error("artifact %s not loaded: %s", name, exc)
-        if default is not None and default not in self.recommenders:
-            self.broken.setdefault(default, "configured default model is not loaded")
-        self._pick_defaults(default)
-        _freeze_heap()
+    def default(self, route: str, preferred: str | None = None) -> str | None:
+        """The model a request to `route` gets when it names none: the configured one if it serves the
+        route, else the first by name of the route's own task, else of any task the route serves."""
+        if preferred is not None and preferred in self.models and self.models[preferred].task.route == route:
+            return preferred
+        on_route = sorted((s.task.name != route, n) for n, s in self.models.items() if s.task.route == route)
+        return on_route[0][1] if on_route else None
 
-    async def reload(self, root: Path, default: str | None = None) -> dict[str, dict[str, str]]:
-        """Load every new version beside the serving one, warm it, then swap it in.
-
-        A version that fails to load leaves the old one serving; the error is reported.
-        """
-        report: dict[str, dict[str, str]] = {"loaded": {}, "unchanged": {}, "failed": {}}
-        for name, folder in latest_versions(root).items():
-            current = self._served(name)
-            if current is not None and current.art.path == folder:
-                report["unchanged"][name] = folder.name
-                continue
-            try:
-                served = await asyncio.to_thread(self._load, folder)
-            except LOAD_ERRORS as exc:
-                report["failed"][name] = str(exc)
-                if current is None:
-                    self.broken[name] = str(exc)
-                log.error("reload of %s from %s failed; %s", name, folder, "old version keeps serving"
-                          if current is not None else "not serving")
-                continue
-            old_batcher = self._install(name, served)
-            self.broken.pop(name, None)
-            report["loaded"][name] = folder.name
-            log.info("swapped in %s version %s", name, folder.name)
-            if old_batcher is not None:
-                await old_batcher.stop()  # answers what it had accepted
-        self._pick_defaults(default)
-        _freeze_heap()
-        return report
-
-    def _served(self, name: str) -> Recommender | Locator | None:
-        return self.recommenders.get(name) or self.locators.get(name)
-
-    def _load(self, folder: Path) -> Recommender | Locator:
-        """Load and warm one artifact version (no shared state touched: safe in a thread)."""
-        manifest = read_manifest(folder)
-        task = manifest.get("task", "recommend")
-        half = self.half_precision and self.device.type == "cuda"
-        if task == "recommend":
-            rec = Recommender(load_rec_artifact(folder), self.device, half)
-            rec.recommend([RecQuery(None, [(rec.art.items.raw(2) or "", None)], k=1)])
-            self._seed(rec)
-            # The store and Recommender.stored hold them now: free the raw (str, float) copies.
-            rec.art.histories.clear()
-            return rec
-        if task == "next_location":
-            loc = Locator(load_location_artifact(folder), self.device, half)
-            loc.predict([LocQuery(None, [LocStep(loc.art.locations.raw(2) or "", 0, 0, 0)])])
-            return loc
-        raise ArtifactError(f"task {task!r} is not served by this version")
-
-    def _seed(self, rec: Recommender) -> None:
-        """Seed the store with the artifact's histories (once per data hash); a store fault is logged,
-        not fatal: the model still serves, and requests that need the store answer 503."""
-        if self.store is None:
-            return
+    @contextmanager
+    def lease(self, name: str | None, route: str, preferred: str | None = None) -> Iterator[Served]:
+        """The entry serving `name` (else the route's default), held until the block ends."""
+        chosen = name or self.default(route, preferred)
+        served = self.models.get(chosen) if chosen else None
+        if served is None or served.task.route != route:
+            if chosen is None:
+                raise ModelUnavailable(f"no model serving /{route.replace('_', '-')} is loaded", ["body", "model"])
+            failed = [k for k in self.broken if k == chosen or k.startswith(f"{chosen}/")]
+            if served is None and failed:
+                raise ModelUnavailable(f"model {chosen!r} failed to load: {self.broken[failed[0]]}", ["body", "model"])
+            here = sorted(n for n, s in self.models.items() if s.task.route == route)
+            raise UnknownModel(f"unknown model {chosen!r} for this endpoint; loaded: {here}", ["body", "model"])
+        served.holders += 1
         try:
-            t0 = time.perf_counter()
-            if self.store.seed(rec.namespace, rec.seed_token, rec.art.histories):
-                log.info("seeded history store namespace %s with %d users in %.1f s", rec.namespace,
-                         len(rec.art.histories), time.perf_counter() - t0)
-        except StoreError as exc:
-            log.error("could not seed history store namespace %s: %s", rec.namespace, exc)
+            yield served
+        finally:
+            served.holders -= 1
+            if served.retired and served.holders == 0 and served.drained is not None:
+                served.drained.set()
 
-    def _install(
-        self, name: str, served: Recommender | Locator
-    ) -> MicroBatcher[Prepared, RecResult] | MicroBatcher[LocPrepared, LocResult] | None:
-        """Swap `served` in under `name`; returns the batcher it replaced. Runs on the event loop
-        (or before it starts), so a request sees either the old model and batcher or the new ones."""
-        old: MicroBatcher[Prepared, RecResult] | MicroBatcher[LocPrepared, LocResult] | None
-        if isinstance(served, Recommender):
-            old = self.rec_batchers.get(name)
-            self.rec_batchers[name] = self._batcher(name, served.infer)
-            self.recommenders[name] = served
-        else:
-            old = self.loc_batchers.get(name)
-            self.loc_batchers[name] = self._batcher(name, served.infer)
-            self.locators[name] = served
-        log.info("serving %s (%s, version %s) on %s", name, served.art.manifest["kind"],
-                 served.art.manifest["version"], self.device)
-        return old
+    def load_all(self, root: Path) -> None:
+        """Load every artifact name from its newest version that loads; failures are recorded, never fatal."""
+        for name, folders in artifact_names(root).items():
+            served = self._first_loadable(name, folders)
+            if served is not None:
+                self._install(served)
+        _freeze_heap()
 
-    def _pick_defaults(self, default: str | None) -> None:
-        self.default = default if default in self.recommenders else next(iter(sorted(self.recommenders)), None)
-        self.default_locator = next(iter(sorted(self.locators)), None)
+    async def reload(self, root: Path) -> dict[str, dict[str, str]]:
+        """Load every newer version beside the serving one, warm it, then swap it in.
 
-    def _batcher(self, name: str, fn: Callable[[list[Q]], list[R]]) -> MicroBatcher[Q, R]:
-        p = self.policy
-        observer = self.on_batch(name) if self.on_batch else None
-        return MicroBatcher(fn, p.max_batch_size, p.max_wait_ms, p.max_queue, enabled=p.enabled, on_batch=observer)
+        Reloads run one at a time. A version that fails leaves the current one serving (or an older
+        version newer than it that loads); the old entry's batcher stops once its last lease is back.
+        """
+        async with self._reload_lock:
+            report: dict[str, dict[str, str]] = {"loaded": {}, "unchanged": {}, "failed": {}}
+            for name, folders in artifact_names(root).items():
+                current = self.models.get(name)
+                newer = folders[: folders.index(current.folder)] if current and current.folder in folders else folders
+                if not newer:
+                    report["unchanged"][name] = current.version if current else ""
+                    continue
+                served = await asyncio.to_thread(self._first_loadable, name, newer)
+                for key, reason in self.broken.items():
+                    if key.startswith(f"{name}/") and key.split("/", 1)[1] in {f.name for f in newer}:
+                        report["failed"][key] = reason
+                if served is None:
+                    continue
+                old = self._install(served)
+                report["loaded"][name] = served.version
+                log.info("swapped in %s version %s", name, served.version)
+                if old is not None:
+                    await self._retire(old)
+            _freeze_heap()
+            return report
 
     async def close(self) -> None:
         """Answer what is queued, then stop every batcher's worker."""
-        for rb in self.rec_batchers.values():
-            await rb.stop()
-        for lb in self.loc_batchers.values():
-            await lb.stop()
+        for served in list(self.models.values()):
+            await served.batcher.stop()
+
+    def health(self) -> dict[str, str]:
+        """Models whose batcher cannot run normally, and why (an empty map when all are well)."""
+        out = {}
+        for name, s in self.models.items():
+            if s.batcher.stopped:
+                out[name] = "batcher stopped"
+            elif s.batcher.restarts:
+                out[name] = f"batcher worker restarted {s.batcher.restarts} time(s)"
+        return out
+
+    async def _retire(self, old: Served) -> None:
+        old.retired = True
+        if old.holders:
+            old.drained = asyncio.Event()
+            await old.drained.wait()
+        await old.batcher.stop()  # answers what it had accepted
+
+    def _first_loadable(self, name: str, folders: list[Path]) -> Served | None:
+        """The newest of `folders` that loads, warms up and seeds; each failure recorded on the way."""
+        for folder in folders:
+            key = f"{name}/{folder.name}"
+            try:
+                served = self._load(name, folder)
+            except Exception as exc:  # any defect of one artifact stays with that artifact
+                self.broken[key] = public_reason(exc)
+                cause = f" ({exc.__cause__})" if exc.__cause__ else ""
+                log.error("artifact %s (%s) not loaded: %s%s", key, folder, exc, cause,
+                          exc_info=not isinstance(exc, ArtifactError))
+                continue
+            self.broken.pop(key, None)
+            return served
+        return None
+
+    def _load(self, name: str, folder: Path) -> Served:
+        """Load, warm and seed one version (no shared state touched: safe in a thread)."""
+        manifest = read_manifest(folder)
+        task = TASKS.get(manifest.task)
+        if task is None or task.route is None:
+            raise ArtifactError("manifest.json", f"task {manifest.task!r} is not served by this service")
+        if manifest.kind not in task.kinds:
+            raise ArtifactError("manifest.json", f"kind {manifest.kind!r} does not belong to task {task.name!r}")
+        engine = task.open(folder, self.options)
+        engine.warm_up()
+        self._seed(engine)
+        observer = self.on_batch(name) if self.on_batch else None
+        batcher: MicroBatcher[Any, Any] = MicroBatcher(engine.infer, self.policy, on_batch=observer)
+        return Served(name=name, task=task, engine=engine, batcher=batcher, folder=folder)
+
+    def _seed(self, engine: Engine[Any, Any, Any]) -> None:
+        """Seed the store with the artifact's histories (once per data hash). A store fault is logged,
+        not fatal: the model still serves, and requests that need the store answer 503."""
+        histories = engine.base_histories()
+        if self.store is None or histories is None or engine.namespace is None:
+            return
+        try:
+            t0 = time.perf_counter()
+            if self.store.seed(engine.namespace, engine.manifest.data_hash, histories):
+                log.info("seeded history store namespace %s with %d users in %.1f s", engine.namespace,
+                         len(histories), time.perf_counter() - t0)
+        except StoreError as exc:
+            log.error("could not seed history store namespace %s: %s", engine.namespace, exc)
+        engine.release_base_histories()
+
+    def _install(self, served: Served) -> Served | None:
+        """Swap `served` in under its name; returns the entry it replaced. Runs on the event loop (or
+        before it starts), so a request leases either the old entry or the new one, whole."""
+        old = self.models.get(served.name)
+        self.models[served.name] = served
+        m = served.engine.manifest
+        log.info("serving %s (%s, version %s) on %s", served.name, m.kind, served.version, served.engine.device)
+        return old

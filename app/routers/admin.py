@@ -1,27 +1,16 @@
 from __future__ import annotations
 
-import secrets
+from fastapi import APIRouter
 
-from fastapi import APIRouter, Header, Request
-
-from app.errors import Forbidden
+from app.deps import AdminKey, ServicesDep
+from app.routers.docs import errors
 from app.schemas import ReloadReport
 
 router = APIRouter(tags=["admin"])
 
 
-def require_key(request: Request, key: str | None) -> None:
-    expected = request.app.state.settings.admin_api_key
-    if not expected:
-        raise Forbidden("admin endpoints are disabled: set SEQSERVE_ADMIN_API_KEY", ["header", "x-api-key"])
-    if key is None or not secrets.compare_digest(key.encode(), expected.encode()):
-        raise Forbidden("missing or wrong API key", ["header", "x-api-key"])
-
-
-@router.post("/admin/reload", response_model=ReloadReport)
-async def reload(request: Request, x_api_key: str | None = Header(default=None)) -> ReloadReport:
+@router.post("/admin/reload", response_model=ReloadReport, responses=errors(401, 403), dependencies=[AdminKey])
+async def reload(services: ServicesDep) -> ReloadReport:
     """Pick up new artifact versions without downtime: load and warm beside the old, then swap."""
-    require_key(request, x_api_key)
-    settings = request.app.state.settings
-    report = await request.app.state.registry.reload(settings.artifacts_dir, settings.default_model)
+    report = await services.registry.reload(services.settings.artifacts_dir)
     return ReloadReport(**report)

@@ -1,20 +1,24 @@
-"""A no-op endpoint that parses the same body as /recommend: the framework's ceiling for the
-load benchmark. Mounted only when SEQSERVE_BENCH_ENDPOINTS is set."""
+"""A no-op endpoint that parses the same body as /recommend and returns the same response shape,
+without a model: the honest ceiling of the request path for the load benchmark. Mounted only when
+SEQSERVE_BENCH_ENDPOINTS is set."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
+from starlette.responses import Response
 
-from app.schemas import RecommendRequest, RecommendResponse
+from app.deps import RecommendBody
+from app.handlers import json_response
+from app.routers.recommend import result_json, to_query
+from models.tasks.recommend import RecResult
 
 router = APIRouter(tags=["bench"], include_in_schema=False)
 
 
-@router.post("/bench/noop", response_model=RecommendResponse)
-async def noop(body: RecommendRequest) -> RecommendResponse:
-    results = [
-        {"user_id": q.user_id, "items": [{"item_id": str(i), "score": 0.0} for i in range(q.k)],
-         "unknown_items": [], "excluded": {"seen": 0, "future": 0, "requested": 0}, "history_truncated": False}
-        for q in body.queries
-    ]
-    return RecommendResponse.model_validate({"model": "noop", "version": "0", "results": results})
+@router.post("/bench/noop")
+async def noop(body: RecommendBody) -> Response:
+    results = []
+    for q in map(to_query, body.queries):
+        items = [(str(i), 0.0) for i in range(q.k)]
+        results.append(result_json(RecResult(q.user_id, items, [], {"seen": 0, "future": 0, "requested": 0})))
+    return json_response({"model": "noop", "version": "0", "results": results})

@@ -1,71 +1,32 @@
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 from fastapi import APIRouter, Request
-from pydantic import TypeAdapter, ValidationError
+from starlette.responses import Response
 
-from app.errors import InvalidEvents, LimitExceeded
-from app.routers.common import history_store, pick
-from app.schemas import ErrorResponse, EventIn, EventResult, EventsRequest, EventsResponse, RawId
-from app.store import Event
-from models.ids import N_SPECIAL
+from app import serving
+from app.deps import EventsBody, ServicesDep, WriterKey
+from app.handlers import json_response
+from app.routers.docs import body_doc, errors
+from app.schemas import EventsResponse
 
 router = APIRouter(tags=["events"])
-_event = TypeAdapter(EventIn)
-_raw_id: TypeAdapter[str] = TypeAdapter(RawId)
 
 
 @router.post(
-    "/events",
-    response_model=EventsResponse,
-    responses={404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+    "/events", response_model=EventsResponse, openapi_extra=body_doc("EventsRequest"),
+    responses=errors(401, 403, 404, 409, 422, 503), dependencies=[WriterKey],
 )
-async def post_events(body: EventsRequest, request: Request) -> EventsResponse:
+async def post_events(body: EventsBody, services: ServicesDep, request: Request) -> Response:
     """Append interactions to users' histories; answered only once they are durably stored.
 
     Each event is checked on its own: invalid ones are rejected with reasons, the others stored.
-    A replayed event_id is a no-op ("duplicate"). Items the model does not know are stored and
-    flagged: they count after the next training run.
+    A replayed event (same id, same payload) is a no-op ("duplicate"); an id stored before with another
+    payload is a 409 and nothing of the request is stored. Items the model does not know are stored and
+    flagged: they count after the next training run. Needs X-API-Key when SEQSERVE_EVENTS_API_KEY is set.
     """
-    settings = request.app.state.settings
-    if len(body.events) > settings.max_events:
-        raise LimitExceeded(f"at most {settings.max_events} events per request", ["body", "events"])
-    reg = request.app.state.registry
-    name, rec = pick(reg.recommenders, reg.broken, body.model, reg.default, "recommendation")
-    request.state.model = name
-    store = history_store(request)
-    results: list[EventResult] = []
-    valid: list[tuple[int, EventIn]] = []
-    for n, raw in enumerate(body.events):
-        try:
-            valid.append((n, _event.validate_python(raw)))
-        except ValidationError as exc:
-            errors = [
-                {"loc": ["body", "events", n, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()
-            ]
-            results.append(EventResult.model_validate(
-                {"index": n, "event_id": _id_of(raw), "status": "rejected", "errors": errors}))
-    if not valid:
-        details = [e.model_dump() for r in results for e in r.errors]
-        raise InvalidEvents(f"all {len(results)} events were rejected; see details", details)
-    events = [Event(e.event_id, e.user_id, e.item_id, e.timestamp) for _, e in valid]
-    added = await asyncio.to_thread(store.append, rec.namespace, events)
-    known = rec.art.items.indices([e.item_id for e in events])
-    for (n, e), new, idx in zip(valid, added, known, strict=True):
-        results.append(EventResult(index=n, event_id=e.event_id, status="stored" if new else "duplicate",
-                                   unknown_item=idx < N_SPECIAL, errors=[]))
-    results.sort(key=lambda r: r.index)
-    return EventsResponse(
-        model=name, namespace=rec.namespace, stored=sum(added), duplicates=len(added) - sum(added),
-        rejected=len(body.events) - len(valid), results=results,
-    )
-
-
-def _id_of(raw: Any) -> str | None:
-    """The event's id when it is a valid one (the same check as EventIn's), else None."""
-    try:
-        return _raw_id.validate_python(raw.get("event_id") if isinstance(raw, dict) else None)
-    except ValidationError:
-        return None
+    with services.registry.lease(body.model, "recommend", services.settings.default_model) as served:
+        request.state.model = served.name
+        out = await serving.post_events(served, body.events, store=services.store,
+                                        skew_s=services.settings.event_skew_s)
+        return json_response({"model": served.name, "namespace": out.namespace, "stored": out.stored,
+                              "duplicates": out.duplicates, "rejected": out.rejected, "results": out.results})

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter
+from starlette.responses import Response
 
+from app.deps import ServicesDep
+from app.handlers import json_response
 from app.schemas import Readiness
-from app.store import HistoryStore, StoreError
+from app.store import StoreError
 
 router = APIRouter(tags=["health"])
 
@@ -17,25 +19,20 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-async def store_state(request: Request) -> str | None:
-    """None when the history store answers, else why not."""
-    store: HistoryStore | None = request.app.state.store
-    if store is None:
-        return str(request.app.state.store_error)
-    try:
-        await asyncio.to_thread(store.ping)
-    except StoreError as exc:
-        return str(exc)
-    return None
-
-
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(request: Request) -> JSONResponse:
-    """Ready when at least one model serves and the history store answers; names every artifact
-    that failed to load, and why."""
-    reg = request.app.state.registry
-    fault = await store_state(request)
-    kind = request.app.state.settings.history_store
-    body = Readiness(ready=bool(reg.names) and fault is None, models=reg.names, broken=reg.broken,
-                     history_store=f"{kind}: ok" if fault is None else f"{kind}: {fault}")
-    return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
+async def readyz(services: ServicesDep) -> Response:
+    """Ready when at least one model serves with a healthy batcher and the history store answers.
+    Names every artifact version that failed to load, and why (no paths, no exception text)."""
+    reg, store = services.registry, services.store
+    ok = store is not None
+    if store is not None:
+        try:
+            await asyncio.to_thread(store.ping)
+        except StoreError:
+            ok = False
+    degraded = reg.health()
+    kind = services.settings.history_store
+    body = Readiness(ready=bool(reg.names) and ok and not any(d == "batcher stopped" for d in degraded.values()),
+                     models=reg.names, broken=reg.broken, degraded=degraded,
+                     history_store=f"{kind}: {'ok' if ok else 'unavailable'}")
+    return json_response(body.model_dump(), status=200 if body.ready else 503)

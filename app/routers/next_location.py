@@ -1,16 +1,20 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from starlette.responses import Response
 
-from app.engine.locator import LocQuery, LocStep
-from app.routers.common import enforce_limits, pick
-from app.schemas import ErrorResponse, NextLocationRequest, NextLocationResponse, StayStep
+from app import serving
+from app.deps import NextLocationBody, ServicesDep
+from app.handlers import json_response
+from app.routers.docs import body_doc, errors
+from app.schemas import NextLocationResponse, StayStep
 from models.features import from_times
+from models.tasks.next_location import LocQuery, LocStep
 
 router = APIRouter(tags=["next-location"])
 
 
-def _step(s: StayStep) -> LocStep:
+def to_step(s: StayStep) -> LocStep:
     if s.started_at is not None and s.finished_at is not None:
         start_min, weekday, duration = from_times(s.started_at, s.finished_at)
         return LocStep(s.location_id, start_min, weekday, duration)
@@ -19,32 +23,18 @@ def _step(s: StayStep) -> LocStep:
 
 
 @router.post(
-    "/next-location",
-    response_model=NextLocationResponse,
-    responses={404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+    "/next-location", response_model=NextLocationResponse, openapi_extra=body_doc("NextLocationRequest"),
+    responses=errors(404, 422, 503, 504),
 )
-async def next_location(body: NextLocationRequest, request: Request) -> NextLocationResponse:
+async def next_location(body: NextLocationBody, services: ServicesDep, request: Request) -> Response:
     """Top-K next locations with probabilities; the unknown class is `location_id: null`."""
-    settings = request.app.state.settings
-    enforce_limits(settings, body.queries)
-    reg = request.app.state.registry
-    name, loc = pick(reg.locators, reg.broken, body.model, reg.default_locator, "next-location")
-    request.state.model = name
-    queries = [LocQuery(q.user_id, [_step(s) for s in q.history], q.k) for q in body.queries]
-    batcher = reg.loc_batchers[name]
-    results = await batcher.submit(loc.prepare(queries), settings.request_timeout_s)
-    return NextLocationResponse.model_validate(
-        {
-            "model": name,
-            "version": str(loc.art.manifest["version"]),
-            "results": [
-                {
-                    "locations": [{"location_id": i, "probability": p} for i, p in r.locations],
-                    "unknown_locations": r.unknown_locations,
-                    "unknown_user": r.unknown_user,
-                    "history_truncated": r.truncated,
-                }
-                for r in results
-            ],
-        }
-    )
+    with services.registry.lease(body.model, "next_location", services.settings.default_model) as served:
+        request.state.model = served.name
+        queries = [LocQuery(q.user_id, [to_step(s) for s in q.history], q.k) for q in body.queries]
+        results = await serving.answer(served, queries, store=services.store,
+                                       timeout_s=services.settings.request_timeout_s)
+        return json_response({"model": served.name, "version": served.version, "results": [
+            {"locations": [{"location_id": i, "probability": p} for i, p in r.locations],
+             "unknown_locations": r.unknown_locations, "unknown_user": r.unknown_user,
+             "history_truncated": r.truncated}
+            for r in results]})

@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
-from models.artifact import latest_versions, load_rec_artifact
+from models.artifact import latest_versions
+from models.tasks.recommend import load_artifact as load_rec_artifact
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +102,17 @@ def test_unknown_user_is_404_naming_it(client: TestClient) -> None:
     assert body["error"]["details"][0]["loc"] == ["body", "queries", 1, "user_id"]
 
 
-def test_unknown_and_broken_model(client: TestClient) -> None:
-    status, body = _post(client, {"model": "nope", "queries": [{"user_id": "u1"}]})
-    assert status == 404 and body["error"]["code"] == "unknown_model"
+def test_unknown_and_broken_model(tiny_artifacts: Path, tmp_path: Path) -> None:
+    root = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts, root)
+    (latest_versions(root)["bert4rec-tiny"] / "items.json").write_text("[]")
+    with TestClient(create_app(Settings(artifacts_dir=root, device="cpu"))) as c:
+        status, body = _post(c, {"model": "nope", "queries": [{"user_id": "u1"}]})
+        assert status == 404 and body["error"]["code"] == "unknown_model"
+        assert body["error"]["details"][0]["loc"] == ["body", "model"]
+        status, body = _post(c, {"model": "bert4rec-tiny", "queries": [{"user_id": "u1"}]})
+        assert status == 503 and body["error"]["code"] == "model_unavailable"
+        assert "items.json" in body["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -157,8 +166,9 @@ def test_broken_artifact_does_not_stop_the_others(tiny_artifacts: Path, tmp_path
     with TestClient(app) as c:
         ready = c.get("/readyz").json()
         assert ready["ready"] and ready["models"] == ["sasrec-tiny"]
-        assert "unreadable checkpoint" in ready["broken"]["bert4rec-tiny"]
-        assert "missing manifest.json" in ready["broken"]["half"]
+        assert ready["broken"][f"bert4rec-tiny/{bert.name}"] == "model.pt: unreadable checkpoint"
+        assert ready["broken"]["half/20200101T000000Z"] == "manifest.json: missing"
+        assert str(root) not in c.get("/readyz").text + c.get("/models").text  # no paths for clients
         r = c.post("/recommend", json={"model": "bert4rec-tiny", "queries": [{"user_id": "u1"}]})
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable"
         assert c.post("/recommend", json={"queries": [{"user_id": "u1"}]}).status_code == 200

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.engine.batcher import BatchTimeoutError, MicroBatcher, QueueFullError
+from app.engine.batcher import BatcherStoppedError, BatchPolicy, BatchTimeoutError, MicroBatcher, QueueFullError
 
 
 class Model:
@@ -33,7 +33,7 @@ def run(coro):  # type: ignore[no-untyped-def]
 
 def test_lone_request_flushes_at_once() -> None:
     async def go() -> float:
-        b = MicroBatcher(Model(), max_wait_ms=500)
+        b = MicroBatcher(Model(), BatchPolicy(max_wait_ms=500))
         t0 = time.perf_counter()
         assert await b.submit([1, 2]) == [10, 20]
         dt = time.perf_counter() - t0
@@ -46,7 +46,7 @@ def test_lone_request_flushes_at_once() -> None:
 def test_concurrent_requests_share_calls_and_keep_order() -> None:
     async def go() -> Model:
         m = Model(delay=0.02)
-        b = MicroBatcher(m, max_batch_size=64, max_wait_ms=5)
+        b = MicroBatcher(m, BatchPolicy(max_batch_size=64, max_wait_ms=5))
         out = await asyncio.gather(*[b.submit([i, i + 100]) for i in range(40)])
         assert out == [[i * 10, (i + 100) * 10] for i in range(40)]
         await b.stop()
@@ -61,7 +61,7 @@ def test_a_failing_request_fails_alone() -> None:
     async def go() -> list[object]:
         m = Model()
         m.gate.clear()
-        b = MicroBatcher(m, max_wait_ms=50)
+        b = MicroBatcher(m, BatchPolicy(max_wait_ms=50))
         tasks = [asyncio.create_task(b.submit(x)) for x in ([1], [-1], [2])]
         await asyncio.sleep(0.05)
         m.gate.set()
@@ -77,7 +77,7 @@ def test_queue_bound() -> None:
     async def go() -> None:
         m = Model()
         m.gate.clear()  # the model hangs until released
-        b = MicroBatcher(m, max_queue=2, max_wait_ms=0)
+        b = MicroBatcher(m, BatchPolicy(max_queue=2, max_wait_ms=0))
         first = asyncio.create_task(b.submit([1]))
         await asyncio.sleep(0.05)  # the worker took it and is blocked in the model
         waiting = [asyncio.create_task(b.submit([2])), asyncio.create_task(b.submit([3]))]
@@ -119,7 +119,7 @@ def test_result_count_is_checked() -> None:
 def test_batching_off_calls_per_request() -> None:
     async def go() -> Model:
         m = Model(delay=0.01)
-        b = MicroBatcher(m, enabled=False)
+        b = MicroBatcher(m, BatchPolicy(enabled=False))
         await asyncio.gather(*[b.submit([i]) for i in range(5)])
         await b.stop()
         return m
@@ -131,7 +131,7 @@ def test_stop_answers_everything_accepted() -> None:
     async def go() -> list[list[int]]:
         m = Model()
         m.gate.clear()
-        b = MicroBatcher(m, max_batch_size=1)
+        b = MicroBatcher(m, BatchPolicy(max_batch_size=1))
         tasks = [asyncio.create_task(b.submit([i])) for i in range(5)]
         await asyncio.sleep(0.02)
         stopper = asyncio.create_task(b.stop())
@@ -141,3 +141,31 @@ def test_stop_answers_everything_accepted() -> None:
         return [await t for t in tasks]
 
     assert run(go()) == [[0], [10], [20], [30], [40]]
+
+
+def test_a_stopped_batcher_refuses_work_and_never_restarts() -> None:
+    async def go() -> None:
+        b = MicroBatcher(Model())
+        assert await b.submit([1]) == [10]
+        await b.stop()
+        with pytest.raises(BatcherStoppedError):
+            await b.submit([2])
+        with pytest.raises(BatcherStoppedError):
+            b.start()
+        assert b.stopped and b._worker is None
+
+    run(go())
+
+
+def test_a_dead_worker_is_restarted() -> None:
+    async def go() -> MicroBatcher[int, int]:
+        b = MicroBatcher(Model())
+        assert await b.submit([1]) == [10]
+        assert b._worker is not None
+        b._worker.cancel()  # the worker task dies (a bug, or a cancellation leaking in)
+        await asyncio.sleep(0)
+        assert await b.submit([2], timeout=2) == [20]  # a new worker answers
+        await b.stop()
+        return b
+
+    assert run(go()).restarts == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -49,19 +50,18 @@ def _post_until_killed(url: str, proc_pid: int, after_s: float) -> list[str]:
 
 
 def _stored_ids(store: HistoryStore, acked: list[str]) -> set[str]:
-    """Ids the store holds among `acked`, found by replaying them: a stored id answers duplicate."""
-    from app.store import Event
-
-    added = store.append(NS, [Event(e, "probe", "probe", 0.0) for e in acked])
-    return {e for e, new in zip(acked, added, strict=True) if not new}
+    """Ids the store holds among `acked`."""
+    return store.stored_ids(NS, acked)
 
 
 def _check_served_after_restart(artifacts: Path, env: dict[str, str], user: str, acked: list[str]) -> None:
     proc, url = start_api(artifacts, env)
     try:
-        r = httpx.post(f"{url}/events", json={"model": NS, "events": [
-            {"event_id": acked[0], "user_id": user, "item_id": "10", "timestamp": 1.0}]}, timeout=10)
+        first = {"event_id": acked[0], "user_id": user, "item_id": "10", "timestamp": 1.2e9}  # as first posted
+        r = httpx.post(f"{url}/events", json={"model": NS, "events": [first]}, timeout=10)
         assert r.status_code == 200 and r.json()["duplicates"] == 1  # the id survived the kill
+        r = httpx.post(f"{url}/events", json={"model": NS, "events": [{**first, "item_id": "11"}]}, timeout=10)
+        assert r.status_code == 409  # and so did its payload
         rec = httpx.post(f"{url}/recommend", json={"model": NS, "queries": [{"user_id": user, "k": 30}]}, timeout=10)
         assert rec.status_code == 200
     finally:
@@ -131,6 +131,17 @@ def test_two_instances_share_one_redis(tiny_artifacts: Path, redis_server: Redis
         stop(b)
 
 
+def _mark_base(kind: str, env: dict[str, str]) -> None:
+    """Write a marker user into the seeded base behind the service's back: a re-seed would replace it."""
+    if kind == "sqlite":
+        with sqlite3.connect(env["SEQSERVE_HISTORY_PATH"]) as conn:
+            conn.execute("INSERT INTO base (ns, user, items) VALUES (?, 'marker', '[]')", (NS,))
+    else:
+        import redis
+
+        redis.Redis.from_url(env["SEQSERVE_REDIS_URL"]).hset(f"seqserve:{NS}:base", "marker", "[]")
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_restart_does_not_reseed_or_lose_events(
     tiny_artifacts: Path, tmp_path: Path, kind: str, request: pytest.FixtureRequest
@@ -147,3 +158,12 @@ def test_restart_does_not_reseed_or_lose_events(
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
+        if attempt == 0:
+            _mark_base(kind, env)
+    store: HistoryStore = SQLiteStore(tmp_path / "r.sqlite3") if kind == "sqlite" else RedisStore(
+        env["SEQSERVE_REDIS_URL"])
+    try:
+        assert "marker" in set(store.users(NS))  # the second start did not seed the base again
+        assert store.events(NS, ["u1"])["u1"] == [("11", 1.5e9, None)]
+    finally:
+        store.close()

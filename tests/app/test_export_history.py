@@ -10,14 +10,14 @@ from fastapi.testclient import TestClient
 from app.export_history import main as export
 from app.main import create_app
 from app.settings import Settings
-from models.artifact import latest_versions, load_rec_artifact
+from models.artifact import latest_versions
+from models.tasks.recommend import load_artifact as load_rec_artifact
 
 
 def test_exported_log_holds_base_and_events(tiny_artifacts: Path, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    from training.config import load_config
+    from tests.conftest import TINY_REC, run_job
     from training.data import load_interactions
-    from training.recommend import train_recommender
 
     with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu"))) as c:
         r = c.post("/events", json={"model": "sasrec-tiny", "events": [
@@ -29,11 +29,8 @@ def test_exported_log_holds_base_and_events(tiny_artifacts: Path, tmp_path: Path
     base = load_rec_artifact(latest_versions(tiny_artifacts)["sasrec-tiny"])
     data = load_interactions(out)
     assert data.n_interactions == sum(len(h) for h in base.histories.values()) + 2
-    cfg = load_config(None, ["model.kind='sasrec'", "name='retrained'", "model.max_len=16", "model.d_model=16",
-                             "model.n_heads=2", "model.n_layers=1", "model.d_ff=32", "model.n_negatives=8",
-                             "train.epochs=1", "train.batch_size=16", "train.n_eval_negatives=10"])
-    folder = train_recommender(cfg, data, tmp_path / "arts")
-    assert folder is not None
+    folder = run_job(["model.kind='sasrec'", "name='retrained'", "model.n_negatives=8", *TINY_REC, "train.epochs=1"],
+                     tmp_path / "arts", out)
     art = load_rec_artifact(folder)
     assert "brand-new" in art.items.raws() and "newcomer" in art.histories
     assert export(["--namespace", "nothing-here", "--out", str(tmp_path / "none.csv")]) == 1

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import httpx2 as httpx
+import torch
 from fastapi.testclient import TestClient
 
 from app.main import create_app
@@ -22,10 +23,18 @@ def _root(tiny_artifacts: Path, tmp_path: Path) -> Path:
     return root
 
 
-def _new_version(root: Path, name: str, version: str) -> Path:
+def _new_version(root: Path, name: str, version: str, nudge: float = 0.0) -> Path:
+    """A copy of the newest version under a newer name; `nudge` adds noise to its weights, so that
+    the new version answers differently from the old one."""
     src = latest_versions(root)[name]
     dst = src.parent / version
     shutil.copytree(src, dst)
+    if nudge:
+        ckpt = torch.load(dst / "model.pt", weights_only=True)
+        gen = torch.Generator().manual_seed(0)
+        ckpt["state_dict"] = {k: v + nudge * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
+                              for k, v in ckpt["state_dict"].items()}
+        torch.save(ckpt, dst / "model.pt")
     return dst
 
 
@@ -35,7 +44,7 @@ def test_admin_needs_the_key(tiny_artifacts: Path, tmp_path: Path) -> None:
         r = c.post("/admin/reload", headers=KEY)
         assert r.status_code == 403 and "disabled" in r.json()["error"]["message"]
     with TestClient(create_app(Settings(artifacts_dir=root, device="cpu", admin_api_key="s3cret"))) as c:
-        assert c.post("/admin/reload").status_code == 403
+        assert c.post("/admin/reload").status_code == 401
         assert c.post("/admin/reload", headers={"X-API-Key": "nope"}).status_code == 403
         r = c.post("/admin/reload", headers=KEY)
         assert r.status_code == 200 and r.json()["loaded"] == {} and set(r.json()["unchanged"]) == {
@@ -44,22 +53,25 @@ def test_admin_needs_the_key(tiny_artifacts: Path, tmp_path: Path) -> None:
 
 def test_new_version_swaps_in_and_broken_one_keeps_the_old(tiny_artifacts: Path, tmp_path: Path) -> None:
     root = _root(tiny_artifacts, tmp_path)
+    query = {"model": "sasrec-tiny", "queries": [{"user_id": "u1", "k": 5}]}
     with TestClient(create_app(Settings(artifacts_dir=root, device="cpu", admin_api_key="s3cret"))) as c:
-        _new_version(root, "sasrec-tiny", "29990101T000000Z")
+        before = c.post("/recommend", json=query).json()
+        old_bert = {m["name"]: m for m in c.get("/models").json()["models"]}["bert4rec-tiny"]["version"]
+        _new_version(root, "sasrec-tiny", "29990101T000000Z", nudge=0.5)
         r = c.post("/admin/reload", headers=KEY).json()
         assert r["loaded"] == {"sasrec-tiny": "29990101T000000Z"}
-        served = {m["name"]: m for m in c.get("/models").json()["models"]}
-        # The manifest's version string is the training run's; the folder is what changed.
-        assert c.post("/recommend", json={"queries": [{"user_id": "u1"}]}).status_code == 200
+        after = c.post("/recommend", json=query).json()
+        assert after["version"] == "29990101T000000Z"
+        assert before["results"][0]["items"] != after["results"][0]["items"]  # the new weights answer
 
         bad = _new_version(root, "bert4rec-tiny", "29990101T000000Z")
         (bad / "model.pt").write_bytes(b"truncated")
         r = c.post("/admin/reload", headers=KEY).json()
-        assert "bert4rec-tiny" in r["failed"] and "unreadable checkpoint" in r["failed"]["bert4rec-tiny"]
+        assert r["failed"] == {"bert4rec-tiny/29990101T000000Z": "model.pt: unreadable checkpoint"}
         ok = c.post("/recommend", json={"model": "bert4rec-tiny", "queries": [{"user_id": "u1"}]})
-        assert ok.status_code == 200
-        assert c.get("/readyz").json()["broken"] == {}  # still serving the old version
-        assert served["bert4rec-tiny"]["version"] == c.get("/models").json()["models"][0]["version"]
+        assert ok.status_code == 200 and ok.json()["version"] == old_bert  # the old version keeps serving
+        assert c.get("/readyz").json()["broken"] == {"bert4rec-tiny/29990101T000000Z":
+                                                      "model.pt: unreadable checkpoint"}
 
 
 def test_reload_under_load_fails_no_request(tiny_artifacts: Path, tmp_path: Path) -> None:
@@ -89,3 +101,42 @@ def test_reload_under_load_fails_no_request(tiny_artifacts: Path, tmp_path: Path
     codes, report = asyncio.run(go())
     assert report["loaded"] == {"sasrec-tiny": "29990101T000000Z"}
     assert codes == [200] * len(codes)
+
+
+def test_a_request_keeps_its_model_version_through_a_reload(tiny_artifacts: Path, tmp_path: Path) -> None:
+    """A request that leased a model and waits on the store (Redis reads go to a thread) is answered by
+    that version; the reload retires the old batcher only once the request is done with it."""
+    import threading
+
+    root = _root(tiny_artifacts, tmp_path)
+    app = create_app(Settings(artifacts_dir=root, device="cpu", admin_api_key="s3cret"))
+
+    async def go() -> None:
+        async with app.router.lifespan_context(app):
+            services = app.state.services
+            store, gate = services.store, threading.Event()
+            real = store.events
+
+            def slow_events(namespace: str, users: list[str], limit: int | None = None) -> object:
+                gate.wait(5)
+                return real(namespace, users, limit)
+
+            store.events, store.local_reads = slow_events, False
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                req = asyncio.create_task(c.post("/recommend", json={"model": "sasrec-tiny",
+                                                                     "queries": [{"user_id": "u1"}]}))
+                await asyncio.sleep(0.2)
+                old = services.registry.models["sasrec-tiny"]
+                assert old.holders == 1  # leased, waiting on the store
+                _new_version(root, "sasrec-tiny", "29990101T000000Z")
+                reload = asyncio.create_task(c.post("/admin/reload", headers=KEY))
+                await asyncio.sleep(0.3)
+                assert services.registry.models["sasrec-tiny"].version == "29990101T000000Z"  # swapped in
+                assert not old.batcher.stopped  # but the old one still owes an answer
+                gate.set()
+                r, rr = await req, await reload
+                assert r.status_code == 200 and r.json()["version"] == old.version
+                assert rr.json()["loaded"] == {"sasrec-tiny": "29990101T000000Z"} and old.batcher.stopped
+
+    asyncio.run(go())

@@ -81,7 +81,7 @@ def test_requests_in_flight_at_sigterm_are_answered(tiny_artifacts: Path) -> Non
     """
     import threading
 
-    proc, url = start_api(tiny_artifacts, {"SEQSERVE_MAX_QUERIES": "2048"})
+    proc, url = start_api(tiny_artifacts, {"SEQSERVE_MAX_QUERIES": "2048", "SEQSERVE_MAX_TOTAL_K": "50000"})
     heavy = {"queries": [{"user_id": f"u{i % 40}", "k": 20} for i in range(2048)]}
     results: list[int | str] = []
     started = threading.Barrier(17)

@@ -1,96 +1,194 @@
-"""Both history stores behave the same: seeding, idempotent appends, ordering, re-seeding."""
+"""Both history stores behave the same: seeding, idempotent appends, conflicts, bounds, ordering."""
 
 from __future__ import annotations
 
+import json
 import math
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from app.store import Event, HistoryStore, RedisStore, SQLiteStore, StoreError, open_store
+from app.store import Event, HistoryStore, RedisStore, SQLiteStore, StoreError, open_store, redact
 
 
 @pytest.fixture(params=["sqlite", "redis"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HistoryStore]:
     s: HistoryStore
     if request.param == "sqlite":
-        s = SQLiteStore(tmp_path / "h.sqlite3")
+        s = SQLiteStore(tmp_path / "h.sqlite3", keep=5)
     else:
         srv = request.getfixturevalue("redis_server")
-        s = RedisStore(srv.url)
+        s = RedisStore(srv.url, keep=5)
     yield s
     s.close()
 
 
-BASE = {"u1": [("a", 10.0), ("b", 20.0)], "u2": [("c", math.nan)]}
+BASE = {"u1": [("a", 10.0, None), ("b", 20.0, None)], "u2": [("c", math.nan, None)]}
 
 
 def test_seed_once_per_token(store: HistoryStore) -> None:
     assert store.seed("ml", "hash1", BASE)
-    assert not store.seed("ml", "hash1", {"other": [("z", 1.0)]})  # same data: nothing rewritten
-    assert store.base("ml", "u1") == [("a", 10.0), ("b", 20.0)]
+    assert not store.seed("ml", "hash1", {"other": [("z", 1.0, None)]})  # same data: nothing rewritten
+    assert store.base("ml", "u1") == [("a", 10.0, None), ("b", 20.0, None)]
     assert store.base("ml", "other") == []
-    [(item, t)] = store.base("ml", "u2")
-    assert item == "c" and math.isnan(t)
+    [(item, t, action)] = store.base("ml", "u2")
+    assert item == "c" and math.isnan(t) and action is None
     assert store.base("beauty", "u1") == []  # namespaces are separate
+    store.seed("social", "h", {"u1": [("u7", 1.0, "c2q")]})
+    assert store.base("social", "u1") == [("u7", 1.0, "c2q")]
 
 
 def test_append_is_idempotent_and_ordered(store: HistoryStore) -> None:
     store.seed("ml", "h", BASE)
-    first = store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 25.0),
+    first = store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 25.0, "a2q"),
                                 Event("e1", "u1", "x", 30.0)])
-    assert first == [True, True, False]  # a repeat inside one call is a duplicate too
-    assert store.append("ml", [Event("e2", "u1", "y", 25.0), Event("e3", "new", "q", 1.0)]) == [False, True]
+    assert first == ["stored", "stored", "duplicate"]  # a repeat inside one call is a duplicate too
+    assert store.append("ml", [Event("e2", "u1", "y", 25.0, "a2q"), Event("e3", "new", "q", 1.0)]) == [
+        "duplicate", "stored"]
     live = store.events("ml", ["u1", "new", "nobody"])
-    assert live == {"u1": [("y", 25.0), ("x", 30.0)], "new": [("q", 1.0)]}  # by time, not arrival
-    assert store.history("ml", "u1") == [("a", 10.0), ("b", 20.0), ("y", 25.0), ("x", 30.0)]
+    assert live == {"u1": [("y", 25.0, "a2q"), ("x", 30.0, None)], "new": [("q", 1.0, None)]}  # by time
+    assert store.history("ml", "u1") == [("a", 10.0, None), ("b", 20.0, None), ("y", 25.0, "a2q"),
+                                         ("x", 30.0, None)]
     assert sorted(store.users("ml")) == ["new", "u1", "u2"]
     assert store.events("other-ns", ["u1"]) == {}
     # The same event id in another namespace is another event.
-    assert store.append("other-ns", [Event("e1", "u1", "x", 30.0)]) == [True]
+    assert store.append("other-ns", [Event("e1", "u1", "x", 30.0)]) == ["stored"]
+    assert store.stored_ids("ml", ["e1", "e2", "e3", "e9"]) == {"e1", "e2", "e3"}
+
+
+def test_reused_id_with_another_payload_stores_nothing(store: HistoryStore) -> None:
+    store.append("ml", [Event("e1", "u1", "x", 30.0)])
+    out = store.append("ml", [Event("e2", "u1", "y", 31.0), Event("e1", "u1", "CHANGED", 30.0)])
+    assert out == ["skipped", "conflict"]
+    assert store.events("ml", ["u1"]) == {"u1": [("x", 30.0, None)]}  # e2 was not stored either
+    assert store.stored_ids("ml", ["e2"]) == set()
+    # Inside one call too: the second e5 differs from the first.
+    assert store.append("ml", [Event("e5", "u1", "p", 1.0), Event("e5", "u1", "q", 1.0)]) == ["skipped", "conflict"]
 
 
 def test_equal_times_keep_arrival_order(store: HistoryStore) -> None:
     store.append("ml", [Event(f"e{n}", "u", item, 5.0) for n, item in enumerate("pqrs")])
-    assert [i for i, _ in store.events("ml", ["u"])["u"]] == list("pqrs")
+    assert [i for i, _, _ in store.events("ml", ["u"])["u"]] == list("pqrs")
+
+
+def test_each_user_keeps_and_reads_only_the_newest(store: HistoryStore) -> None:
+    # keep=5: older events are dropped on write (their ids stay known), reads take the newest `limit`.
+    store.append("ml", [Event(f"e{n}", "u", f"i{n}", float(n)) for n in range(8)])
+    store.append("ml", [Event("old", "u", "ancient", -1.0)])  # older than all it keeps: dropped at once
+    assert [i for i, _, _ in store.events("ml", ["u"])["u"]] == ["i3", "i4", "i5", "i6", "i7"]
+    assert [i for i, _, _ in store.events("ml", ["u"], limit=2)["u"]] == ["i6", "i7"]
+    assert store.append("ml", [Event("e0", "u", "i0", 0.0)]) == ["duplicate"]
+    assert store.stored_ids("ml", ["old"]) == {"old"}
 
 
 def test_reseed_drops_events_the_new_base_holds(store: HistoryStore) -> None:
     store.seed("ml", "v1", BASE)
     store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 40.0)])
     # Retrained on data that includes e1: the new base holds it, so it must not count twice.
-    store.seed("ml", "v2", {"u1": [*BASE["u1"], ("x", 30.0)]})
-    assert store.history("ml", "u1") == [("a", 10.0), ("b", 20.0), ("x", 30.0), ("y", 40.0)]
+    store.seed("ml", "v2", {"u1": [*BASE["u1"], ("x", 30.0, None)]})
+    assert store.history("ml", "u1") == [("a", 10.0, None), ("b", 20.0, None), ("x", 30.0, None), ("y", 40.0, None)]
     assert store.base("ml", "u2") == []  # the new base replaced the old one
     # Replaying e1 is still a no-op: its id stays known.
-    assert store.append("ml", [Event("e1", "u1", "x", 30.0)]) == [False]
+    assert store.append("ml", [Event("e1", "u1", "x", 30.0)]) == ["duplicate"]
 
 
 def test_many_users_in_one_read(store: HistoryStore) -> None:
     store.append("ml", [Event(f"e{n}", f"u{n}", "i", float(n)) for n in range(1200)])
     live = store.events("ml", [f"u{n}" for n in range(1200)])
-    assert len(live) == 1200 and live["u1199"] == [("i", 1199.0)]
+    assert len(live) == 1200 and live["u1199"] == [("i", 1199.0, None)]
 
 
-def test_unreachable_redis_raises_store_error() -> None:
+def test_unreachable_redis_raises_store_error_without_the_password() -> None:
     from tests.servers import free_port
 
-    s = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
-    with pytest.raises(StoreError):
+    s = RedisStore(f"redis://:hunter2@127.0.0.1:{free_port()}/0", timeout_s=0.5)
+    with pytest.raises(StoreError) as err:
         s.ping()
+    assert "hunter2" not in str(err.value) and "***" in str(err.value)
     with pytest.raises(StoreError):
         s.append("ml", [Event("e", "u", "i", 1.0)])
+    assert redact("redis://user:pw@h:6379/0") == "redis://user:***@h:6379/0"
+    assert redact("redis://h:6379/0") == "redis://h:6379/0"
 
 
 def test_unknown_store_kind(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown history store"):
-        open_store("mongo", tmp_path / "x", "redis://127.0.0.1:1/0")
+        open_store("mongo", sqlite_path=tmp_path / "x", redis_url="redis://127.0.0.1:1/0")
 
 
 def test_sqlite_is_in_wal_mode(tmp_path: Path) -> None:
-    import sqlite3
-
     SQLiteStore(tmp_path / "h.sqlite3").close()
     with sqlite3.connect(tmp_path / "h.sqlite3") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_corrupt_sqlite_file_is_a_store_error(tmp_path: Path) -> None:
+    p = tmp_path / "h.sqlite3"
+    p.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match="not a database"):
+        SQLiteStore(p)
+
+
+def test_failed_commit_rolls_back_and_later_writes_work(tmp_path: Path) -> None:
+    s = SQLiteStore(tmp_path / "h.sqlite3")
+    s.append("ml", [Event("ok", "u", "i", 1.0)])
+    real = s._conn
+
+    class FailingCommit:
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            self.conn = conn
+
+        def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+            if sql == "COMMIT":
+                raise sqlite3.OperationalError("disk I/O error")
+            return self.conn.execute(sql, *args)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.conn, name)
+
+    s._conn = lambda: FailingCommit(real())  # type: ignore[assignment, return-value]
+    with pytest.raises(StoreError, match="disk I/O error"):
+        s.append("ml", [Event("lost", "u", "j", 2.0)])
+    s._conn = real  # type: ignore[method-assign]
+    assert not real().in_transaction  # rolled back: the connection is usable
+    assert s.append("ml", [Event("next", "u", "k", 3.0)]) == ["stored"]
+    assert s.stored_ids("ml", ["ok", "lost", "next"]) == {"ok", "next"}
+    s.close()
+
+
+def test_sqlite_file_of_the_first_version_is_migrated(tmp_path: Path) -> None:
+    p = tmp_path / "old.sqlite3"
+    with sqlite3.connect(p) as conn:  # the schema the first version wrote
+        conn.executescript("""
+        CREATE TABLE seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
+        CREATE TABLE base (ns TEXT, user TEXT, items TEXT NOT NULL, PRIMARY KEY (ns, user)) WITHOUT ROWID;
+        CREATE TABLE events (seq INTEGER PRIMARY KEY, ns TEXT NOT NULL, event_id TEXT NOT NULL, user TEXT NOT NULL,
+            item TEXT NOT NULL, ts REAL, recorded_at REAL NOT NULL, folded INTEGER NOT NULL DEFAULT 0,
+            UNIQUE (ns, event_id));
+        INSERT INTO base VALUES ('ml', 'u1', '[["a", 1.0]]');
+        INSERT INTO events (ns, event_id, user, item, ts, recorded_at) VALUES ('ml', 'old1', 'u1', 'x', 5.0, 0);
+        """)
+    s = SQLiteStore(p)
+    assert s.history("ml", "u1") == [("a", 1.0, None), ("x", 5.0, None)]
+    assert s.append("ml", [Event("old1", "u1", "x", 5.0), Event("new", "u1", "y", 6.0, "c2a")]) == [
+        "duplicate", "stored"]
+    assert s.append("ml", [Event("old1", "u1", "CHANGED", 5.0)]) == ["conflict"]
+    s.close()
+
+
+def test_redis_layout_of_the_first_version_is_migrated(redis_server: object) -> None:
+    import redis
+
+    url = redis_server.url  # type: ignore[attr-defined]
+    r = redis.Redis.from_url(url, decode_responses=True)
+    r.sadd("seqserve:ml:ids", "old1")
+    r.sadd("seqserve:ml:live", "u1")
+    r.rpush("seqserve:ml:ev:u1", json.dumps(["x", 5.0]), json.dumps(["y", None]))
+    s = RedisStore(url)
+    s.seed("ml", "h1", {"u1": [("a", 1.0, None)]})
+    (y, ty, _), x = s.events("ml", ["u1"])["u1"]
+    assert y == "y" and math.isnan(ty) and x == ("x", 5.0, None)  # no time sorts first
+    assert s.append("ml", [Event("old1", "u1", "anything", 9.0)]) == ["duplicate"]  # digest unknown: a no-op
+    s.close()

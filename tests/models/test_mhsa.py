@@ -1,7 +1,8 @@
 import torch
 
 from models.features import duration_bin, hour_quarter, time_slot
-from models.mhsa import MHSA, MHSAConfig, collate_staypoints
+from models.mhsa import MHSA, MHSAConfig
+from models.staypoints import collate_staypoints
 
 
 def test_bucketing_worked_example() -> None:

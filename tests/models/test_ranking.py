@@ -29,7 +29,7 @@ def test_rank_exclusions_and_counts() -> None:
     seen = torch.tensor([[False, False, True, False, False, False, False]])
     fut = torch.tensor([[False, False, True, True, False, False, False]])  # 2 is seen and future
     req = torch.tensor([[False, False, False, True, True, False, False]])  # 3 is future and requested
-    r = rank(scores, 10, seen, fut, req)
+    r = rank(scores, 10, seen=seen, future=fut, requested=req)
     finite = torch.isfinite(r.scores[0])
     assert r.indices[0][finite].tolist() == [5, 6]  # k beyond the candidates: only what is left
     assert (r.n_seen.item(), r.n_future.item(), r.n_requested.item()) == (1, 1, 1)
@@ -73,8 +73,9 @@ def test_sparse_rank_matches_the_mask_version() -> None:
         req_rows = [torch.randint(2, v, (3,), generator=gen).tolist() if r % 2 else [] for r in range(b)]
         fut = torch.rand(b, v, generator=gen) < 0.2 if trial % 2 else None
         k = int(torch.randint(1, v + 5, (1,), generator=gen))
-        dense = rank(scores, k, index_mask(pad_rows(seen_rows), v), fut, index_mask(pad_rows(req_rows), v))
-        sparse = rank_sparse(scores, k, pad_rows(seen_rows), fut, pad_rows(req_rows))
+        dense = rank(scores, k, seen=index_mask(pad_rows(seen_rows), v), future=fut,
+                     requested=index_mask(pad_rows(req_rows), v))
+        sparse = rank_sparse(scores, k, seen=pad_rows(seen_rows), future=fut, requested=pad_rows(req_rows))
         assert torch.equal(dense.scores, sparse.scores)
         finite = torch.isfinite(dense.scores)
         assert torch.equal(dense.indices[finite], sparse.indices[finite])  # ties among -inf may differ

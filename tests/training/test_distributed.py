@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from models.artifact import latest_versions, load_rec_artifact
+from models.artifact import latest_versions
+from models.tasks.recommend import load_artifact as load_rec_artifact
 from tests.servers import ROOT, free_port
 from training.distributed import Dist
 
@@ -30,7 +31,7 @@ def test_torchrun_two_cpu_ranks_write_one_artifact(tmp_path: Path, synthetic_dir
     cfg = tmp_path / "ddp.toml"
     cfg.write_text(
         'name = "sasrec-ddp"\n[model]\nkind = "sasrec"\nmax_len = 16\nd_model = 16\nn_heads = 2\nn_layers = 1\n'
-        "d_ff = 32\n[train]\nepochs = 3\nbatch_size = 8\npatience = 5\nn_eval_negatives = 10\n"
+        "d_ff = 32\n[train]\nepochs = 3\nbatch_size = 8\npatience = 5\n[eval]\nn_negatives = 10\n"
     )
     out = tmp_path / "arts"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.artifact import latest_versions, load_location_artifact
+from models.artifact import latest_versions
+from models.tasks.next_location import load_artifact as load_location_artifact
 from tests.conftest import SHARED_DATA
 from training.data import DataFormatError
 from training.data.staypoints import Staypoint, build_protocol, load_staypoints, samples, split_by_day

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from training.evaluate import evaluate, metrics_from_ranks, target_ranks
+from training.evaluate import Protocol, evaluate, metrics_from_ranks, target_ranks
 from training.splits import leave_one_out, windows
 
 
@@ -41,24 +41,28 @@ def test_ranks_count_ties_against_the_target() -> None:
 
 
 def test_sampled_negatives_avoid_interacted_items() -> None:
-    from models.ids import IdMap  # noqa: F401  (vocab conventions: 0 pad, 1 unk)
     from training.splits import EvalSet
 
     vocab = 2 + 200
-    # A scorer that ranks item 2 first and items the user touched (3..101) next: with negatives
-    # drawn only among untouched items, the target (item 2) always ranks first.
+    # Items the user touched (3..101) outscore the target (item 2); the 100 untouched items (102..201)
+    # score below it. Only when negatives and full-ranking candidates leave the touched items out
+    # does the target rank first; one touched item drawn as a negative would push it to rank 2.
     def score(seq: torch.Tensor) -> torch.Tensor:
         s = torch.zeros(seq.size(0), vocab)
-        s[:, 2] = 10.0
-        s[:, 3:102] = 5.0
+        s[:, 2] = 5.0
+        s[:, 3:102] = 10.0
         return s
 
-    data = EvalSet([0], [[3, 4]], [2], [list(range(2, 102))])
+    touched = list(range(3, 102))
+    data = EvalSet([0], [touched], [2], [[2, *touched]])
     pop = torch.ones(vocab)
+    pop[3:102] = 1000.0  # popularity sampling would favour the touched items if it could draw them
     for proto in ("uniform", "popularity"):
-        m = evaluate(score, data, vocab, 10, proto, n_negatives=100, popularity=pop)
-        assert m["HR@1"] == 1.0
-    m = evaluate(score, data, vocab, 10, "full", exclude_seen=False)
+        m = evaluate(score, data, vocab_size=vocab, max_history=200, protocol=Protocol(proto, 100), popularity=pop)
+        assert m["HR@1"] == 1.0, proto
+    m = evaluate(score, data, vocab_size=vocab, max_history=200, protocol=Protocol("full", exclude_seen=True))
     assert m["HR@1"] == 1.0
+    m = evaluate(score, data, vocab_size=vocab, max_history=200, protocol=Protocol("full", exclude_seen=False))
+    assert m["MRR"] == 1 / 100  # 99 touched items rank above it
     with pytest.raises(ValueError, match="fewer than 101"):  # only 100 untouched items
-        evaluate(score, data, vocab, 10, "uniform", n_negatives=101, popularity=pop)
+        evaluate(score, data, vocab_size=vocab, max_history=200, protocol=Protocol("uniform", 101), popularity=pop)

@@ -4,8 +4,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.artifact import latest_versions, load_rec_artifact
-from training.config import load_config
+from models.artifact import latest_versions
+from models.tasks.recommend import load_artifact as load_rec_artifact
+from tests.conftest import TINY_REC, run_job
+from training.config import read_raw
 from training.preflight import PreflightError, preflight
 
 
@@ -19,21 +21,15 @@ def test_artifact_contract(tiny_artifacts: Path) -> None:
         manifest = json.loads((folder / "manifest.json").read_text())
         assert manifest["format_version"] == 1 and len(manifest["data"]["sha256"]) == 64
         assert {"full", "popularity", "uniform"} <= manifest["metrics"]["test"].keys()
-        assert "baseline_popularity_test" in manifest["metrics"]
+        assert set(manifest["metrics"]["baselines_test"]) == {"popularity", "transitions", "item_knn"}
         art = load_rec_artifact(folder)
         assert art.items.n_entities == 30 and len(art.histories) == 40
         assert art.release_unit == "year"
 
 
 def test_training_is_reproducible(tiny_artifacts: Path, synthetic_dir: Path, tmp_path: Path) -> None:
-    from training.data import load_interactions
-    from training.recommend import train_recommender
-
-    cfg = load_config(None, ["model.kind='sasrec'", "name='sasrec-tiny'", "model.max_len=16", "model.d_model=16",
-                             "model.n_heads=2", "model.n_layers=1", "model.d_ff=32", "model.n_negatives=8",
-                             "train.epochs=3", "train.batch_size=16", "train.patience=5",
-                             "train.n_eval_negatives=10"])
-    again = train_recommender(cfg, load_interactions(synthetic_dir), tmp_path)
+    again = run_job(["model.kind='sasrec'", "name='sasrec-tiny'", "model.n_negatives=8", *TINY_REC], tmp_path,
+                    synthetic_dir)
     first = latest_versions(tiny_artifacts)["sasrec-tiny"]
     a = torch.load(first / "model.pt", weights_only=True)["state_dict"]
     b = torch.load(again / "model.pt", weights_only=True)["state_dict"]
@@ -41,12 +37,24 @@ def test_training_is_reproducible(tiny_artifacts: Path, synthetic_dir: Path, tmp
 
 
 def test_config_overrides_and_unknown_keys(tmp_path: Path) -> None:
+    from training.jobs.next_location import NextLocationJob
+    from training.jobs.recommend import RecommendJob
+
     p = tmp_path / "c.toml"
     p.write_text("name='x'\n[model]\nkind='sasrec'\nd_model=8\n[train]\nepochs=2\n")
-    cfg = load_config(p, ["train.lr=0.01", "model.loss=bce"])
+    cfg = RecommendJob.parse_config(read_raw(p, ["train.lr=0.01", "model.loss=bce", "train.refit_epochs=1"]))
     assert cfg.train.lr == 0.01 and cfg.train.epochs == 2 and cfg.model == {"d_model": 8, "loss": "bce"}
-    with pytest.raises(ValueError, match="unknown key"):
-        load_config(p, ["train.epoch=3"])
+    assert cfg.train.refit_epochs == 1 and cfg.eval.protocol == "full"
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['epoch'\] in \[train\]"):
+        RecommendJob.parse_config(read_raw(p, ["train.epoch=3"]))
+    # Each task has its own sections: a next-location knob is not a recommender's.
+    with pytest.raises(ValueError, match=r"\['novel_as_unknown'\] in \[train\]"):
+        RecommendJob.parse_config(read_raw(p, ["train.novel_as_unknown=true"]))
+    assert NextLocationJob.parse_config(read_raw(None, ["model.kind='mhsa'", "train.novel_as_unknown=true"]))
+    with pytest.raises(ValueError, match=r"unknown protocol 'ful'"):
+        RecommendJob.parse_config(read_raw(p, ["eval.protocol='ful'"]))
+    with pytest.raises(ValueError, match=r"train\.device"):
+        RecommendJob.parse_config(read_raw(p, ["train.device='gpu'"]))
 
 
 def test_preflight_catches_a_model_that_sees_the_future() -> None:
@@ -84,6 +92,8 @@ def test_cli_train_and_predict(tmp_path: Path, synthetic_dir: Path, tiny_artifac
     cfg = tmp_path / "c.toml"
     cfg.write_text("[model]\nkind='sasrec'\n")
     assert main(["train", "--config", str(cfg), "--data", str(bad), "--out", str(tmp_path)]) == 2
+    cfg.write_text("[model]\nkind='nope'\n")
+    assert main(["train", "--config", str(cfg), "--data", str(synthetic_dir), "--out", str(tmp_path)]) == 2
 
 
 def test_cli_reports_bad_model_keys(tmp_path: Path, synthetic_dir: Path) -> None:
@@ -95,17 +105,13 @@ def test_cli_reports_bad_model_keys(tmp_path: Path, synthetic_dir: Path) -> None
 
 
 def test_refit_adds_the_validation_items(synthetic_dir: Path, tmp_path: Path) -> None:
-    from training.data import load_interactions
-    from training.recommend import short_sequences, train_recommender
+    from training.jobs.recommend import short_sequences
     from training.splits import leave_one_out
 
     split = leave_one_out([[2, 3, 4, 5], [6, 7]])
     assert split.test.histories == [[2, 3, 4]] and short_sequences(split) == [[6, 7]]
-    cfg = load_config(None, ["model.kind='sasrec'", "name='refit'", "model.max_len=16", "model.d_model=16",
-                             "model.n_heads=2", "model.n_layers=1", "model.d_ff=32", "model.n_negatives=8",
-                             "train.epochs=2", "train.batch_size=16", "train.refit_epochs=1",
-                             "train.n_eval_negatives=10"])
-    folder = train_recommender(cfg, load_interactions(synthetic_dir), tmp_path)
+    folder = run_job(["model.kind='sasrec'", "name='refit'", "model.n_negatives=8", *TINY_REC, "train.epochs=2",
+                      "train.refit_epochs=1"], tmp_path, synthetic_dir)
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["protocol"]["refit_epochs_with_validation_items"] == 1
     assert "1 refit epochs" in metrics["stopped"] and metrics["valid"]["full"]["n"] == 40

@@ -10,13 +10,15 @@
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from models.features import MAX_DURATION_MINUTES, from_times
 from models.ids import IdMap
-from training.data.interactions import DataFormatError, read_table
+from training.data.tables import DataFormatError, numbers, read_table, require_ids, sha256
 
 GEOLIFE_COLUMNS = ("user_id", "location_id", "start_day", "start_min", "duration", "weekday")
 TIMESTAMP_COLUMNS = ("user_id", "location_id", "started_at", "finished_at")
@@ -55,84 +57,68 @@ class ProtocolSplit:
     test: list[Sample] = field(default_factory=list)
 
 
-def _int(value: str, path: Path, line: int, name: str, lo: int, hi: int | None = None) -> int:
-    try:
-        v = float(value)
-    except ValueError:
-        raise DataFormatError(path, line, f"{name} {value!r} is not a number") from None
-    if v != int(v) or v < lo or (hi is not None and v > hi):
+def _ints(df: pd.DataFrame, col: str, path: Path, *, lo: int, hi: int | None = None) -> np.ndarray:
+    """A column of integers in [lo, hi]; the first value that is not stops with its line."""
+    v = numbers(df, col, path, what=col)
+    bad = (v != np.floor(v)) | (v < lo) | ((v > hi) if hi is not None else False)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
         bound = f"an integer in [{lo}, {hi}]" if hi is not None else f"an integer >= {lo}"
-        raise DataFormatError(path, line, f"{name} {value!r} must be {bound}")
-    return int(v)
+        raise DataFormatError(path, int(df["_line"].iloc[i]), f"{col} {df[col].iloc[i]!r} must be {bound}")
+    return v.astype(np.int64)
 
 
-def _parse_time(value: str, path: Path, line: int, name: str) -> dt.datetime:
-    try:
-        t = dt.datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise DataFormatError(path, line, f"{name} {value!r} is not an ISO 8601 time") from None
-    return t
+def _times(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
+    """ISO 8601 times, each kept in its own offset (the time of day is read where the stay was)."""
+    out = []
+    for value, line in zip(df[col], df["_line"], strict=True):
+        try:
+            out.append(dt.datetime.fromisoformat(value.strip()))
+        except ValueError:
+            raise DataFormatError(path, int(line), f"{col} {value!r} is not an ISO 8601 time") from None
+    return pd.Series(out, index=df.index, dtype=object)
 
 
 def load_staypoints(path: Path) -> StaypointData:
     """Read a staypoint table (CSV or Parquet): the GeoLife columns, or started_at/finished_at."""
-    header, rows = read_table(path)  # CSV or Parquet; checks the field count of every row
-    col = {name: i for i, name in enumerate(header)}
-    if all(c in col for c in GEOLIFE_COLUMNS):
+    df = read_table(path)
+    if all(c in df.columns for c in GEOLIFE_COLUMNS):
         mode = "geolife"
-    elif all(c in col for c in TIMESTAMP_COLUMNS):
+    elif all(c in df.columns for c in TIMESTAMP_COLUMNS):
         mode = "timestamps"
     else:
-        raise DataFormatError(
-            path, 1, f"needs columns {list(GEOLIFE_COLUMNS)} or {list(TIMESTAMP_COLUMNS)}; got {header}"
-        )
-    points: list[Staypoint] = []
-    raw_times: list[tuple[int, dt.datetime, dt.datetime]] = []
-    for n, values in rows:
-        row = ["" if v is None else str(v) for v in values]
-        user, loc = row[col["user_id"]].strip(), row[col["location_id"]].strip()
-        if not user or not loc:
-            raise DataFormatError(path, n, "empty user_id or location_id")
-        if mode == "geolife":
-            points.append(
-                Staypoint(
-                    user, loc,
-                    day=_int(row[col["start_day"]], path, n, "start_day", 0),
-                    start_min=_int(row[col["start_min"]], path, n, "start_min", 0, 1439),
-                    duration=min(int(_float_nonneg(row[col["duration"]], path, n)), MAX_DURATION_MINUTES),
-                    weekday=_int(row[col["weekday"]], path, n, "weekday", 0, 6),
-                )
-            )
-        else:
-            start = _parse_time(row[col["started_at"]], path, n, "started_at")
-            end = _parse_time(row[col["finished_at"]], path, n, "finished_at")
-            if end < start:
-                raise DataFormatError(path, n, "finished_at is before started_at")
-            raw_times.append((len(points), start, end))
-            points.append(Staypoint(user, loc, 0, 0, 0, 0))
-    first_day: dict[str, dt.date] = {}
-    for idx, start, _ in raw_times:
-        p = points[idx]
-        first_day[p.user] = min(first_day.get(p.user, start.date()), start.date())
-    for idx, start, end in raw_times:
-        p = points[idx]
-        p.day = (start.date() - first_day[p.user]).days
-        p.start_min, p.weekday, duration = from_times(start, end)
-        p.duration = min(duration, MAX_DURATION_MINUTES)
-    if not points:
+        header = [c for c in df.columns if c != "_line"]
+        raise DataFormatError(path, 1, f"needs columns {list(GEOLIFE_COLUMNS)} or {list(TIMESTAMP_COLUMNS)}; "
+                                       f"got {header}")
+    if df.empty:
         raise DataFormatError(path, None, "no staypoints")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return StaypointData(points, str(path), digest)
-
-
-def _float_nonneg(value: str, path: Path, line: int) -> float:
-    try:
-        v = float(value)
-    except ValueError:
-        raise DataFormatError(path, line, f"duration {value!r} is not a number") from None
-    if v < 0:
-        raise DataFormatError(path, line, f"duration {value!r} is negative")
-    return v
+    df["user_id"], df["location_id"] = df["user_id"].str.strip(), df["location_id"].str.strip()
+    require_ids(df, ("user_id", "location_id"), path)
+    users, locations = df["user_id"].tolist(), df["location_id"].tolist()
+    if mode == "geolife":
+        day = _ints(df, "start_day", path, lo=0)
+        start = _ints(df, "start_min", path, lo=0, hi=1439)
+        weekday = _ints(df, "weekday", path, lo=0, hi=6)
+        duration = numbers(df, "duration", path, what="duration")
+        if (duration < 0).any():
+            i = int(np.flatnonzero(duration < 0)[0])
+            raise DataFormatError(path, int(df["_line"].iloc[i]), f"duration {df['duration'].iloc[i]!r} is negative")
+        capped = np.minimum(duration.astype(np.int64), MAX_DURATION_MINUTES)
+        points = [Staypoint(u, loc, int(d), int(m), int(c), int(w))
+                  for u, loc, d, m, c, w in zip(users, locations, day, start, capped, weekday, strict=True)]
+    else:
+        starts, ends = _times(df, "started_at", path), _times(df, "finished_at", path)
+        first_day: dict[str, dt.date] = {}
+        for u, t in zip(users, starts, strict=True):
+            first_day[u] = min(first_day.get(u, t.date()), t.date())
+        points = []
+        for u, loc, t0, t1, line in zip(users, locations, starts, ends, df["_line"], strict=True):
+            if t1 < t0:
+                raise DataFormatError(path, int(line), "finished_at is before started_at")
+            start_min, wd, duration_min = from_times(t0, t1)
+            points.append(Staypoint(u, loc, (t0.date() - first_day[u]).days, start_min,
+                                    min(duration_min, MAX_DURATION_MINUTES), wd))
+    return StaypointData(points, str(path), sha256([path]))
 
 
 def split_by_day(points: list[Staypoint]) -> dict[str, list[list[Staypoint]]]:

@@ -1,0 +1,120 @@
+"""Typed FastAPI dependencies: the one place that reads the app's state.
+
+Routers declare what they need (`SettingsDep`, `RegistryDep`, `StoreDep`, a parsed body) and never
+touch `app.state`. Request bodies are parsed here in one pass (`model_validate_json` on the raw
+bytes) by the app's own bounded models, so validation and the OpenAPI document share one set of
+limits.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Header, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
+
+from app.engine.registry import ModelRegistry
+from app.errors import Forbidden, Unauthorized
+from app.observability import Metrics
+from app.schemas import EventsRequest, NextLocationRequest, RecommendRequest, RequestModels, bounded
+from app.settings import Settings
+from app.store import HistoryStore
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class Services:
+    """What one app holds: built by create_app, filled by the lifespan."""
+
+    settings: Settings
+    metrics: Metrics
+    registry: ModelRegistry
+    schemas: RequestModels = field(init=False)
+    store: HistoryStore | None = None
+    store_problem: str | None = None  # why the store could not be opened (logged; clients see "unavailable")
+
+    def __post_init__(self) -> None:
+        self.schemas = bounded(self.settings.limits)
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_settings(services: ServicesDep) -> Settings:
+    return services.settings
+
+
+def get_registry(services: ServicesDep) -> ModelRegistry:
+    return services.registry
+
+
+def get_store(services: ServicesDep) -> HistoryStore | None:
+    return services.store
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
+StoreDep = Annotated[HistoryStore | None, Depends(get_store)]
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    """The body validated by `model` in one pass; a 422 naming each bad field (loc starts with "body")."""
+    ctype = request.headers.get("content-type", "")
+    if ctype and "json" not in ctype:
+        raise RequestValidationError([{"loc": ("body",), "msg": "the body must be JSON", "type": "content_type"}])
+    raw = await request.body()
+    try:
+        return model.model_validate_json(raw or b"null")
+    except ValidationError as exc:
+        errors: list[Any] = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
+
+
+async def recommend_body(request: Request, services: ServicesDep) -> RecommendRequest:
+    return await parse_body(request, services.schemas.recommend)
+
+
+async def next_location_body(request: Request, services: ServicesDep) -> NextLocationRequest:
+    return await parse_body(request, services.schemas.next_location)
+
+
+async def events_body(request: Request, services: ServicesDep) -> EventsRequest:
+    return await parse_body(request, services.schemas.events)
+
+
+RecommendBody = Annotated[RecommendRequest, Depends(recommend_body)]
+NextLocationBody = Annotated[NextLocationRequest, Depends(next_location_body)]
+EventsBody = Annotated[EventsRequest, Depends(events_body)]
+
+
+def check_key(expected: SecretStr | None, given: str | None, *, what: str, required: bool) -> None:
+    """A constant-time API key check. Unset key: allowed unless `required` (then the endpoint is off)."""
+    if expected is None:
+        if required:
+            raise Forbidden(f"{what} endpoints are disabled: set SEQSERVE_ADMIN_API_KEY", ["header", "x-api-key"])
+        return
+    if given is None:
+        raise Unauthorized("missing X-API-Key header", ["header", "x-api-key"])
+    if not secrets.compare_digest(given.encode(), expected.get_secret_value().encode()):
+        raise Forbidden("wrong API key", ["header", "x-api-key"])
+
+
+def require_admin(services: ServicesDep, x_api_key: Annotated[str | None, Header()] = None) -> None:
+    check_key(services.settings.admin_api_key, x_api_key, what="admin", required=True)
+
+
+def require_writer(services: ServicesDep, x_api_key: Annotated[str | None, Header()] = None) -> None:
+    check_key(services.settings.events_api_key, x_api_key, what="events", required=False)
+
+
+AdminKey = Depends(require_admin)
+WriterKey = Depends(require_writer)

@@ -1,0 +1,86 @@
+"""Every error the service answers, rendered as the one JSON error shape:
+{"error": {"code", "message", "details": [{"loc", "msg", "type"}]}}."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from app.errors import ERROR_TABLE, DomainError
+from app.observability import Metrics
+from models.serving import QueryError
+
+log = logging.getLogger(__name__)
+JSON = "application/json"
+
+
+def json_response(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """A JSON response serialized once, by orjson (the body is never re-validated)."""
+    return Response(orjson.dumps(obj), status_code=status, headers=headers, media_type=JSON)
+
+
+def error_json(code: str, message: str, details: list[dict[str, Any]] | None = None) -> bytes:
+    return orjson.dumps({"error": {"code": code, "message": message, "details": details or []}})
+
+
+def validation_details(errors: Any) -> list[dict[str, Any]]:
+    out = []
+    for e in errors:
+        out.append({"loc": list(e.get("loc", [])), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))})
+    return out
+
+
+def install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    def reply(status: int, code: str, message: str, details: list[dict[str, Any]] | None = None,
+              headers: Mapping[str, str] | None = None) -> Response:
+        metrics.rejected.labels(code).inc()
+        return Response(error_json(code, message, details), status_code=status, headers=headers, media_type=JSON)
+
+    @app.exception_handler(DomainError)
+    async def domain(request: Request, exc: DomainError) -> Response:
+        details = exc.details or ([{"loc": exc.loc, "msg": exc.message, "type": exc.code}] if exc.loc else [])
+        return reply(exc.status, exc.code, exc.message, details, exc.headers)
+
+    @app.exception_handler(QueryError)
+    async def query(request: Request, exc: QueryError) -> Response:
+        return reply(exc.status, exc.code, str(exc), [{"loc": exc.loc, "msg": str(exc), "type": exc.code}])
+
+    for kind, (status, code, fixed, headers) in ERROR_TABLE.items():
+        def make(status: int, code: str, fixed: str | None, headers: dict[str, str] | None) -> Any:
+            async def handler(request: Request, exc: Exception) -> Response:
+                if fixed is not None:
+                    log.error("%s: %s", code, exc)  # the detail stays in the log
+                return reply(status, code, fixed or str(exc), headers=headers)
+            return handler
+
+        app.add_exception_handler(kind, make(status, code, fixed, headers))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        details = validation_details(exc.errors())
+        first = details[0] if details else {"loc": [], "msg": "invalid request"}
+        where = ".".join(str(p) for p in first["loc"])
+        message = f"{where}: {first['msg']}"
+        ctype = request.headers.get("content-type", "")
+        if ctype and "json" not in ctype:
+            # curl -d sends a form content type: the JSON body was never parsed.
+            message += f" (the body was sent as {ctype.split(';')[0]}; send Content-Type: application/json)"
+        return reply(422, "invalid_request", message, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http(request: Request, exc: StarletteHTTPException) -> Response:
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+        code = codes.get(exc.status_code, "http_error")
+        return reply(exc.status_code, code, str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return reply(500, "internal_error", "internal server error")

@@ -1,0 +1,129 @@
+"""The protocol every served task implements, framework-free: raw queries in, raw results out.
+
+An engine holds one loaded artifact on one device. Serving a request is three hooks:
+  prepare(queries, live)  raw ids -> indices, per query; cheap, on the caller's thread; raises QueryError
+  run(batch)              one forward pass over the prepared queries of many requests -> tensors
+  results(batch, output)  tensors -> raw ids and scores, per query
+`infer` is run + results: what a micro-batcher calls with the queries of several requests.
+Training's batch prediction uses the same engine, so serving and offline prediction cannot drift.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from models.manifest import Manifest
+
+Q = TypeVar("Q")  # a raw query
+P = TypeVar("P")  # a prepared query
+R = TypeVar("R")  # a result
+
+# A user's live events from the history store: (raw id, unix time or NaN, action or None), oldest first.
+LiveEvent = tuple[str, float, str | None]
+Timeline = list[LiveEvent]
+
+
+class QueryError(ValueError):
+    """A query the engine cannot answer, naming the query and its field (a client error)."""
+
+    status = 422
+    code = "invalid_query"
+
+    def __init__(self, message: str, *, position: int, field: tuple[str | int, ...]) -> None:
+        super().__init__(message)
+        self.position, self.field = position, field
+
+    @property
+    def loc(self) -> list[str | int]:
+        return ["body", "queries", self.position, *self.field]
+
+
+class UnknownUserError(QueryError):
+    status = 404
+    code = "unknown_user"
+
+    def __init__(self, user_id: str, position: int) -> None:
+        super().__init__(f"unknown user {user_id!r} and no history given", position=position, field=("user_id",))
+        self.user_id = user_id
+
+
+@dataclass
+class EngineOptions:
+    """How the service places an artifact: device, precision, and the live-history bound."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    half: bool = False  # float16 weights (CUDA only)
+    live_events: int = 1000  # newest live events per user read for a query (seen exclusion included)
+
+
+def optional_time(t: float | None) -> float | None:
+    """NaN (the store's 'no time') as None."""
+    return None if t is None or math.isnan(t) else t
+
+
+class Engine(ABC, Generic[Q, P, R]):
+    """One loaded artifact on one device, answering batches of raw queries."""
+
+    manifest: Manifest
+    device: torch.device
+
+    @property
+    @abstractmethod
+    def catalog_size(self) -> int:
+        """Entities the model ranks (items, places, users)."""
+
+    @property
+    def namespace(self) -> str | None:
+        """The history store's namespace whose live events the queries read; None = no live history."""
+        return None
+
+    @property
+    def live_budget(self) -> int:
+        """Newest live events per user that prepare() can use (the model's window plus exclusions)."""
+        return 0
+
+    def base_histories(self) -> Mapping[str, Sequence[tuple[str, float, str | None]]] | None:
+        """The artifact's final histories to seed the store with (once per data hash); None = nothing."""
+        return None
+
+    def release_base_histories(self) -> None:
+        """Free the raw histories once the store holds them."""
+
+    def users(self, queries: Sequence[Q]) -> list[str]:
+        """Users whose live events the queries need."""
+        return []
+
+    def check_action(self, action: str | None) -> str | None:
+        """Why an event's action is not acceptable to this model, or None when it is."""
+        return None
+
+    def known(self, raw_ids: Sequence[str]) -> list[bool]:
+        """Per raw id: whether the model knows it (an unknown one counts after the next training run)."""
+        return [True] * len(raw_ids)
+
+    @abstractmethod
+    def prepare(self, queries: Sequence[Q], live: Mapping[str, Timeline]) -> list[P]: ...
+
+    @abstractmethod
+    def run(self, batch: list[P]) -> Any: ...
+
+    @abstractmethod
+    def results(self, batch: list[P], output: Any) -> list[R]: ...
+
+    @abstractmethod
+    def warm_up(self) -> None:
+        """One tiny query through every hook, so the first request pays no lazy initialisation."""
+
+    def infer(self, batch: list[P]) -> list[R]:
+        with torch.inference_mode():
+            return self.results(batch, self.run(batch))
+
+    def answer(self, queries: Sequence[Q], live: Mapping[str, Timeline] | None = None) -> list[R]:
+        """prepare + infer in one call, for offline use and tests."""
+        return self.infer(self.prepare(queries, live or {}))

@@ -1,0 +1,202 @@
+"""Next-item recommendation (SASRec, BERT4Rec): the artifact, the query types and the served engine."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from pydantic import TypeAdapter
+
+from models import artifact as A
+from models.base import SequentialRecommender
+from models.ids import N_SPECIAL, IdMap
+from models.manifest import Manifest
+from models.ranking import RELEASE_UNITS, Ranked, recommend, reference_value, release_tensor
+from models.serving import Engine, EngineOptions, QueryError, Timeline, UnknownUserError, optional_time
+
+# An interaction as requests and histories carry it: (raw id, unix time or None, action or None).
+Step = tuple[str, float | None, str | None]
+
+_HISTORIES: TypeAdapter[dict[str, list[tuple[str, float | None]]]] = TypeAdapter(
+    dict[str, list[tuple[str, float | None]]])
+_ITEM_META: TypeAdapter[dict[str, object]] = TypeAdapter(dict[str, object])
+_RELEASE: TypeAdapter[dict[str, float]] = TypeAdapter(dict[str, float])
+
+
+@dataclass
+class RecArtifact:
+    """Everything the service needs from a recommendation artifact."""
+
+    folder: Path
+    manifest: Manifest
+    model: SequentialRecommender
+    items: IdMap
+    users: IdMap
+    release_unit: str | None
+    release: dict[str, float]  # raw item id -> release time in release_unit
+    histories: dict[str, list[tuple[str, float]]]  # raw user id -> [(raw item id, unix time or NaN)]
+
+
+def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> RecArtifact:
+    """Load and cross-check a recommendation artifact; raises ArtifactError on any defect."""
+    manifest = A.read_manifest(folder)
+    model: SequentialRecommender = A.read_model(folder, manifest, SequentialRecommender, map_location)
+    items, users = A.read_id_map(folder, A.ITEMS), A.read_id_map(folder, A.USERS)
+    A.check(model.config.vocab_size == len(items), A.ITEMS,
+            f"{len(items)} ids for a model vocabulary of {model.config.vocab_size}")
+    meta = A.read_typed(folder, A.ITEM_META, _ITEM_META)
+    unit = meta.get("unit")
+    A.check(unit is None or unit in RELEASE_UNITS, A.ITEM_META, f"unit must be one of {RELEASE_UNITS} or null")
+    try:
+        release = _RELEASE.validate_python(meta.get("release", {}))
+    except ValueError:
+        raise A.ArtifactError(A.ITEM_META, "release must map item ids to numbers") from None
+    raw = A.read_typed(folder, A.HISTORIES, _HISTORIES)
+    histories = {u: [(i, math.nan if t is None else t) for i, t in evs] for u, evs in raw.items()}
+    return RecArtifact(folder=folder, manifest=manifest, model=model, items=items, users=users,
+                       release_unit=unit if isinstance(unit, str) else None, release=release, histories=histories)
+
+
+@dataclass
+class RecQuery:
+    user_id: str | None
+    history: list[Step] = field(default_factory=list)  # oldest first, after the stored history
+    k: int = 10
+    exclude_seen: bool | None = None  # None: the model's default
+    exclude_future: bool = True
+    exclude_items: list[str] = field(default_factory=list)
+    as_of: float | None = None
+
+
+@dataclass
+class Prepared:
+    """A query with its ids mapped: what the batcher carries to the model."""
+
+    query: RecQuery
+    history: list[int]  # known indices, oldest first
+    exclude_seen: bool
+    requested: list[int]
+    unknown: list[str]
+    reference: float | None  # in the release unit; None = no future exclusion
+    extra: object = None  # task-specific tensors' inputs (e.g. actions and times)
+
+
+@dataclass
+class RecResult:
+    user_id: str | None
+    items: list[tuple[str, float]]
+    unknown_items: list[str]
+    excluded: dict[str, int]
+    history_truncated: bool = False  # longer than the model reads: the most recent items were used
+
+
+def check_k(q: RecQuery, position: int) -> None:
+    if q.k < 1:
+        raise QueryError("k must be at least 1", position=position, field=("k",))
+
+
+class RecEngine(Engine[RecQuery, Prepared, RecResult]):
+    """A recommendation artifact placed on a device, answering batches of queries."""
+
+    def __init__(self, art: RecArtifact, options: EngineOptions) -> None:
+        self.art = art
+        self.manifest = art.manifest
+        self.device = options.device
+        self.live_events = options.live_events
+        self.model = (art.model.half() if options.half else art.model).to(self.device).eval()
+        self.release = (
+            release_tensor(art.items.raws(), art.release).to(self.device) if art.release_unit else None
+        )
+        # Stored histories mapped once at load, not per request: (known item indices, last time).
+        self.stored: dict[str, tuple[list[int], float | None]] = {}
+        for user, events in art.histories.items():
+            times = [t for _, t in events if not math.isnan(t)]
+            known = [x for x in art.items.indices([i for i, _ in events]) if x >= N_SPECIAL]
+            self.stored[user] = (known, max(times) if times else None)
+
+    @property
+    def catalog_size(self) -> int:
+        return self.art.items.n_entities
+
+    @property
+    def namespace(self) -> str:
+        return self.manifest.namespace
+
+    @property
+    def live_budget(self) -> int:
+        return self.live_events
+
+    def base_histories(self) -> Mapping[str, Sequence[tuple[str, float, str | None]]]:
+        return {u: [(i, t, None) for i, t in evs] for u, evs in self.art.histories.items()}
+
+    def release_base_histories(self) -> None:
+        self.art.histories.clear()  # the store and self.stored hold them now
+
+    def known(self, raw_ids: Sequence[str]) -> list[bool]:
+        return [x >= N_SPECIAL for x in self.art.items.indices(raw_ids)]
+
+    def users(self, queries: Sequence[RecQuery]) -> list[str]:
+        return [q.user_id for q in queries if q.user_id is not None]
+
+    def prepare(self, queries: Sequence[RecQuery], live: Mapping[str, Timeline]) -> list[Prepared]:
+        """Map raw ids to indices; raises UnknownUserError naming the query. Cheap: no model call."""
+        return [self._prepare(q, n, live.get(q.user_id, []) if q.user_id else []) for n, q in enumerate(queries)]
+
+    def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
+        check_k(q, position)
+        stored: tuple[list[int], float | None] = ([], None)
+        if q.user_id is not None:
+            found = self.stored.get(q.user_id)
+            if found is None and not q.history and not live:
+                raise UnknownUserError(q.user_id, position)
+            stored = found or stored
+        events = [(i, optional_time(t)) for i, t, _ in live] + [(i, t) for i, t, _ in q.history]
+        given = self.art.items.indices([i for i, _ in events])
+        unknown = [i for (i, _), x in zip(events, given, strict=True) if x < N_SPECIAL]
+        ref = None
+        if q.exclude_future and self.art.release_unit:
+            times = [t for _, t in events if t is not None] + ([stored[1]] if stored[1] is not None else [])
+            when = q.as_of if q.as_of is not None else (max(times) if times else None)
+            ref = reference_value(when, self.art.release_unit) if when is not None else None
+        return Prepared(
+            query=q,
+            history=stored[0] + [x for x in given if x >= N_SPECIAL],
+            exclude_seen=True if q.exclude_seen is None else q.exclude_seen,
+            requested=[x for x in self.art.items.indices(q.exclude_items) if x >= N_SPECIAL],
+            unknown=list(dict.fromkeys(unknown)),
+            reference=ref,
+        )
+
+    def run(self, batch: list[Prepared]) -> Ranked:
+        """All prepared queries go through one forward pass."""
+        return recommend(
+            self.model, [p.history for p in batch], k=max(p.query.k for p in batch),
+            exclude_seen=[p.exclude_seen for p in batch], requested=[p.requested for p in batch],
+            release=self.release, reference=[p.reference for p in batch], device=self.device,
+        )
+
+    def results(self, batch: list[Prepared], output: Ranked) -> list[RecResult]:
+        return ranked_results(batch, output, raw=self.art.items.raw, max_history=self.model.max_history)
+
+    def warm_up(self) -> None:
+        self.answer([RecQuery(None, [(self.art.items.raw(N_SPECIAL) or "", None, None)], k=1)])
+
+
+def ranked_results(
+    batch: list[Prepared], output: Ranked, *, raw: Callable[[int], str | None], max_history: int
+) -> list[RecResult]:
+    """Ranked indices and counts -> raw ids and scores per query (a query's own k of the batch's top-k)."""
+    idx = output.indices.cpu().tolist()
+    scores = output.scores.float().cpu().tolist()
+    counts = torch.stack([output.n_seen, output.n_future, output.n_requested], 1).cpu().tolist()
+    out = []
+    for row, p in enumerate(batch):
+        kq = p.query.k
+        items = [(str(raw(i)), s) for i, s in zip(idx[row][:kq], scores[row][:kq], strict=True) if s != -math.inf]
+        seen, fut, req = counts[row]
+        out.append(RecResult(p.query.user_id, items, p.unknown, {"seen": seen, "future": fut, "requested": req},
+                             len(p.history) > max_history))
+    return out

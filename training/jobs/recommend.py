@@ -1,0 +1,226 @@
+"""The next-item recommendation job (SASRec, BERT4Rec): log -> leave-one-out split -> train ->
+evaluate beside the simple baselines -> artifact."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from models import artifact as A
+from models.base import SequentialRecommender
+from models.ids import IdMap
+from models.registry import build_recommender
+from training.config import LoopConfig
+from training.data import Interactions, load_interactions, locate_ml100k
+from training.evaluate import BASELINES, PROTOCOLS, Protocol, ScoreFn, evaluate, item_counts
+from training.job import Export, Job
+from training.loop import History, train, window_batches
+from training.preflight import preflight
+from training.splits import EvalSet, Split, leave_one_out, pad_right, windows
+
+log = logging.getLogger(__name__)
+EVALSET_FIELDS = ("users", "histories", "targets", "interacted")
+
+
+@dataclass
+class RecData:
+    path: str = ""  # file or folder; empty = the default MovieLens-100k lookup (data set "ml-100k")
+    item_table: str = ""  # optional item table (item, release time) for CSV/Parquet logs
+    name: str = ""  # the data set's name: the artifact's history namespace
+    full_data: bool = False  # train on every interaction (production model), no held-out split
+
+
+@dataclass
+class RecTrain(LoopConfig):
+    # After choosing the epoch on validation, train this many more epochs with the validation
+    # items added (everything but the test item, as in the BERT4Rec paper's protocol).
+    refit_epochs: int = 0
+
+
+@dataclass
+class RecEval:
+    protocol: str = "full"  # validation each epoch: "full" ranking, or "popularity"/"uniform" sampled negatives
+    n_negatives: int = 100
+    exclude_seen: bool = True  # full ranking: remove the user's earlier items from the candidates
+    val_users: int = 0  # validate each epoch on this many users (0 = all), for speed
+    batch_size: int = 512
+    protocols: list[str] = field(default_factory=lambda: list(PROTOCOLS))  # test protocols
+    baselines: list[str] = field(default_factory=lambda: list(BASELINES))  # scored on test beside the model
+
+    def __post_init__(self) -> None:
+        for p in [self.protocol, *self.protocols]:
+            Protocol(p)  # raises on an unknown one
+        unknown = set(self.baselines) - set(BASELINES)
+        if unknown:
+            raise ValueError(f"unknown baseline(s) {sorted(unknown)}; known: {sorted(BASELINES)}")
+
+    def of(self, negatives: str, seed: int) -> Protocol:
+        return Protocol(negatives, self.n_negatives, self.exclude_seen, self.batch_size, seed)
+
+
+def index_data(data: Interactions) -> tuple[IdMap, IdMap, list[list[int]]]:
+    items = IdMap(data.item_set())
+    users = IdMap(data.users)
+    return items, users, [items.indices(seq) for seq in data.items]
+
+
+def short_sequences(split: Split) -> list[list[int]]:
+    """Training sequences of the users too short to hold anything out (they are not in test)."""
+    held = set(split.test.users)
+    return [s for u, s in enumerate(split.train) if u not in held]
+
+
+def subsample(data: EvalSet, n: int, seed: int) -> EvalSet:
+    if not n or len(data.targets) <= n:
+        return data
+    g = torch.Generator().manual_seed(seed)
+    keep = sorted(torch.randperm(len(data.targets), generator=g)[:n].tolist())
+    return EvalSet(*[[getattr(data, f)[i] for i in keep] for f in EVALSET_FIELDS])
+
+
+class RecommendJob(Job[RecData, RecTrain, RecEval]):
+    task = "recommend"
+    data_config = RecData
+    train_config = RecTrain
+    eval_config = RecEval
+
+    data: Interactions
+    items: IdMap
+    users: IdMap
+    split: Split
+    popularity: torch.Tensor  # counts over the whole log: the paper protocol's negative sampler
+    windows: torch.Tensor
+    max_history: int
+
+    def _data_path(self) -> Path:
+        c = self.cfg.data
+        given = self.data_path or (Path(c.path) if c.path else None)
+        if c.name == "ml-100k" and (given is None or given.is_dir()):
+            shared = (self.shared_data or Path("../shared/data")) / "ml-100k"
+            return locate_ml100k(given, shared, Path("data") / "ml-100k")
+        if given is None:
+            raise ValueError("no data: pass --data or set data.path")
+        return given
+
+    def prepare_data(self) -> None:
+        c = self.cfg.data
+        item_table = Path(c.item_table) if c.item_table else None
+        self.data = load_interactions(self._data_path(), item_table)
+        self.items, self.users, sequences = index_data(self.data)
+        self.split = leave_one_out(sequences, full_data=c.full_data)
+        self.popularity = item_counts(sequences, len(self.items))
+        self.val_set = subsample(self.split.valid, self.cfg.eval.val_users, self.cfg.train.seed)
+
+    def build_model(self) -> SequentialRecommender:
+        model = build_recommender(self.cfg.kind, {**self.cfg.model, "vocab_size": len(self.items)})
+        self.max_history = model.max_history
+        return model
+
+    def _windows(self, model: SequentialRecommender, sequences: list[list[int]]) -> torch.Tensor:
+        rows = windows(sequences, model.window_len, min_len=2)
+        return torch.tensor(pad_right(rows, model.window_len), dtype=torch.long, device=self.device)
+
+    def train_batches(self, model: nn.Module) -> Callable[[torch.Generator], Sequence[torch.Tensor]]:
+        assert isinstance(model, SequentialRecommender)
+        model.set_item_frequencies(item_counts(self.split.train, len(self.items)))
+        self.windows = self._windows(model, self.split.train)
+        log.info("%s: %d users, %d items, %d interactions; %d training windows of <= %d; %d validation targets",
+                 self.data.source, self.users.n_entities, self.items.n_entities, self.data.n_interactions,
+                 len(self.windows), model.window_len, len(self.split.valid.targets))
+        return window_batches(self.windows, self.cfg.train.batch_size)
+
+    def preflight(self, model: nn.Module) -> None:
+        assert isinstance(model, SequentialRecommender)
+        rows = windows(self.split.train, model.window_len, min_len=2)[: self.cfg.train.batch_size]
+        batch = torch.tensor(pad_right(rows, model.window_len), dtype=torch.long, device=self.device)
+        preflight(model, batch, len(self.items))
+
+    def validates(self) -> bool:
+        return bool(self.val_set.targets)
+
+    def _evaluate(self, score: ScoreFn, data: EvalSet, negatives: str, device: torch.device | str) -> dict[str, float]:
+        t = self.cfg
+        return evaluate(score, data, vocab_size=len(self.items), max_history=self.max_history,
+                        protocol=t.eval.of(negatives, t.train.seed), popularity=self.popularity, device=device)
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        assert isinstance(model, SequentialRecommender)
+        return self._evaluate(model.scores, self.val_set, self.cfg.eval.protocol, self.device)
+
+    def _all_protocols(self, score: ScoreFn, data: EvalSet, device: torch.device | str) -> dict[str, dict[str, float]]:
+        return {p: self._evaluate(score, data, p, device) for p in self.cfg.eval.protocols}
+
+    def after_training(self, model: nn.Module, history: History) -> None:
+        assert isinstance(model, SequentialRecommender)
+        self.valid_metrics: dict[str, Any] | None = None
+        if self.cfg.data.full_data:
+            return
+        if self.dist.is_main:
+            with self.untimed():  # measured before a refit has seen the validation items
+                self.valid_metrics = self._all_protocols(model.scores, self.split.valid, self.device)
+        t = self.cfg.train
+        if t.refit_epochs:
+            # The validation target joins the training data; the test item stays held out.
+            refit = self._windows(model, self.split.test.histories + short_sequences(self.split))
+            refit_cfg = dataclasses.replace(t, epochs=t.refit_epochs, patience=t.refit_epochs + 1)
+            log.info("refit: %d more epochs on %d windows with the validation items", t.refit_epochs, len(refit))
+            more = train(model, window_batches(refit, t.batch_size), refit_cfg, validate=None, dist=self.dist,
+                         device=self.device)
+            history.stopped += f"; then {len(more.epoch)} refit epochs with the validation items"
+
+    def evaluate(self, model: nn.Module) -> dict[str, Any]:
+        assert isinstance(model, SequentialRecommender)
+        e = self.cfg.eval
+        out: dict[str, Any] = {"protocol": {
+            "split": "full_data" if self.cfg.data.full_data else "leave_one_out",
+            "refit_epochs_with_validation_items": self.cfg.train.refit_epochs,
+            "n_negatives": e.n_negatives, "exclude_seen_in_full_ranking": e.exclude_seen,
+            "ties": "count against the target",
+            "baselines_fitted_on": "every interaction but each user's test item",
+        }}
+        if self.cfg.data.full_data:
+            return out
+        test = self.split.test
+        out["valid"] = self.valid_metrics
+        out["test"] = self._all_protocols(model.scores, test, self.device)
+        # What is known at test time: every interaction but the held-out test items.
+        known = test.histories + short_sequences(self.split)
+        out["baselines_test"] = {
+            name: self._all_protocols(BASELINES[name](known, len(self.items)), test, "cpu") for name in e.baselines
+        }
+        for proto, m in out["test"].items():
+            rows = " | ".join(f"{n} {b[proto]['NDCG@10']:.4f}" for n, b in out["baselines_test"].items())
+            log.info("test (%s): HR@10 %.4f NDCG@10 %.4f MRR %.4f | baselines NDCG@10: %s",
+                     proto, m["HR@10"], m["NDCG@10"], m["MRR"], rows)
+        if "full" in out["test"] and out["baselines_test"]:
+            best = max(out["baselines_test"].items(), key=lambda kv: kv[1]["full"]["NDCG@10"])
+            ratio = out["test"]["full"]["NDCG@10"] / max(best[1]["full"]["NDCG@10"], 1e-12)
+            out["full_ndcg10_vs_best_baseline"] = {"baseline": best[0], "ratio": round(ratio, 4)}
+            log.info("full ranking NDCG@10: %.2fx the best baseline (%s)", ratio, best[0])
+        return out
+
+    def export(self, model: nn.Module) -> Export:
+        d = self.data
+        files = {
+            A.ITEMS: self.items,
+            A.USERS: self.users,
+            A.ITEM_META: {"unit": d.release_unit, "release": d.release},
+            A.HISTORIES: {
+                u: [[i, None if math.isnan(t) else t] for i, t in zip(seq, ts, strict=True)]
+                for u, seq, ts in zip(d.users, d.items, d.times, strict=True)
+            },
+        }
+        info = {"source": d.source, "sha256": d.sha256, "users": len(d.users), "items": self.items.n_entities,
+                "interactions": d.n_interactions, "release_unit": d.release_unit}
+        return Export(files=files, data=info, namespace=self.cfg.data.name or self.cfg.name)
+
+
+JOB = RecommendJob
