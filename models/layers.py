@@ -9,6 +9,9 @@ from torch import nn
 
 from models.ids import N_SPECIAL, PAD
 
+# Masks: True = hidden, everywhere in the project. The (B, L) and (L, L) forms are what
+# nn.TransformerEncoder takes; the 4-D forms broadcast against attention scores (B, H, Lq, Lk).
+
 
 def padding_mask(seq: torch.Tensor) -> torch.Tensor:
     """True where `seq` is padding. seq: (B, L) long -> (B, L) bool."""
@@ -18,6 +21,83 @@ def padding_mask(seq: torch.Tensor) -> torch.Tensor:
 def causal_mask(length: int, device: torch.device | None = None) -> torch.Tensor:
     """(L, L) bool attention mask, True above the diagonal: position i never sees j > i."""
     return torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
+
+
+def key_padding_mask(seq: torch.Tensor) -> torch.Tensor:
+    """Padded keys hidden from every query: (B, L) -> (B, 1, 1, L) bool."""
+    return padding_mask(seq)[:, None, None, :]
+
+
+def causal_attention_mask(length: int, device: torch.device | None = None) -> torch.Tensor:
+    """Later keys hidden from each query: -> (1, 1, L, L) bool."""
+    return causal_mask(length, device)[None, None]
+
+
+def decoder_mask(seq: torch.Tensor) -> torch.Tensor:
+    """A decoder's self-attention mask: padding OR causal. (B, L) -> (B, 1, L, L) bool."""
+    return key_padding_mask(seq) | causal_attention_mask(seq.size(1), seq.device)
+
+
+def rope_tables(length: int, dim: int, device: torch.device | None = None,
+                base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position tables (cos, sin), each (L, dim / 2) (Su et al., RoFormer)."""
+    inv = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
+    angles = torch.arange(length, dtype=torch.float32, device=device)[:, None] * inv[None, :]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs of features by their position's angle. x: (B, H, L, Dh), cos/sin: (L, Dh / 2)."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with a bool mask (True = hidden), optional rotary positions, and the
+    attention maps returned when asked (through scaled_dot_product_attention otherwise).
+
+    A query whose every key is hidden attends to nothing and gets a zero output, not NaN.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError("d_model must be a multiple of n_heads")
+        self.h, self.dh = n_heads, d_model // n_heads
+        self.q, self.k, self.v = (nn.Linear(d_model, d_model) for _ in range(3))
+        self.out = nn.Linear(d_model, d_model)
+        self.dropout = dropout
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, self.h, self.dh).transpose(1, 2)  # (B, H, L, Dh)
+
+    def forward(
+        self, x: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None = None, *,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None, need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, Lq, D) queries, kv: (B, Lk, D), mask broadcastable to (B, H, Lq, Lk)
+        -> (output (B, Lq, D), weights (B, H, Lq, Lk) or None)."""
+        q, k, v = self._heads(self.q(x)), self._heads(self.k(kv)), self._heads(self.v(kv))
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos[: q.size(2)], sin[: q.size(2)]), apply_rope(k, cos[: k.size(2)], sin[: k.size(2)])
+        p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, H, Lq, Lk)
+            if mask is not None:
+                scores = scores.masked_fill(mask, float("-inf"))
+            weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+            y = nn.functional.dropout(weights, p, self.training) @ v
+        else:
+            allowed = None if mask is None else ~mask
+            y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
+            if allowed is not None:
+                y = y.masked_fill(~allowed.any(-1, keepdim=True), 0.0)  # fully hidden rows: 0, not NaN
+        b, _, lq, _ = y.shape
+        return self.out(y.transpose(1, 2).reshape(b, lq, self.h * self.dh)), weights
 
 
 def last_valid_index(seq: torch.Tensor) -> torch.Tensor:

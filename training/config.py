@@ -19,6 +19,7 @@ E = TypeVar("E")
 
 DEVICES = "auto | cpu | cuda | cuda:N"
 PRECISIONS = ("auto", "fp32", "bf16")
+SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -36,10 +37,14 @@ class LoopConfig:
     device: str = "auto"  # auto = CUDA when available, else CPU
     precision: str = "auto"  # auto = bf16 autocast on CUDA, fp32 on the CPU (where bf16 matmuls are slower)
     clip_grad_norm: float = 0.0  # 0 = no clipping
+    warmup_steps: int = 0  # linear warm-up of the learning rate from 0
+    schedule: str = "constant"  # or "cosine": decay to 0 over `epochs` epochs
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ValueError(f"train.device must be {DEVICES}, got {dev!r}")

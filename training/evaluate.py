@@ -183,9 +183,10 @@ def transitions_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
     return score
 
 
-def item_knn_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
-    """Item-to-item co-occurrence (item-kNN): an item scores the summed cosine similarity (over the
-    users of `known`) to the history's items; popularity orders ties."""
+def item_knn_scorer(known: list[list[int]], vocab_size: int, neighbours: int = 100) -> ScoreFn:
+    """Item-to-item co-occurrence (item-kNN): each item keeps its `neighbours` most similar items by
+    cosine over the users of `known`; a candidate scores its summed similarity to the history's items
+    (popularity orders ties)."""
     users = torch.repeat_interleave(torch.arange(len(known)), torch.tensor([len(s) for s in known]))
     items = torch.tensor([x for s in known for x in s], dtype=torch.long)
     ui = _sparse_rows(users, items, torch.ones(len(items)), len(known), vocab_size)
@@ -197,16 +198,31 @@ def item_knn_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
     n = item_counts([sorted(set(s)) for s in known], vocab_size).float()
     i, j = co.indices()
     keep = i != j  # an item is not its own neighbour
-    sim = co.values()[keep] / torch.sqrt(n[i[keep]] * n[j[keep]]).clamp(min=1.0)
-    sims = _sparse_rows(i[keep], j[keep], sim, vocab_size, vocab_size)
+    i, j = i[keep], j[keep]
+    sim = co.values()[keep] / torch.sqrt(n[i] * n[j]).clamp(min=1.0)
+    # The top `neighbours` of each row: sort by similarity, then stably by row; rank within the row.
+    order = torch.argsort(sim, descending=True, stable=True)
+    order = order[torch.argsort(i[order], stable=True)]
+    i, j, sim = i[order], j[order], sim[order]
+    start = torch.zeros(vocab_size + 1, dtype=torch.long)
+    start[1:] = torch.cumsum(torch.bincount(i, minlength=vocab_size), 0)
+    top = (torch.arange(len(i)) - start[i]) < neighbours
+    table = _Rows.of(_sparse_rows(i[top], j[top], sim[top], vocab_size, vocab_size))
+    width = int((table.crow[1:] - table.crow[:-1]).max()) if len(i) else 0
+    # Dense (V, width) neighbour ids and similarities (0 where an item has fewer neighbours).
+    nbr = torch.zeros(vocab_size, max(width, 1), dtype=torch.long)
+    nsim = torch.zeros(vocab_size, max(width, 1))
+    if width:
+        row = torch.repeat_interleave(torch.arange(vocab_size), table.crow[1:] - table.crow[:-1])
+        pos = torch.arange(len(row)) - table.crow[row]
+        nbr[row, pos], nsim[row, pos] = table.col, table.val
     fill = _tie_break(item_counts(known, vocab_size)) * 1e-3
 
     def score(seq: torch.Tensor) -> torch.Tensor:
-        s = seq.cpu()
-        hist = torch.zeros(len(s), vocab_size)
-        hist.scatter_(1, s, 1.0)
-        hist[:, PAD] = 0.0
-        out = torch.sparse.mm(sims, hist.t()).t() + fill[None, :]  # (B, V); sims is symmetric
+        s = seq.cpu()  # (B, L)
+        out = fill[None, :].repeat(len(s), 1)  # (B, V)
+        ids, sims = nbr[s], nsim[s] * (s != PAD)[..., None]  # (B, L, K)
+        out.scatter_add_(1, ids.flatten(1), sims.flatten(1))
         out[:, :N_SPECIAL] = -math.inf
         return out.to(seq.device)
 

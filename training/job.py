@@ -43,6 +43,7 @@ class Export:
     data: dict[str, Any]  # the manifest's data section: source, sha256, counts
     namespace: str = ""  # the history store's namespace (the data set's name)
     extra: dict[str, Any] = field(default_factory=dict)  # more manifest fields
+    run_config: dict[str, Any] = field(default_factory=dict)  # more run_config.json fields
 
 
 class Job(ABC, Generic[D, T, E]):
@@ -65,6 +66,7 @@ class Job(ABC, Generic[D, T, E]):
         self.dist = dist or Dist()
         self.device = resolve_device(cfg.train.device, self.dist.local_rank)
         self._untimed = 0.0
+        self.history = History()
 
     @classmethod
     def parse_config(cls, raw: dict[str, Any]) -> RunConfig[D, T, E]:
@@ -133,6 +135,7 @@ class Job(ABC, Generic[D, T, E]):
         log.info("training %s (%s) on %s", self.cfg.name, self.cfg.kind, self.device)
         history = train(model, self.train_batches(model), t, validate=validate,
                         key_metric=self.key_metric, dist=self.dist, device=self.device)
+        self.history = history
         self.after_training(model, history)
         train_seconds = time.monotonic() - t0 - self._untimed
         if not self.dist.is_main:
@@ -152,6 +155,7 @@ class Job(ABC, Generic[D, T, E]):
         config = getattr(model, "config", None)
         if dataclasses.is_dataclass(config) and not isinstance(config, type):
             run_config["model"] = dataclasses.asdict(config)
+        run_config.update(pieces.run_config)
         manifest = Manifest.new(name=self.cfg.name, kind=self.cfg.kind, task=self.task, namespace=pieces.namespace,
                                 data=pieces.data, config=run_config, metrics=metrics, extra=pieces.extra)
         return export_artifact(self.out_root, manifest=manifest, model=model, files=pieces.files,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -90,6 +91,27 @@ def _to(batch: Any, device: torch.device) -> Any:
     return batch.to(device, non_blocking=True) if hasattr(batch, "to") else batch
 
 
+def _score(val: dict[str, float], key: str, train_loss: float) -> float:
+    """Higher is better: the validation metric, negated for a "-name" key; without validation, -loss."""
+    name, sign = (key[1:], -1.0) if key.startswith("-") else (key, 1.0)
+    return sign * val[name] if name in val else -train_loss
+
+
+def lr_schedule(opt: torch.optim.Optimizer, cfg: LoopConfig, *, steps_per_epoch: int
+                ) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over `cfg.warmup_steps`, then constant or a cosine decay to 0 at `cfg.epochs`."""
+    warm, total = cfg.warmup_steps, max(cfg.epochs * steps_per_epoch, cfg.warmup_steps + 1)
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        if cfg.schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / (total - warm))))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
 def train(
     model: M,
     make_batches: Callable[[torch.Generator], Sequence[Any]],
@@ -101,7 +123,8 @@ def train(
     device: torch.device | None = None,
 ) -> History:
     """Train `model` on the batches `make_batches` draws each epoch; keep the weights of the best
-    validation `key_metric`. Without `validate` the lowest training loss decides.
+    validation `key_metric` (highest; "-name" = lowest of `name`). Without `validate` the lowest
+    training loss decides.
     Under torchrun (`dist`), each rank trains on its share of the batches; rank 0 validates.
     """
     dist = dist or Dist()
@@ -110,6 +133,7 @@ def train(
     # The fused kernel: ~10x faster steps on the CPU, where Adam over a large item table is a real cost.
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
     gen = torch.Generator().manual_seed(cfg.seed)
+    sched: torch.optim.lr_scheduler.LambdaLR | None = None
     hist = History()
     best_score, best_state, bad = -float("inf"), copy.deepcopy(model.state_dict()), 0
     t0 = time.monotonic()
@@ -118,6 +142,8 @@ def train(
         total = torch.zeros((), device=device)  # summed on the device: no host sync per step
         seen, te = 0, time.monotonic()
         batches = dist.shard(make_batches(gen))
+        if sched is None and (cfg.warmup_steps or cfg.schedule != "constant"):
+            sched = lr_schedule(opt, cfg, steps_per_epoch=len(batches))
         # disable=None: a bar on a terminal, none in logs and CI.
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
         for n, batch in enumerate(bar):
@@ -129,6 +155,8 @@ def train(
             if cfg.clip_grad_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
             opt.step()
+            if sched is not None:
+                sched.step()
             total += loss.detach().float() * len(batch)
             seen += len(batch)
             if not bar.disable and n % BAR_EVERY == 0:
@@ -140,7 +168,7 @@ def train(
         hist.loss.append(epoch_loss)
         hist.val.append(val)
         # Every rank takes rank 0's score and clock, so all stop at the same epoch.
-        score, elapsed = dist.from_main(val.get(key_metric, -epoch_loss), time.monotonic() - t0)
+        score, elapsed = dist.from_main(_score(val, key_metric, epoch_loss), time.monotonic() - t0)
         hist.seconds.append(elapsed)
         log.info(
             "epoch %d loss %.4f %s (%.0fs, %.0f rows/s)", epoch, epoch_loss,

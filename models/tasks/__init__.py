@@ -41,6 +41,7 @@ TASKS: dict[str, Task] = {
              load=recommend.load_artifact, engine=recommend.RecEngine),
         Task("next_location", ("mhsa",), "training.jobs.next_location", route="next_location",
              load=next_location.load_artifact, engine=next_location.LocEngine),
+        Task("copy", ("seq2seq",), "training.jobs.copy"),  # proves the attention blocks; trained, not served
     )
 }
 

@@ -115,3 +115,22 @@ def test_refit_adds_the_validation_items(synthetic_dir: Path, tmp_path: Path) ->
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["protocol"]["refit_epochs_with_validation_items"] == 1
     assert "1 refit epochs" in metrics["stopped"] and metrics["valid"]["full"]["n"] == 40
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero_at_the_last_epoch() -> None:
+    from training.config import LoopConfig
+    from training.loop import lr_schedule
+
+    cfg = LoopConfig(epochs=2, lr=1.0, warmup_steps=4, schedule="cosine")
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    sched = lr_schedule(opt, cfg, steps_per_epoch=10)
+    seen = []
+    for _ in range(20):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert seen[4] == pytest.approx(1.0) and all(a >= b for a, b in zip(seen[4:], seen[5:], strict=False))
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="train.schedule"):
+        LoopConfig(schedule="linear")
