@@ -31,6 +31,7 @@ LOCATIONS = "locations.json"
 USERS = "users.json"
 ACTIONS = "actions.json"
 ITEM_META = "item_meta.json"
+USER_META = "user_meta.json"  # social: each user's first activity (the "future" exclusion)
 HISTORIES = "histories.json"
 METRICS = "metrics.json"
 RUN_CONFIG = "run_config.json"

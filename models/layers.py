@@ -99,6 +99,30 @@ class Attention(nn.Module):
         b, _, lq, _ = y.shape
         return self.out(y.transpose(1, 2).reshape(b, lq, self.h * self.dh)), weights
 
+class FeedForward(nn.Sequential):
+    def __init__(self, d: int, d_ff: int, dropout: float) -> None:
+        super().__init__(nn.Linear(d, d_ff), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_ff, d))
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm: x + SelfAttention(LN(x)), then x + FF(LN(x))."""
+
+    def __init__(self, d: int, n_heads: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = Attention(d, n_heads, dropout)
+        self.ff = FeedForward(d, d_ff, dropout)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False, *,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, L, D), mask broadcastable to (B, H, L, L) -> (B, L, D) and the map if asked."""
+        h = self.norm1(x)
+        a, w = self.attn(h, h, mask, rope=rope, need_weights=need_weights)
+        x = x + self.drop(a)
+        return x + self.drop(self.ff(self.norm2(x))), w
+
+
 
 def last_valid_index(seq: torch.Tensor) -> torch.Tensor:
     """Index of the last non-padding position of each right-padded row. (B, L) -> (B,)."""

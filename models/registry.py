@@ -12,12 +12,14 @@ from models.bert4rec import BERT4Rec, BERT4RecConfig
 from models.mhsa import MHSA, MHSAConfig
 from models.sasrec import SASRec, SASRecConfig
 from models.seq2seq import Seq2Seq, Seq2SeqConfig
+from models.social import SocialConfig, SocialModel
 
 REGISTRY: dict[str, tuple[type[Any], type[nn.Module]]] = {
     "sasrec": (SASRecConfig, SASRec),
     "bert4rec": (BERT4RecConfig, BERT4Rec),
     "mhsa": (MHSAConfig, MHSA),
     "seq2seq": (Seq2SeqConfig, Seq2Seq),
+    "social": (SocialConfig, SocialModel),
 }
 
 

@@ -11,7 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.ids import PAD
-from models.layers import Attention, decoder_mask, init_weights, key_padding_mask, sinusoidal_encoding
+from models.layers import (
+    Attention,
+    EncoderLayer,
+    FeedForward,
+    decoder_mask,
+    init_weights,
+    key_padding_mask,
+    sinusoidal_encoding,
+)
 
 BOS, EOS = 1, 2  # with PAD = 0: the specials of a token vocabulary
 FIRST_TOKEN = 3
@@ -51,29 +59,6 @@ class Seq2SeqBatch:
         return Seq2SeqBatch(*(t.to(device, non_blocking=non_blocking) for t in (self.src, self.tgt_in, self.tgt_out)))
 
 
-class _FeedForward(nn.Sequential):
-    def __init__(self, d: int, d_ff: int, dropout: float) -> None:
-        super().__init__(nn.Linear(d, d_ff), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_ff, d))
-
-
-class EncoderLayer(nn.Module):
-    """Pre-norm: x + SelfAttention(LN(x)), then x + FF(LN(x))."""
-
-    def __init__(self, d: int, n_heads: int, d_ff: int, dropout: float) -> None:
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = Attention(d, n_heads, dropout)
-        self.ff = _FeedForward(d, d_ff, dropout)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        h = self.norm1(x)
-        a, w = self.attn(h, h, mask, need_weights=need_weights)
-        x = x + self.drop(a)
-        return x + self.drop(self.ff(self.norm2(x))), w
-
-
 class DecoderLayer(nn.Module):
     """Pre-norm: masked self-attention, cross-attention over the encoder's output, feed-forward."""
 
@@ -81,7 +66,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
         self.self_attn, self.cross_attn = Attention(d, n_heads, dropout), Attention(d, n_heads, dropout)
-        self.ff = _FeedForward(d, d_ff, dropout)
+        self.ff = FeedForward(d, d_ff, dropout)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, y: torch.Tensor, memory: torch.Tensor, self_mask: torch.Tensor, memory_mask: torch.Tensor,

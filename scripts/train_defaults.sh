@@ -21,3 +21,12 @@ if [ -f "$geolife" ]; then
 else
     echo "train: $geolife not found; /next-location stays unavailable until a model is trained" >&2
 fi
+social="${SEQSERVE_SOCIAL:-../shared/data/mathoverflow/mathoverflow_interactions.csv.gz}"
+if [ -f "$social" ]; then
+    echo "train: training a quick social model on $social (about 2 minutes)" >&2
+    .venv/bin/python -m training train --config training/configs/social_mathoverflow.toml \
+        --out "$SEQSERVE_ARTIFACTS_DIR" --data "$social" --set name="'social-mathoverflow-quick'" \
+        --set data.recent_examples=60000 --set train.epochs=2 --set train.refit_epochs=0 --set eval.baselines=false
+else
+    echo "train: $social not found; no social model is served until one is trained" >&2
+fi

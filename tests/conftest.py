@@ -125,3 +125,41 @@ def staypoint_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for r in synthetic_staypoints():
             f.write(",".join(str(v) for v in r) + "\n")
     return p
+
+
+def synthetic_social(n_users: int = 30, events: int = 1500, seed: int = 0) -> list[tuple[str, str, str, int]]:
+    """(src, dst, action, unix time) rows: each user mostly returns to two friends, sometimes someone new."""
+    rng = random.Random(seed)
+    friends = {u: [(u + 1) % n_users, (u + 7) % n_users] for u in range(n_users)}
+    rows = []
+    t = 1_400_000_000
+    for _ in range(events):
+        u = rng.randrange(n_users)
+        v = rng.choice(friends[u]) if rng.random() < 0.8 else rng.randrange(n_users)
+        t += rng.randrange(60, 7200)
+        rows.append((f"s{u}", f"s{v}", rng.choice(["a2q", "c2q", "c2a"]), t))
+    return rows
+
+
+@pytest.fixture(scope="session")
+def social_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("social") / "social.csv"
+    with p.open("w") as f:
+        f.write("src,dst,action,timestamp\n")
+        for r in synthetic_social():
+            f.write(",".join(str(v) for v in r) + "\n")
+    return p
+
+
+TINY_SOCIAL = [
+    "model.kind='social'", "name='social-tiny'", "model.emb_dim=8", "model.n_heads=2", "model.n_layers=1",
+    "model.d_ff=16", "model.max_history=8", "model.positions='time'", "train.epochs=2", "train.batch_size=64",
+    "train.refit_epochs=1", "data.name='tinysocial'",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_social_artifact(tmp_path_factory: pytest.TempPathFactory, social_file: Path) -> Path:
+    root = tmp_path_factory.mktemp("artifacts-social")
+    run_job(TINY_SOCIAL, root, social_file)
+    return root

@@ -38,11 +38,11 @@ class Dist:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def shard(self, batches: Sequence[T]) -> list[T]:
+    def shard(self, batches: Sequence[T]) -> Sequence[T]:
         """This rank's batches: every rank gets the same count (DDP needs equal steps), so up to
         world - 1 batches of an epoch are left out; they differ from epoch to epoch."""
         if not self.enabled:
-            return list(batches)
+            return batches  # as drawn: a lazy epoch stays lazy
         per_rank = len(batches) // self.world
         if per_rank == 0:
             raise ValueError(f"{len(batches)} batches cannot be shared by {self.world} ranks: lower batch_size")

@@ -108,6 +108,13 @@ class Job(ABC, Generic[D, T, E]):
     def export(self, model: nn.Module) -> Export:
         """The artifact's own files and data description."""
 
+    def data_file(self, configured: str) -> Path:
+        """The data path: --data, else the config's `data.path`."""
+        path = self.data_path or (Path(configured) if configured else None)
+        if path is None:
+            raise ValueError("no data: pass --data or set data.path")
+        return path
+
     # --- the skeleton ------------------------------------------------------------------------------
 
     @contextlib.contextmanager

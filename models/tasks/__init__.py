@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from models.serving import Engine, EngineOptions
-from models.tasks import next_location, recommend
+from models.tasks import next_location, recommend, social
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ TASKS: dict[str, Task] = {
              load=recommend.load_artifact, engine=recommend.RecEngine),
         Task("next_location", ("mhsa",), "training.jobs.next_location", route="next_location",
              load=next_location.load_artifact, engine=next_location.LocEngine),
+        Task("social", ("social",), "training.jobs.social", route="recommend",
+             load=social.load_artifact, engine=social.SocialEngine),
         Task("copy", ("seq2seq",), "training.jobs.copy"),  # proves the attention blocks; trained, not served
     )
 }

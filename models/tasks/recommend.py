@@ -98,7 +98,24 @@ def check_k(q: RecQuery, position: int) -> None:
         raise QueryError("k must be at least 1", position=position, field=("k",))
 
 
-class RecEngine(Engine[RecQuery, Prepared, RecResult]):
+class UserQueryEngine(Engine[RecQuery, Prepared, RecResult]):
+    """An engine of the /recommend route: per-user live histories in the manifest's namespace."""
+
+    live_events: int
+
+    @property
+    def namespace(self) -> str:
+        return self.manifest.namespace
+
+    @property
+    def live_budget(self) -> int:
+        return self.live_events
+
+    def users(self, queries: Sequence[RecQuery]) -> list[str]:
+        return [q.user_id for q in queries if q.user_id is not None]
+
+
+class RecEngine(UserQueryEngine):
     """A recommendation artifact placed on a device, answering batches of queries."""
 
     def __init__(self, art: RecArtifact, options: EngineOptions) -> None:
@@ -121,14 +138,6 @@ class RecEngine(Engine[RecQuery, Prepared, RecResult]):
     def catalog_size(self) -> int:
         return self.art.items.n_entities
 
-    @property
-    def namespace(self) -> str:
-        return self.manifest.namespace
-
-    @property
-    def live_budget(self) -> int:
-        return self.live_events
-
     def base_histories(self) -> Mapping[str, Sequence[tuple[str, float, str | None]]]:
         return {u: [(i, t, None) for i, t in evs] for u, evs in self.art.histories.items()}
 
@@ -137,9 +146,6 @@ class RecEngine(Engine[RecQuery, Prepared, RecResult]):
 
     def known(self, raw_ids: Sequence[str]) -> list[bool]:
         return [x >= N_SPECIAL for x in self.art.items.indices(raw_ids)]
-
-    def users(self, queries: Sequence[RecQuery]) -> list[str]:
-        return [q.user_id for q in queries if q.user_id is not None]
 
     def prepare(self, queries: Sequence[RecQuery], live: Mapping[str, Timeline]) -> list[Prepared]:
         """Map raw ids to indices; raises UnknownUserError naming the query. Cheap: no model call."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -121,9 +120,7 @@ class NextLocationJob(Job[LocData, LocTrain, Empty]):
 
     def prepare_data(self) -> None:
         c = self.cfg.data
-        path = self.data_path or (Path(c.path) if c.path else None)
-        if path is None:
-            raise ValueError("no data: pass --data or set data.path")
+        path = self.data_file(c.path)
         self.data = load_staypoints(path)
         self.split = split = build_protocol(self.data, c.previous_days, c.min_history)
         log.info("%s: %d / %d / %d samples, %d location classes, %d users", self.data.source, len(split.train),

@@ -1,0 +1,159 @@
+"""Whom a user will interact with next (the social model): the artifact and the served engine.
+
+Queries and results are the recommendation route's (`RecQuery`, `RecResult`): the "items" are users.
+Each history step needs its action. Defaults differ from item recommendation where the data does:
+already-interacted users stay candidates (repeat interactions are the common case) unless a query
+asks otherwise, the actor is never a candidate, and "future" means a user whose first activity is
+after the reference time (`as_of`, else the actor's last event): not yet on the platform.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pydantic import TypeAdapter
+
+from models import artifact as A
+from models.ids import N_SPECIAL, UNK, IdMap
+from models.manifest import Manifest
+from models.ranking import Ranked, future_mask, pad_rows, rank_sparse, release_tensor
+from models.serving import EngineOptions, QueryError, Timeline, UnknownUserError, optional_time
+from models.social import SocialModel, pack_steps
+from models.tasks.recommend import Prepared, RecQuery, RecResult, UserQueryEngine, check_k, ranked_results
+
+_HISTORIES: TypeAdapter[dict[str, list[tuple[str, float, str]]]] = TypeAdapter(dict[str, list[tuple[str, float, str]]])
+_FIRST: TypeAdapter[dict[str, float]] = TypeAdapter(dict[str, float])
+
+
+@dataclass
+class SocialArtifact:
+    folder: Path
+    manifest: Manifest
+    model: SocialModel
+    users: IdMap
+    actions: IdMap
+    first_activity: dict[str, float]  # raw user id -> unix time of their first event
+    histories: dict[str, list[tuple[str, float, str]]]  # actor -> [(target, unix time, action)], oldest first
+
+
+def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> SocialArtifact:
+    """Load and cross-check a social artifact; raises ArtifactError on any defect."""
+    manifest = A.read_manifest(folder)
+    model: SocialModel = A.read_model(folder, manifest, SocialModel, map_location)
+    users, actions = A.read_id_map(folder, A.USERS), A.read_id_map(folder, A.ACTIONS)
+    A.check(model.config.n_users == len(users), A.USERS, f"{len(users)} ids for {model.config.n_users} model users")
+    A.check(model.config.n_actions == len(actions), A.ACTIONS,
+            f"{len(actions)} ids for {model.config.n_actions} model actions")
+    meta = A.read_json(folder, A.USER_META)
+    A.check(isinstance(meta, dict) and meta.get("unit") == "second", A.USER_META, "unit must be 'second'")
+    try:
+        first = _FIRST.validate_python(meta.get("first_activity", {}))
+    except ValueError:
+        raise A.ArtifactError(A.USER_META, "first_activity must map user ids to unix times") from None
+    histories = A.read_typed(folder, A.HISTORIES, _HISTORIES)
+    return SocialArtifact(folder, manifest, model, users, actions, first, histories)
+
+
+@dataclass
+class SocialExtra:
+    steps: list[tuple[int, int, float]]  # (target index, action index, unix time), oldest first
+    query_time: float
+
+
+class SocialEngine(UserQueryEngine):
+    def __init__(self, art: SocialArtifact, options: EngineOptions) -> None:
+        self.art = art
+        self.manifest = art.manifest
+        self.device = options.device
+        self.live_events = options.live_events
+        self.model = (art.model.half() if options.half else art.model).to(self.device).eval()
+        self.first = release_tensor(art.users.raws(), art.first_activity).to(self.device)
+        c = self.model.config
+        # Mapped once at load: each actor's steps (for the window) and every target (for exclude_seen).
+        self.stored: dict[str, tuple[list[tuple[int, int, float]], list[int]]] = {}
+        for actor, events in art.histories.items():
+            targets = art.users.indices([t for t, _, _ in events])
+            acts = art.actions.indices([a for _, _, a in events])
+            steps = [(x, a, t) for x, a, (_, t, _) in zip(targets, acts, events, strict=True)]
+            self.stored[actor] = (steps[-c.max_history :], sorted({x for x in targets if x >= N_SPECIAL}))
+
+    @property
+    def catalog_size(self) -> int:
+        return self.art.users.n_entities
+
+    def base_histories(self) -> Mapping[str, Sequence[tuple[str, float, str | None]]]:
+        return {u: list(evs) for u, evs in self.art.histories.items()}
+
+    def release_base_histories(self) -> None:
+        self.art.histories.clear()
+
+    def check_action(self, action: str | None) -> str | None:
+        if action is None:
+            return f"required by social model {self.manifest.name!r}; one of {self.art.actions.raws()}"
+        if action not in self.art.actions:
+            return f"unknown action {action!r}; this model knows {self.art.actions.raws()}"
+        return None
+
+    def known(self, raw_ids: Sequence[str]) -> list[bool]:
+        return [x >= N_SPECIAL for x in self.art.users.indices(raw_ids)]
+
+    def prepare(self, queries: Sequence[RecQuery], live: Mapping[str, Timeline]) -> list[Prepared]:
+        return [self._prepare(q, n, live.get(q.user_id, []) if q.user_id else []) for n, q in enumerate(queries)]
+
+    def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
+        check_k(q, position)
+        for j, (_, _, action) in enumerate(q.history):
+            problem = self.check_action(action)
+            if problem:
+                raise QueryError(problem, position=position, field=("history", j, "action"))
+        stored: tuple[list[tuple[int, int, float]], list[int]] = ([], [])
+        if q.user_id is not None:
+            found = self.stored.get(q.user_id)
+            if found is None and not q.history and not live:
+                raise UnknownUserError(q.user_id, position)
+            stored = found or stored
+        stored_last = stored[0][-1][2] if stored[0] else None
+        events = [(i, optional_time(t), a) for i, t, a in live] + list(q.history)
+        given = self.art.users.indices([i for i, _, _ in events])
+        acts = self.art.actions.indices([a or "" for _, _, a in events])
+        times = [t for _, t, _ in events if t is not None]
+        last = max([*times, *([stored_last] if stored_last is not None else [])], default=None)
+        when = q.as_of if q.as_of is not None else last
+        # A step without a time is taken as happening at the query: the newest time bucket.
+        query_time = when if when is not None else 0.0
+        steps = stored[0] + [(x, a, query_time if t is None else t)
+                             for x, a, (_, t, _) in zip(given, acts, events, strict=True)]
+        seen = sorted(set(stored[1]) | {x for x in given if x >= N_SPECIAL})
+        actor = self.art.users.index(q.user_id) if q.user_id is not None else UNK
+        requested = [x for x in self.art.users.indices(q.exclude_items) if x >= N_SPECIAL]
+        return Prepared(
+            query=q, history=seen, exclude_seen=bool(q.exclude_seen),
+            requested=requested + ([actor] if actor >= N_SPECIAL else []),
+            unknown=list(dict.fromkeys(i for (i, _, _), x in zip(events, given, strict=True) if x < N_SPECIAL)),
+            reference=when if q.exclude_future else None,
+            extra=SocialExtra(steps, query_time),
+        )
+
+    def run(self, batch: list[Prepared]) -> Ranked:
+        c = self.model.config
+        extras = [p.extra for p in batch]
+        assert all(isinstance(e, SocialExtra) for e in extras)
+        b = pack_steps([e.steps for e in extras if isinstance(e, SocialExtra)],
+                       query_times=[e.query_time for e in extras if isinstance(e, SocialExtra)],
+                       max_history=c.max_history, n_buckets=c.n_time_buckets).to(self.device)
+        scores = self.model.scores(b).float()
+        seen = pad_rows([p.history if p.exclude_seen else [] for p in batch]).to(self.device)
+        ref = torch.tensor([math.inf if p.reference is None else p.reference for p in batch], device=self.device)
+        return rank_sparse(scores, max(p.query.k for p in batch), seen=seen, future=future_mask(self.first, ref),
+                           requested=pad_rows([p.requested for p in batch]).to(self.device))
+
+    def results(self, batch: list[Prepared], output: Ranked) -> list[RecResult]:
+        return ranked_results(batch, output, raw=self.art.users.raw, max_history=self.model.config.max_history)
+
+    def warm_up(self) -> None:
+        some = self.art.users.raw(N_SPECIAL) or ""
+        self.answer([RecQuery(None, [(some, None, self.art.actions.raw(N_SPECIAL))], k=1)])

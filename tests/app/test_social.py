@@ -1,0 +1,84 @@
+"""A social model through the real app: /recommend returns users, actions are required, /events conditions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from models.artifact import latest_versions
+from models.tasks.social import load_artifact
+
+MODEL = "social-tiny"
+
+
+@pytest.fixture
+def client(tiny_social_artifact: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(Settings(artifacts_dir=tiny_social_artifact, device="cpu"))) as c:
+        yield c
+
+
+def _rec(client: TestClient, query: dict) -> dict:
+    r = client.post("/recommend", json={"model": MODEL, "queries": [query]})
+    assert r.status_code == 200, r.text
+    return dict(r.json()["results"][0])
+
+
+def test_listed_with_its_task(client: TestClient) -> None:
+    info = next(m for m in client.get("/models").json()["models"] if m["name"] == MODEL)
+    assert info["task"] == "social" and info["kind"] == "social"
+    assert MODEL in client.get("/readyz").json()["models"]
+
+
+def test_returns_users_never_the_actor_and_keeps_seen_by_default(client: TestClient,
+                                                                 tiny_social_artifact: Path) -> None:
+    art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
+    users = set(art.users.raws())
+    past = {t for t, _, _ in art.histories["s3"]}
+    kept = _rec(client, {"user_id": "s3", "k": 25})
+    got = [i["item_id"] for i in kept["items"]]
+    assert len(got) == 25 and set(got) <= users and "s3" not in got
+    assert kept["excluded"]["seen"] == 0 and past & set(got)
+    fresh = _rec(client, {"user_id": "s3", "k": 25, "exclude_seen": True})
+    assert not past & {i["item_id"] for i in fresh["items"]} and fresh["excluded"]["seen"] == len(past - {"s3"})
+
+
+def test_users_not_yet_active_are_future(client: TestClient, tiny_social_artifact: Path) -> None:
+    art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
+    cut = sorted(art.first_activity.values())[len(art.first_activity) // 2]
+    r = _rec(client, {"user_id": "s3", "k": 30, "as_of": cut})
+    late = {u for u, t in art.first_activity.items() if t > cut}
+    assert r["excluded"]["future"] > 0 and not late & {i["item_id"] for i in r["items"]}
+    assert _rec(client, {"user_id": "s3", "k": 30, "as_of": cut, "exclude_future": False})["excluded"]["future"] == 0
+
+
+@pytest.mark.parametrize(("step", "msg"), [({"item_id": "s4"}, "required"), ({"item_id": "s4", "action": "likes"},
+                                                                                  "unknown action")])
+def test_history_step_needs_a_known_action(client: TestClient, step: dict, msg: str) -> None:
+    r = client.post("/recommend", json={"model": MODEL, "queries": [{"user_id": "s3", "history": [step]}]})
+    assert r.status_code == 422
+    detail = r.json()["error"]["details"][0]
+    assert detail["loc"] == ["body", "queries", 0, "history", 0, "action"] and msg in detail["msg"]
+
+
+def test_events_carry_the_action_and_condition_the_next_answer(client: TestClient,
+                                                                tiny_social_artifact: Path) -> None:
+    art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
+    t = max(t for _, t, _ in art.histories["s5"])
+    r = client.post("/events", json={"model": MODEL, "events": [
+        {"event_id": "e0", "user_id": "s5", "item_id": "s20", "timestamp": t + 60}]})
+    assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["body", "events", 0, "action"]
+    before = _rec(client, {"user_id": "s5", "k": 5, "exclude_seen": True})
+    events = [{"event_id": f"e{n}", "user_id": "s5", "item_id": "s20", "action": "c2a", "timestamp": t + 60 * n}
+              for n in range(1, 4)]
+    r = client.post("/events", json={"model": MODEL, "events": events})
+    assert r.status_code == 200 and r.json()["stored"] == 3
+    after = _rec(client, {"user_id": "s5", "k": 5, "exclude_seen": True})
+    assert "s20" not in {i["item_id"] for i in after["items"]}
+    assert after["excluded"]["seen"] == before["excluded"]["seen"] + ("s20" not in {
+        t for t, _, _ in art.histories["s5"]})
+    assert after["items"] != before["items"]

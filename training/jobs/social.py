@@ -1,0 +1,223 @@
+"""The social-interaction job: a log of (actor, action, target, time) -> the chronological protocol ->
+train -> evaluate beside the baselines -> artifact.
+
+Protocol: events sorted by time; the last `test_share` of them (by count) are the test period, the
+`valid_share` before them validation. The model picks its epoch on the validation queries having
+trained on the training period only; `train.refit_epochs` then go on over everything before the test
+period, so the test is ranked by a model that saw what happened before it (and nothing after).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from models import artifact as A
+from models.ids import N_SPECIAL, UNK, IdMap
+from models.registry import build
+from models.social import SocialBatch, SocialModel, time_buckets
+from training.config import LoopConfig
+from training.data.social import Periods, Timelines, load_social, period_queries
+from training.job import Export, Job
+from training.loop import History, train
+from training.social_eval import Baselines, QuerySet, evaluate_scorer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SocialData:
+    path: str = ""  # CSV (optionally gzipped) or Parquet: src, dst, action, timestamp
+    name: str = ""  # the data set's name (the history store's namespace)
+    drop_self_loops: bool = True
+    valid_share: float = 0.1
+    test_share: float = 0.1
+    recent_examples: int = 0  # train on only the newest N examples (0 = all): a quick model
+
+
+@dataclass
+class SocialTrain(LoopConfig):
+    refit_epochs: int = 1  # epochs over train + validation periods after the best epoch is chosen
+
+
+@dataclass
+class SocialEval:
+    batch_size: int = 512
+    recent_days: float = 7.0  # the recent-popularity baseline's window
+    baselines: bool = True
+
+
+class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
+    task = "social"
+    data_config = SocialData
+    train_config = SocialTrain
+    eval_config = SocialEval
+    key_metric = "NDCG@10"
+    curve_keys = ("NDCG@10", "HR@10")
+
+    def prepare_data(self) -> None:
+        c = self.cfg.data
+        path = self.data_file(c.path)
+        self.log = lg = load_social(path, drop_self_loops=c.drop_self_loops)
+        self.periods = p = Periods.of(len(lg), valid_share=c.valid_share, test_share=c.test_share)
+        before_test = pd.unique(np.concatenate([lg.src[: p.test], lg.dst[: p.test]]))
+        self.users = IdMap(str(u) for u in before_test)
+        self.actions = IdMap(str(a) for a in pd.unique(lg.action[: p.test]))
+        self.tgt = np.asarray(self.users.indices(list(lg.dst)), dtype=np.int64)
+        self.src = np.asarray(self.users.indices(list(lg.src)), dtype=np.int64)
+        self.act = np.asarray(self.actions.indices(list(lg.action)), dtype=np.int64)
+        self.timelines = Timelines(lg.src, self.tgt, self.act, lg.time)
+        # Each user's first event (as actor or target): candidates of a period are those seen before it.
+        first = np.full(len(self.users), len(lg), dtype=np.int64)
+        order = np.arange(len(lg))
+        np.minimum.at(first, self.src, order)
+        np.minimum.at(first, self.tgt, order)
+        first[:N_SPECIAL] = len(lg)
+        self.first_event = first
+        self.valid_q = self._queries(p.valid, p.test)
+        self.test_q = self._queries(p.test, len(lg))
+        log.info("%s: %d events (%d self-loops, %d duplicates dropped), %d users before the test period, "
+                 "%d validation and %d test queries", lg.source, len(lg), lg.dropped_self_loops,
+                 lg.dropped_duplicates, self.users.n_entities, len(self.valid_q), len(self.test_q))
+
+    def _queries(self, start: int, end: int) -> QuerySet:
+        q = period_queries(self.log, start, end)
+        pool = torch.from_numpy(self.first_event < start)
+        return QuerySet(q.event, torch.from_numpy(self.tgt[q.event]), torch.from_numpy(self.src[q.event]),
+                        torch.from_numpy(q.repeat), torch.from_numpy(self.log.time[q.event]), pool)
+
+    def build_model(self) -> SocialModel:
+        model = build(self.cfg.kind, {**self.cfg.model, "n_users": len(self.users), "n_actions": len(self.actions)})
+        assert isinstance(model, SocialModel)
+        return model
+
+    def batch(self, events: np.ndarray, model: SocialModel, *, with_next: bool = False) -> SocialBatch:
+        c = model.config
+        targets, actions, times = self.timelines.window(events, c.max_history)
+        query = torch.from_numpy(self.log.time[events])[:, None]
+        ago = time_buckets(query - times, c.n_time_buckets).masked_fill(targets == 0, 0)
+        b = SocialBatch(targets, actions, ago)
+        if with_next:
+            b.next_target = torch.from_numpy(self.tgt[events])
+            b.next_action = torch.from_numpy(self.act[events])
+        return b
+
+    def examples(self, end: int) -> np.ndarray:
+        """Training events before `end` whose actor has an earlier event."""
+        events = np.arange(end)
+        events = events[self.timelines.earlier(events) > 0]
+        n = self.cfg.data.recent_examples
+        return events[-n:] if n else events
+
+    def train_batches(self, model: nn.Module) -> Callable[[torch.Generator], Sequence[SocialBatch]]:
+        return self._batches(model, self.examples(self.periods.valid))
+
+    def _batches(self, model: nn.Module, events: np.ndarray) -> Callable[[torch.Generator], Sequence[SocialBatch]]:
+        assert isinstance(model, SocialModel)
+        bs = self.cfg.train.batch_size
+        job, social = self, model
+
+        class Epoch(Sequence[SocialBatch]):
+            """An epoch's batches, built when drawn: a shuffled order, windows gathered per batch."""
+
+            def __init__(self, order: np.ndarray) -> None:
+                self.order = order
+
+            def __len__(self) -> int:
+                return (len(self.order) + bs - 1) // bs
+
+            def __getitem__(self, i: Any) -> Any:
+                if isinstance(i, slice):
+                    return [self[j] for j in range(*i.indices(len(self)))]
+                if not 0 <= i < len(self):
+                    raise IndexError(i)  # ends iteration (Sequence.__iter__ stops on it)
+                return job.batch(self.order[i * bs : (i + 1) * bs], social, with_next=True)
+
+        def make(gen: torch.Generator) -> Epoch:
+            return Epoch(events[torch.randperm(len(events), generator=gen).numpy()])
+
+        return make
+
+    def _scorer(self, model: SocialModel, queries: QuerySet) -> Callable[[slice], torch.Tensor]:
+        def score(part: slice) -> torch.Tensor:
+            with torch.inference_mode():
+                return model.scores(self.batch(queries.events[part], model).to(self.device)).float().cpu()
+
+        return score
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        assert isinstance(model, SocialModel)
+        return evaluate_scorer(self.valid_q, self._scorer(model, self.valid_q), batch_size=self.cfg.eval.batch_size)[
+            "all"]
+
+    def after_training(self, model: nn.Module, history: History) -> None:
+        t = self.cfg.train
+        if not t.refit_epochs:
+            return
+        with self.untimed():  # measured before the refit has seen the validation period
+            self.valid_before_refit = self.validate(model)
+        refit = dataclasses.replace(t, epochs=t.refit_epochs, patience=t.refit_epochs + 1, warmup_steps=0,
+                                    max_minutes=float("inf"))
+        log.info("refit: %d epoch(s) over everything before the test period", t.refit_epochs)
+        train(model, self._batches(model, self.examples(self.periods.test)), refit, validate=None, dist=self.dist,
+              device=self.device)
+
+    def evaluate(self, model: nn.Module) -> dict[str, Any]:
+        assert isinstance(model, SocialModel)
+        bs = self.cfg.eval.batch_size
+        p = self.periods
+        metrics: dict[str, Any] = {
+            "events": {"total": len(self.log), "train": p.valid, "valid": p.test - p.valid,
+                       "test": len(self.log) - p.test},
+            "queries": {"valid": len(self.valid_q), "test": len(self.test_q),
+                        "test_repeat_share": float(self.test_q.repeat.float().mean()) if len(self.test_q) else 0.0},
+            "valid_before_refit": getattr(self, "valid_before_refit", None),
+            "test": evaluate_scorer(self.test_q, self._scorer(model, self.test_q), batch_size=bs),
+        }
+        if self.cfg.eval.baselines:
+            b = Baselines(self.timelines, torch.from_numpy(self.tgt), self.log.time, len(self.users))
+            q = self.test_q
+            metrics["baselines_test"] = {
+                "popularity": evaluate_scorer(q, b.popularity(p.test), batch_size=bs),
+                "recent_popularity": evaluate_scorer(q, b.recent_popularity(q, self.cfg.eval.recent_days),
+                                                     batch_size=bs),
+                "most_recent": evaluate_scorer(q, b.most_recent(q), batch_size=bs),
+                "most_frequent": evaluate_scorer(q, b.most_frequent(q), batch_size=bs),
+            }
+        m = metrics["test"]
+        log.info("test NDCG@10 %.4f (repeat %.4f, new %.4f), new HR@10 %.4f", m["all"].get("NDCG@10", 0.0),
+                 m["repeat"].get("NDCG@10", 0.0), m["new"].get("NDCG@10", 0.0), m["new"].get("HR@10", 0.0))
+        if "baselines_test" in metrics:
+            log.info("baselines NDCG@10: %s", {k: round(v["all"].get("NDCG@10", 0.0), 4)
+                                                for k, v in metrics["baselines_test"].items()})
+        return metrics
+
+    def export(self, model: nn.Module) -> Export:
+        assert isinstance(model, SocialModel)
+        lg = self.log
+        # Every actor's final history (the whole log: serving continues from its end), newest last.
+        histories: dict[str, list[tuple[str, float, str]]] = {}
+        for s, d, a, t in zip(lg.src, lg.dst, lg.action, lg.time, strict=True):
+            histories.setdefault(str(s), []).append((str(d), float(t), str(a)))
+        first_time: dict[str, float] = {}
+        for users in (lg.src, lg.dst):
+            frame = pd.DataFrame({"u": users, "t": lg.time}).groupby("u")["t"].min()
+            for u, t in frame.items():
+                first_time[str(u)] = min(float(t), first_time.get(str(u), float("inf")))
+        info = {"source": lg.source, "sha256": lg.sha256, "events": len(lg), "users": self.users.n_entities,
+                "actions": self.actions.n_entities, "self_loops_dropped": lg.dropped_self_loops,
+                "duplicates_dropped": lg.dropped_duplicates, "unknown_target_index": UNK}
+        return Export(files={A.USERS: self.users, A.ACTIONS: self.actions, A.HISTORIES: histories,
+                             A.USER_META: {"unit": "second", "first_activity": first_time}},
+                      data=info, namespace=self.cfg.data.name or self.cfg.name)
+
+
+JOB = SocialJob

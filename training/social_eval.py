@@ -1,0 +1,132 @@
+"""Evaluation of "whom next": ranks over candidate users, the metrics, and the baselines, as tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from training.data.social import Timelines
+
+DAY = 86_400.0
+
+
+def target_ranks(scores: torch.Tensor, target: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """1-based rank of each target among the candidates, ties broken at random in expectation.
+
+    scores (B, V), target (B,), candidates (B, V) bool (the target must be one) -> (B,) float.
+    """
+    s = scores.float().masked_fill(~candidates, float("-inf"))
+    t = s.gather(1, target[:, None])
+    greater = ((s > t) & candidates).sum(1)
+    ties = ((s == t) & candidates).sum(1) - 1
+    return 1.0 + greater.float() + ties.float() / 2.0
+
+
+def rank_metrics(ranks: torch.Tensor, k: int = 10) -> dict[str, float]:
+    if len(ranks) == 0:
+        return {"n": 0}
+    hit = ranks <= k
+    ndcg = torch.where(hit, 1.0 / torch.log2(ranks + 1.0), torch.zeros_like(ranks))
+    return {f"HR@{k}": float(hit.float().mean()), f"NDCG@{k}": float(ndcg.mean()),
+            "MRR": float((1.0 / ranks).mean()), "n": len(ranks)}
+
+
+def split_metrics(ranks: torch.Tensor, repeat: torch.Tensor) -> dict[str, dict[str, float]]:
+    """On all queries, on repeat targets (interacted with before) and on new targets."""
+    return {"all": rank_metrics(ranks), "repeat": rank_metrics(ranks[repeat]), "new": rank_metrics(ranks[~repeat])}
+
+
+@dataclass
+class QuerySet:
+    """Queries of one period, as event indices, with what ranking them needs."""
+
+    events: np.ndarray  # (Q,) indices into the log
+    target: torch.Tensor  # (Q,) user index
+    actor: torch.Tensor  # (Q,) user index of the actor (UNK if unknown)
+    repeat: torch.Tensor  # (Q,) bool
+    time: torch.Tensor  # (Q,) float64 unix seconds
+    pool: torch.Tensor  # (V,) bool: users known before the period (the candidates, the actor aside)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def batches(self, size: int) -> Iterator[slice]:
+        for lo in range(0, len(self), size):
+            yield slice(lo, min(lo + size, len(self)))
+
+    def candidates(self, part: slice) -> torch.Tensor:
+        """(B, V): the period's pool without each query's actor."""
+        cand = self.pool[None, :].repeat(part.stop - part.start, 1)
+        cand[torch.arange(part.stop - part.start), self.actor[part]] = False
+        return cand
+
+
+def evaluate_scorer(queries: QuerySet, score: Callable[[slice], torch.Tensor], *, batch_size: int = 512
+                    ) -> dict[str, dict[str, float]]:
+    """Metrics of a scorer: a function from a slice of the queries to their (B, V) scores."""
+    ranks = torch.cat([target_ranks(score(part), queries.target[part], queries.candidates(part))
+                       for part in queries.batches(batch_size)]) if len(queries) else torch.zeros(0)
+    return split_metrics(ranks, queries.repeat)
+
+
+@dataclass
+class Baselines:
+    """The simple scorers every social model is measured beside."""
+
+    timelines: Timelines
+    event_targets: torch.Tensor  # (N,) user index of each event's target, time order
+    event_times: np.ndarray  # (N,) unix seconds, sorted
+    n_users: int
+
+    def popularity(self, before: int) -> Callable[[slice], torch.Tensor]:
+        """Interactions received in the log's first `before` events (the training period)."""
+        counts = torch.bincount(self.event_targets[:before], minlength=self.n_users).float()
+        return lambda part: counts[None, :].expand(part.stop - part.start, -1)
+
+    def recent_popularity(self, queries: QuerySet, days: float = 7.0) -> Callable[[slice], torch.Tensor]:
+        """Interactions received by each user in the `days` before the query (earlier events only)."""
+        lo_all = np.searchsorted(self.event_times, queries.time.numpy() - days * DAY, side="left")
+
+        def score(part: slice) -> torch.Tensor:
+            hi = torch.from_numpy(queries.events[part])
+            lo = torch.from_numpy(lo_all[part])
+            width = max(1, int((hi - lo).max()))
+            idx = lo[:, None] + torch.arange(width)[None, :]
+            valid = idx < hi[:, None]
+            tgt = self.event_targets[idx.clamp(max=len(self.event_targets) - 1)]
+            out = torch.zeros(len(hi), self.n_users)
+            return out.scatter_add_(1, tgt, valid.float())
+
+        return score
+
+    def _history(self, queries: QuerySet, part: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's whole history before each query: targets (B, W), valid (B, W), left-padded."""
+        events = queries.events[part]
+        width = int(self.timelines.earlier(events).max()) if len(events) else 1
+        targets, _, _ = self.timelines.window(events, max(width, 1))
+        return targets, targets != 0
+
+    def most_recent(self, queries: QuerySet) -> Callable[[slice], torch.Tensor]:
+        """The actor's distinct earlier targets, the most recent first; everyone else below."""
+
+        def score(part: slice) -> torch.Tensor:
+            targets, valid = self._history(queries, part)
+            order = torch.arange(1, targets.size(1) + 1, dtype=torch.float32)[None].expand_as(targets)
+            out = torch.full((targets.size(0), self.n_users), -1.0)
+            return out.scatter_reduce_(1, targets, torch.where(valid, order, -1.0), reduce="amax")
+
+        return score
+
+    def most_frequent(self, queries: QuerySet) -> Callable[[slice], torch.Tensor]:
+        """The actor's earlier targets by how often they were the target; ties at random."""
+
+        def score(part: slice) -> torch.Tensor:
+            targets, valid = self._history(queries, part)
+            out = torch.zeros(targets.size(0), self.n_users)
+            return out.scatter_add_(1, targets, valid.float())
+
+        return score
+
