@@ -26,7 +26,7 @@ if [ -f "$social" ]; then
     echo "train: training a quick social model on $social (about 2 minutes)" >&2
     .venv/bin/python -m training train --config training/configs/social_mathoverflow.toml \
         --out "$SEQSERVE_ARTIFACTS_DIR" --data "$social" --set name="'social-mathoverflow-quick'" \
-        --set data.recent_examples=60000 --set train.epochs=2 --set train.refit_epochs=0 --set eval.baselines=false
+        --set data.recent_examples=50000 --set train.epochs=1 --set train.refit_epochs=0 --set eval.baselines=false
 else
     echo "train: $social not found; no social model is served until one is trained" >&2
 fi
