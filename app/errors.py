@@ -54,7 +54,7 @@ class EventConflict(DomainError):
 
 
 class InvalidEvents(DomainError):
-    """Every event of a request was rejected; the details name each one."""
+    """Events a model cannot take (a social model's actions); the details name each one."""
 
     status, code = 422, "invalid_events"
 

@@ -17,7 +17,7 @@ from app.handlers import install_error_handlers
 from app.middleware import BodyLimit, Observe
 from app.observability import Metrics, configure_logging
 from app.routers import admin, bench, events, health, metrics, models, next_location, recommend
-from app.schemas import EventIn
+from app.schemas import components
 from app.settings import Settings, get_settings
 from app.store import StoreError, open_store
 from models.serving import EngineOptions
@@ -74,12 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """The generated document plus the request bodies the dependencies parse, with this app's bounds."""
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-            for model in (services.schemas.recommend, services.schemas.next_location, services.schemas.events,
-                          EventIn):
-                spec = model.model_json_schema(ref_template="#/components/schemas/{model}")
-                schemas.update(spec.pop("$defs", {}))
-                schemas[model.__name__] = spec
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(components(services.schemas))
             app.openapi_schema = doc
         return app.openapi_schema
 

@@ -8,10 +8,21 @@ the OpenAPI document, so what is documented is exactly what is accepted.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, cast
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    create_model,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import WithJsonSchema
 
 
 def _utf8(s: str) -> str:
@@ -27,12 +38,21 @@ RawId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_utf8
 UnixTime = Annotated[float, Field(ge=0, le=1e11, description="unix seconds")]
 
 
-def _utc_if_naive(t: dt.datetime) -> dt.datetime:
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 
 
-# Local wall-clock time is what the features need; a naive time is read as given.
-AwareOrNaive = Annotated[dt.datetime, AfterValidator(_utc_if_naive)]
+def _rfc3339(v: object) -> object:
+    # pydantic alone would also take unix seconds ("0") and times without an offset, which the
+    # document's date-time format (RFC 3339) does not allow: accept exactly what it states.
+    if not isinstance(v, str) or not _RFC3339.match(v):
+        raise ValueError("expected an RFC 3339 date-time with an offset, e.g. 2024-03-05T17:00:00+01:00")
+    return v
+
+
+# The time of day is read in the time's own offset: local wall-clock time is what the features need.
+# Not strict past the pattern check: strict mode would refuse the (already checked) text as a datetime.
+DateTime = Annotated[dt.datetime, Field(strict=False), BeforeValidator(_rfc3339),
+                     WithJsonSchema({"type": "string", "format": "date-time"})]
 
 
 @dataclass(frozen=True)
@@ -49,7 +69,15 @@ class Limits:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Request fields take exactly the JSON types the document states: no "5" for 5, no 1 for true."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("k", "start_min", "weekday", "duration_min", mode="before", check_fields=False)
+    @classmethod
+    def _integral(cls, v: object) -> object:
+        # JSON Schema's integer includes 5.0, which strict validation would refuse.
+        return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
 # --- /recommend ------------------------------------------------------------------------------------
@@ -58,10 +86,17 @@ class Strict(BaseModel):
 class HistoryEvent(Strict):
     item_id: RawId = Field(description="the item; for a social model, the target user")
     timestamp: UnixTime | None = None
-    action: RawId | None = Field(None, description="the action (required by a social model)")
+    action: RawId | None = Field(None, description=(
+        "the action: required by a social model, one of its actions (GET /models lists them); 422 otherwise"))
 
 
 class RecommendQuery(Strict):
+    # The rule the validator below enforces, stated in the document too.
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"required": ["user_id"], "properties": {"user_id": {"type": "string"}}},
+        {"required": ["history"], "properties": {"history": {"type": "array", "minItems": 1}}},
+    ]})
+
     user_id: RawId | None = None
     history: list[HistoryEvent] | None = None
     k: int = Field(10, ge=1)
@@ -123,14 +158,25 @@ class RecommendResponse(BaseModel):
 
 
 class StayStep(Strict):
-    """One staypoint: its place and either start minute/weekday/duration or ISO 8601 start/end."""
+    """One staypoint: its place and either start minute/weekday/duration or ISO 8601 start/end
+    (finished_at not before started_at: a rule JSON Schema cannot state, answered with a 422)."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["start_min", "weekday", "duration_min"],
+         "properties": {"start_min": {"type": "integer"}, "weekday": {"type": "integer"},
+                        "duration_min": {"type": "integer"}, "started_at": {"type": "null"},
+                        "finished_at": {"type": "null"}}},
+        {"required": ["started_at", "finished_at"],
+         "properties": {"started_at": {"type": "string"}, "finished_at": {"type": "string"},
+                        "start_min": {"type": "null"}, "weekday": {"type": "null"}, "duration_min": {"type": "null"}}},
+    ]})
 
     location_id: RawId
     start_min: int | None = Field(None, ge=0, le=1439, description="minute of the day")
     weekday: int | None = Field(None, ge=0, le=6, description="0 = Monday")
     duration_min: int | None = Field(None, ge=0, le=10_000_000)
-    started_at: AwareOrNaive | None = None
-    finished_at: AwareOrNaive | None = None
+    started_at: DateTime | None = None
+    finished_at: DateTime | None = None
 
     @model_validator(mode="after")
     def _one_time_form(self) -> StayStep:
@@ -190,20 +236,21 @@ class NextLocationResponse(BaseModel):
 
 
 class EventIn(Strict):
-    """One interaction; validated one by one, so a bad event is rejected alone."""
+    """One interaction. An event later than the server's clock plus SEQSERVE_EVENT_SKEW_S is rejected
+    alone (status "rejected" in the response), the others stored."""
 
     event_id: RawId = Field(description="replaying an event_id already stored with the same payload is a no-op")
     user_id: RawId
     item_id: RawId = Field(description="the item; for a social model, the target user")
     timestamp: UnixTime
-    action: RawId | None = Field(None, description="the action (required by a social model)")
+    action: RawId | None = Field(None, description="the action: required by a social model, one of its actions")
 
 
 class EventsRequest(Strict):
     model: RawId | None = Field(None, description="events go to this model's data set (default model if absent)")
-    # Each element is checked against EventIn on its own (see app.serving), so one bad event does not
-    # reject the others; the document says what a valid one is.
-    events: list[Any] = Field(min_length=1, json_schema_extra={"items": {"$ref": "#/components/schemas/EventIn"}})
+    # A request whose events do not all match EventIn, or carry actions the model does not take, is
+    # refused whole (422 naming each bad one); the clock's rule rejects single events in the response.
+    events: list[EventIn] = Field(min_length=1)
 
 
 class ErrorDetail(BaseModel):
@@ -240,6 +287,7 @@ class ModelInfo(BaseModel):
     created_at: str | None
     catalog_size: int
     device: str
+    actions: list[str] | None = Field(None, description="a social model's actions, one of which each step carries")
     metrics: dict[str, object]
 
 
@@ -307,9 +355,18 @@ def bounded(limits: Limits) -> RequestModels:
     )
     events = create_model(
         "EventsRequest", __base__=EventsRequest,
-        events=(list[Any], Field(min_length=1, max_length=limits.max_events,
-                                 json_schema_extra={"items": {"$ref": "#/components/schemas/EventIn"}})),
+        events=(list[EventIn], Field(min_length=1, max_length=limits.max_events)),
     )
     recommend.limits = next_location.limits = limits
     return RequestModels(cast(type[RecommendRequest], recommend), cast(type[NextLocationRequest], next_location),
                          cast(type[EventsRequest], events))
+
+
+def components(models: RequestModels) -> dict[str, Any]:
+    """The OpenAPI component schemas of the request bodies the app parses itself, with its bounds."""
+    out: dict[str, Any] = {}
+    for model in (models.recommend, models.next_location, models.events):
+        spec = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        out.update(spec.pop("$defs", {}))
+        out[model.__name__] = spec
+    return out

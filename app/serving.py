@@ -14,11 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
-
 from app.engine.registry import Served
 from app.errors import EventConflict, InvalidEvents, StoreUnavailable
-from app.schemas import EventIn, RawId
+from app.schemas import EventIn
 from app.store import Event, HistoryStore
 from models.serving import Engine, Timeline
 
@@ -26,8 +24,6 @@ R = TypeVar("R")
 # A by-user read of at most this many users runs on the event loop (SQLite: one indexed query of a
 # few hundred rows); larger ones go to a thread so they never stall other requests.
 LOOP_READ_USERS = 8
-_event = TypeAdapter(EventIn)
-_raw_id: TypeAdapter[str] = TypeAdapter(RawId)
 
 
 def _store_or_503(store: HistoryStore | None) -> HistoryStore:
@@ -65,65 +61,48 @@ class EventsOutcome:
     rejected: int
 
 
-def _errors(exc: ValidationError, n: int) -> list[dict[str, Any]]:
-    return [{"loc": ["body", "events", n, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-
-
-def _id_of(raw: Any) -> str | None:
-    """The event's id when it is a valid one (the same check as EventIn's), else None."""
-    try:
-        return _raw_id.validate_python(raw.get("event_id") if isinstance(raw, dict) else None)
-    except ValidationError:
-        return None
-
-
-def validate_events(engine: Engine[Any, Any, Any], raw_events: Sequence[Any], *, skew_s: float,
+def validate_events(engine: Engine[Any, Any, Any], events: Sequence[EventIn], *, skew_s: float,
                     now: float | None = None) -> tuple[list[tuple[int, Event]], list[dict[str, Any]]]:
-    """Each event checked on its own: -> (valid ones with their index, a rejection per invalid one)."""
+    """The rules the schema cannot state: -> (valid events with their index, a rejection per late one).
+
+    An action the model does not take is a client error: the request is refused whole (422 naming
+    each). An event later than the clock plus `skew_s` is one bad data point: rejected alone.
+    """
+    wrong = [(n, problem) for n, e in enumerate(events) if (problem := engine.check_action(e.action))]
+    if wrong:
+        raise InvalidEvents(f"{len(wrong)} event(s) without an action this model takes; nothing was stored",
+                            details=[{"loc": ["body", "events", n, "action"], "type": "invalid_action", "msg": p}
+                                     for n, p in wrong])
     latest = (now if now is not None else time.time()) + skew_s
     valid: list[tuple[int, Event]] = []
     rejected: list[dict[str, Any]] = []
-    for n, raw in enumerate(raw_events):
-        errors: list[dict[str, Any]] = []
-        try:
-            e = _event.validate_python(raw)
-        except ValidationError as exc:
-            errors = _errors(exc, n)
+    for n, e in enumerate(events):
+        if e.timestamp > latest:
+            rejected.append({"index": n, "event_id": e.event_id, "status": "rejected", "unknown_item": False,
+                             "errors": [{"loc": ["body", "events", n, "timestamp"], "type": "in_the_future",
+                                         "msg": f"later than the server's clock plus {skew_s:g} s"}]})
         else:
-            if e.timestamp > latest:
-                errors.append({"loc": ["body", "events", n, "timestamp"], "type": "in_the_future",
-                               "msg": f"later than the server's clock plus {skew_s:g} s"})
-            problem = engine.check_action(e.action)
-            if problem:
-                errors.append({"loc": ["body", "events", n, "action"], "type": "invalid_action", "msg": problem})
-            if not errors:
-                valid.append((n, Event(e.event_id, e.user_id, e.item_id, e.timestamp, e.action)))
-        if errors:
-            rejected.append({"index": n, "event_id": _id_of(raw), "status": "rejected", "unknown_item": False,
-                             "errors": errors})
+            valid.append((n, Event(e.event_id, e.user_id, e.item_id, e.timestamp, e.action)))
     return valid, rejected
 
 
-async def post_events(served: Served, raw_events: Sequence[Any], *, store: HistoryStore | None,
+async def post_events(served: Served, events: Sequence[EventIn], *, store: HistoryStore | None,
                       skew_s: float) -> EventsOutcome:
-    """Validate each event, store the valid ones durably, and say what happened to each."""
+    """Check each event, store the valid ones durably, and say what happened to each."""
     engine = served.engine
     if engine.namespace is None:
         raise InvalidEvents(f"model {served.name!r} keeps no user histories", ["body", "model"])
     st = _store_or_503(store)
-    valid, rejected = validate_events(engine, raw_events, skew_s=skew_s)
-    if not valid:
-        details = [e for r in rejected for e in r["errors"]]
-        raise InvalidEvents(f"all {len(rejected)} events were rejected; see details", details=details)
-    events = [e for _, e in valid]
-    outcomes = await asyncio.to_thread(st.append, engine.namespace, events)
+    valid, rejected = validate_events(engine, events, skew_s=skew_s)
+    stored_events = [e for _, e in valid]
+    outcomes = await asyncio.to_thread(st.append, engine.namespace, stored_events) if stored_events else []
     conflicts = [(n, e) for (n, e), o in zip(valid, outcomes, strict=True) if o == "conflict"]
     if conflicts:
         details = [{"loc": ["body", "events", n, "event_id"], "type": "event_conflict",
                     "msg": f"event id {e.event_id!r} was stored before with another payload"} for n, e in conflicts]
         raise EventConflict(f"{len(conflicts)} event id(s) already stored with another payload; nothing was stored",
                             details=details)
-    known = engine.known([e.item_id for e in events])
+    known = engine.known([e.item_id for e in stored_events])
     results = rejected + [
         {"index": n, "event_id": e.event_id, "status": o, "unknown_item": not k, "errors": []}
         for (n, e), o, k in zip(valid, outcomes, known, strict=True)

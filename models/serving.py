@@ -99,6 +99,11 @@ class Engine(ABC, Generic[Q, P, R]):
         """Users whose live events the queries need."""
         return []
 
+    @property
+    def actions(self) -> list[str] | None:
+        """The actions a history step must carry (a social model's vocabulary); None: no action."""
+        return None
+
     def check_action(self, action: str | None) -> str | None:
         """Why an event's action is not acceptable to this model, or None when it is."""
         return None

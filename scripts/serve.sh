@@ -9,5 +9,8 @@ scripts/train_defaults.sh
 # Fewer malloc arenas: the model thread and the event loop otherwise fragment memory into
 # per-thread arenas (resident memory after a load run: 790 MB by default, 550 MB with 2).
 export MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}"
+# On SIGTERM the server stops accepting and answers what it holds for up to SEQSERVE_DRAIN_S
+# seconds; docker-compose.yml's stop_grace_period must stay above it (tests/test_deploy.py).
 exec .venv/bin/uvicorn --factory app.main:app_from_env \
-    --host "${SEQSERVE_HOST:-127.0.0.1}" --port "${SEQSERVE_PORT:-8000}" --timeout-graceful-shutdown 20
+    --host "${SEQSERVE_HOST:-127.0.0.1}" --port "${SEQSERVE_PORT:-8000}" \
+    --timeout-graceful-shutdown "${SEQSERVE_DRAIN_S:-20}"

@@ -95,3 +95,17 @@ def test_trainer_does_nothing_when_models_exist(tiny_artifacts: Path) -> None:
     out = subprocess.run([str(ROOT / "scripts" / "train_defaults.sh")], env=env, capture_output=True, text=True,
                          timeout=120, check=True)
     assert "already holds models" in out.stderr
+
+
+def _seconds(text: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text))
+
+
+def test_compose_waits_longer_than_the_service_drains(compose: dict[str, Any]) -> None:
+    api = compose["services"]["api"]
+    drain = float(api["environment"]["SEQSERVE_DRAIN_S"])
+    default = re.search(r"SEQSERVE_DRAIN_S:-(\d+)", (ROOT / "scripts" / "serve.sh").read_text())
+    assert default is not None and float(default.group(1)) == drain
+    # Compose SIGKILLs after stop_grace_period (10 s when unset): in-flight requests would be cut.
+    assert _seconds(str(api.get("stop_grace_period", "10s"))) >= drain + 5

@@ -19,10 +19,12 @@ router = APIRouter(tags=["events"])
 async def post_events(body: EventsBody, services: ServicesDep, request: Request) -> Response:
     """Append interactions to users' histories; answered only once they are durably stored.
 
-    Each event is checked on its own: invalid ones are rejected with reasons, the others stored.
-    A replayed event (same id, same payload) is a no-op ("duplicate"); an id stored before with another
-    payload is a 409 and nothing of the request is stored. Items the model does not know are stored and
-    flagged: they count after the next training run. Needs X-API-Key when SEQSERVE_EVENTS_API_KEY is set.
+    Events that do not match the schema, or carry an action the model does not take, refuse the
+    request whole (422 naming each). An event later than the clock plus the allowed skew is rejected
+    alone, with its reason, and the others are stored. A replayed event (same id, same payload) is a
+    no-op ("duplicate"); an id stored before with another payload is a 409 and nothing of the request
+    is stored. Items the model does not know are stored and flagged: they count after the next
+    training run. Needs X-API-Key when SEQSERVE_EVENTS_API_KEY is set.
     """
     with services.registry.lease(body.model, "recommend", services.settings.default_model) as served:
         request.state.model = served.name

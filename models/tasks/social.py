@@ -91,6 +91,10 @@ class SocialEngine(UserQueryEngine):
     def release_base_histories(self) -> None:
         self.art.histories.clear()
 
+    @property
+    def actions(self) -> list[str]:
+        return list(self.art.actions.raws())
+
     def check_action(self, action: str | None) -> str | None:
         if action is None:
             return f"required by social model {self.manifest.name!r}; one of {self.art.actions.raws()}"

@@ -179,3 +179,23 @@ def test_no_models_is_not_ready(tmp_path: Path) -> None:
         assert c.get("/readyz").status_code == 503
         r = c.post("/recommend", json={"queries": [{"user_id": "u1"}]})
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable"
+
+
+def test_request_totals_are_bounded_naming_the_field(tiny_location_artifact: Path) -> None:
+    """Per-field caps alone let 1,024 queries x k = 1,000 ask for a million results: the sums are capped."""
+    settings = Settings(artifacts_dir=tiny_location_artifact, device="cpu", max_total_k=30, max_total_items=10)
+    with TestClient(create_app(settings)) as c:
+        ok = {"queries": [{"user_id": "u1", "k": 15}, {"user_id": "u2", "k": 15}]}
+        assert c.post("/recommend", json=ok).status_code == 200
+        cases = [
+            ("/recommend", {"queries": [{"user_id": "u1", "k": 20}, {"user_id": "u2", "k": 11}]}, "k add up"),
+            ("/recommend", {"queries": [{"user_id": "u1", "history": [{"item_id": "12"}] * 6,
+                                         "exclude_items": ["13"] * 5}]}, "excluded items add up"),
+            ("/next-location", {"queries": [{"history": [{"location_id": "a", "start_min": 1, "weekday": 1,
+                                                          "duration_min": 5}] * 11}]}, "steps add up"),
+        ]
+        for path, body, msg in cases:
+            r = c.post(path, json=body)
+            assert r.status_code == 422, r.text
+            detail = r.json()["error"]["details"][0]
+            assert detail["loc"] == ["body", "queries"] and msg in detail["msg"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,25 +85,39 @@ def test_a_new_user_is_served_from_events(client: TestClient) -> None:
     assert len(res["items"]) == 5 and "12" not in {i["item_id"] for i in res["items"]}
 
 
-def test_invalid_events_are_rejected_one_by_one(client: TestClient) -> None:
+def test_a_late_event_is_rejected_alone_a_malformed_one_refuses_the_request(client: TestClient) -> None:
+    late = time.time() + 3600
     events = [
         {"event_id": "ok1", "user_id": "u1", "item_id": "12", "timestamp": Y2005},
-        {"event_id": "bad1", "user_id": "u1", "item_id": "12"},
-        {"event_id": "bad2", "user_id": "u1", "item_id": "12", "timestamp": -5},
-        {"event_id": "bad3", "user_id": "u1", "item_id": "12", "timestamp": Y2005, "rating": 5},
-        {"user_id": "u1", "item_id": "13", "timestamp": Y2005},
+        {"event_id": "late1", "user_id": "u1", "item_id": "12", "timestamp": late},
+        {"event_id": "ok2", "user_id": "u1", "item_id": "13", "timestamp": Y2005},
     ]
     r = client.post("/events", json={"events": events})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert (body["stored"], body["rejected"]) == (1, 4)
+    assert (body["stored"], body["rejected"]) == (2, 1)
     res = body["results"]
-    assert [e["status"] for e in res] == ["stored", "rejected", "rejected", "rejected", "rejected"]
-    assert res[1]["event_id"] == "bad1" and res[4]["event_id"] is None
-    assert res[1]["errors"][0]["loc"] == ["body", "events", 1, "timestamp"]
-    assert res[2]["errors"][0]["loc"] == ["body", "events", 2, "timestamp"]
-    assert res[3]["errors"][0]["loc"] == ["body", "events", 3, "rating"]
-    assert res[4]["errors"][0]["loc"] == ["body", "events", 4, "event_id"]
+    assert [e["status"] for e in res] == ["stored", "rejected", "stored"]
+    assert res[1]["event_id"] == "late1" and res[1]["errors"][0]["loc"] == ["body", "events", 1, "timestamp"]
+    # Only late events: nothing stored, each one says why, and the request itself was well formed.
+    r = client.post("/events", json={"events": [{**events[1], "event_id": "late2"}]})
+    assert r.status_code == 200 and (r.json()["stored"], r.json()["rejected"]) == (0, 1)
+
+    malformed = [
+        {"event_id": "ok3", "user_id": "u1", "item_id": "12", "timestamp": Y2005},
+        {"event_id": "bad1", "user_id": "u1", "item_id": "12"},
+        {"event_id": "bad2", "user_id": "u1", "item_id": "12", "timestamp": -5},
+        {"event_id": "bad3", "user_id": "u1", "item_id": "12", "timestamp": Y2005, "rating": 5},
+        {"user_id": "u1", "item_id": "13", "timestamp": Y2005},
+        None,
+    ]
+    r = client.post("/events", json={"events": malformed})
+    assert r.status_code == 422, r.text
+    locs = {tuple(d["loc"]) for d in r.json()["error"]["details"]}
+    assert locs == {("body", "events", 1, "timestamp"), ("body", "events", 2, "timestamp"),
+                    ("body", "events", 3, "rating"), ("body", "events", 4, "event_id"), ("body", "events", 5)}
+    r = client.post("/events", json={"events": malformed[:1]})  # nothing of the refused request was stored
+    assert r.status_code == 200 and r.json()["results"][0]["status"] == "stored"
 
 
 def test_ids_that_are_not_utf8_are_rejected_not_500(client: TestClient) -> None:
@@ -115,11 +130,11 @@ def test_ids_that_are_not_utf8_are_rejected_not_500(client: TestClient) -> None:
     assert r.json()["error"]["code"] == "invalid_request" and "column 33" in r.json()["error"]["message"]
 
 
-def test_all_invalid_is_422_and_limits_hold(client: TestClient) -> None:
+def test_malformed_is_422_and_limits_hold(client: TestClient) -> None:
     r = client.post("/events", json={"events": [{"event_id": "e", "user_id": "u1"}, "junk"]})
     assert r.status_code == 422
     err = r.json()["error"]
-    assert err["code"] == "invalid_events"
+    assert err["code"] == "invalid_request"
     assert {tuple(d["loc"][:3]) for d in err["details"]} == {("body", "events", 0), ("body", "events", 1)}
     many = [{"event_id": f"e{n}", "user_id": "u1", "item_id": "12", "timestamp": 1.0} for n in range(21)]
     r = client.post("/events", json={"events": many})

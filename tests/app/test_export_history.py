@@ -35,3 +35,23 @@ def test_exported_log_holds_base_and_events(tiny_artifacts: Path, tmp_path: Path
     assert "brand-new" in art.items.raws() and "newcomer" in art.histories
     assert export(["--namespace", "nothing-here", "--out", str(tmp_path / "none.csv")]) == 1
     assert "holds no history" in capsys.readouterr().err
+
+
+HOSTILE = ["a b", "c,d", 'say "hi"', "two\nlines", "tab\there", "cr\r\nlf", "ünï €", "#hash", " lead", "=1+2"]
+
+
+def test_hostile_ids_round_trip_exactly(tiny_artifacts: Path, tmp_path: Path) -> None:
+    from training.data import load_interactions
+
+    events = [{"event_id": f"h{n}", "user_id": f"user {u}", "item_id": item, "timestamp": 1.6e9 + n}
+              for n, (u, item) in enumerate((u, i) for u in HOSTILE[:3] for i in HOSTILE)]
+    with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu"))) as c:
+        r = c.post("/events", json={"model": "sasrec-tiny", "events": events[:20]})
+        assert r.status_code == 200 and r.json()["stored"] == 20
+        r = c.post("/events", json={"model": "sasrec-tiny", "events": events[20:]})
+        assert r.status_code == 200 and r.json()["stored"] == len(events) - 20
+    out = tmp_path / "log.csv"
+    assert export(["--namespace", "sasrec-tiny", "--out", str(out)]) == 0
+    data = load_interactions(out)
+    got = {(u, i) for u, items in zip(data.users, data.items, strict=True) for i in items if u.startswith("user ")}
+    assert got == {(e["user_id"], e["item_id"]) for e in events}

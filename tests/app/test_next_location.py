@@ -54,7 +54,8 @@ def test_unknown_user_and_locations_and_iso_times(client: TestClient) -> None:
 
 def test_iso_times_equal_relative_fields(client: TestClient) -> None:
     # 2024-03-05 is a Tuesday (weekday 1): 07:00 for 600 minutes is exactly STEP.
-    iso = {"location_id": "home1", "started_at": "2024-03-05T07:00:00", "finished_at": "2024-03-05T17:00:00"}
+    # The time of day is read in the stay's own offset.
+    iso = {"location_id": "home1", "started_at": "2024-03-05T07:00:00+09:00", "finished_at": "2024-03-05T08:00:00Z"}
     a = client.post("/next-location", json={"queries": [{"user_id": "1", "history": [iso]}]}).json()
     b = client.post("/next-location", json={"queries": [{"user_id": "1", "history": [STEP]}]}).json()
     assert a["results"] == b["results"]
@@ -68,10 +69,16 @@ def test_iso_times_equal_relative_fields(client: TestClient) -> None:
         ({"history": [{**STEP, "start_min": 1440}]}, ["body", "queries", 0, "history", 0, "start_min"]),
         ({"history": [{**STEP, "weekday": 7}]}, ["body", "queries", 0, "history", 0, "weekday"]),
         ({"history": [{"location_id": "a", "start_min": 3}]}, ["body", "queries", 0, "history", 0]),
-        ({"history": [{"location_id": "a", "started_at": "yesterday", "finished_at": "2024-01-01T00:00:00"}]},
+        ({"history": [{"location_id": "a", "started_at": "yesterday", "finished_at": "2024-01-01T00:00:00Z"}]},
          ["body", "queries", 0, "history", 0, "started_at"]),
-        ({"history": [{"location_id": "a", "started_at": "2024-01-02T00:00:00",
-                       "finished_at": "2024-01-01T00:00:00"}]}, ["body", "queries", 0, "history", 0]),
+        # Unix seconds as text and times without an offset are not RFC 3339 date-times.
+        ({"history": [{"location_id": "a", "started_at": "0", "finished_at": "2024-01-01T00:00:00Z"}]},
+         ["body", "queries", 0, "history", 0, "started_at"]),
+        ({"history": [{"location_id": "a", "started_at": "2024-01-01T00:00:00Z",
+                       "finished_at": "2024-01-01T01:00:00"}]},
+         ["body", "queries", 0, "history", 0, "finished_at"]),
+        ({"history": [{"location_id": "a", "started_at": "2024-01-02T00:00:00Z",
+                       "finished_at": "2024-01-01T00:00:00Z"}]}, ["body", "queries", 0, "history", 0]),
     ],
 )
 def test_bad_history_is_422_naming_the_field(client: TestClient, query: dict, loc: list) -> None:

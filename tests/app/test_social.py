@@ -72,6 +72,11 @@ def test_events_carry_the_action_and_condition_the_next_answer(client: TestClien
     r = client.post("/events", json={"model": MODEL, "events": [
         {"event_id": "e0", "user_id": "s5", "item_id": "s20", "timestamp": t + 60}]})
     assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["body", "events", 0, "action"]
+    # One wrong action refuses the request whole: the good event beside it is not stored either.
+    r = client.post("/events", json={"model": MODEL, "events": [
+        {"event_id": "e1", "user_id": "s5", "item_id": "s20", "action": "c2a", "timestamp": t + 60},
+        {"event_id": "e9", "user_id": "s5", "item_id": "s20", "action": "like", "timestamp": t + 60}]})
+    assert r.status_code == 422 and [d["loc"][2] for d in r.json()["error"]["details"]] == [1]
     before = _rec(client, {"user_id": "s5", "k": 5, "exclude_seen": True})
     events = [{"event_id": f"e{n}", "user_id": "s5", "item_id": "s20", "action": "c2a", "timestamp": t + 60 * n}
               for n in range(1, 4)]

@@ -1,0 +1,84 @@
+"""A newest version that is wrong in any way: the service starts, serves the older version of that
+model and every other model, and says which version is broken without showing a path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from models.artifact import latest_versions
+
+NEWER = "20991231T235959Z"
+
+
+def _json(name: str, value: object) -> Callable[[Path], None]:
+    return lambda folder: (folder / name).write_text(json.dumps(value))
+
+
+def _manifest(**change: object) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        m = json.loads((folder / "manifest.json").read_text())
+        m.update(change)
+        (folder / "manifest.json").write_text(json.dumps(m))
+    return edit
+
+
+CORRUPTIONS: dict[str, Callable[[Path], None]] = {
+    "items.json is a list": _json("items.json", []),
+    "histories.json maps a user to a number": _json("histories.json", {"u1": 5}),
+    "config is not a table": _manifest(config="sasrec"),
+    "kind of another task": _manifest(kind="mhsa"),
+    "manifest.json not JSON": lambda f: (f / "manifest.json").write_text("{"),
+    "weights are garbage": lambda f: (f / "model.pt").write_bytes(b"\x80\x04garbage"),
+    "weights missing": lambda f: (f / "model.pt").unlink(),
+    "deeply nested JSON": lambda f: (f / "item_meta.json").write_text("[" * 100_000 + "]" * 100_000),
+}
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+def test_a_broken_newest_version_falls_back_to_the_older_one(tiny_location_artifact: Path, tmp_path: Path,
+                                                             corrupt: Callable[[Path], None]) -> None:
+    root = tmp_path / "arts"
+    shutil.copytree(tiny_location_artifact, root)
+    old = latest_versions(root)["sasrec-tiny"]
+    shutil.copytree(old, old.parent / NEWER)
+    corrupt(old.parent / NEWER)
+    # A stray folder is not a version, however new its files: only the name shape counts.
+    shutil.copytree(old.parent / NEWER, old.parent / "backup")
+    with TestClient(create_app(Settings(artifacts_dir=root, device="cpu"))) as c:
+        ready = c.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        body = ready.json()
+        assert body["models"] == ["bert4rec-tiny", "mhsa-tiny", "sasrec-tiny"]
+        assert list(body["broken"]) == [f"sasrec-tiny/{NEWER}"]
+        assert str(root) not in ready.text and "Traceback" not in ready.text
+        versions = {m["name"]: m["version"] for m in c.get("/models").json()["models"]}
+        assert versions["sasrec-tiny"] == old.name
+        r = c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]})
+        assert r.status_code == 200 and r.json()["version"] == old.name
+        step = {"location_id": "home1", "start_min": 420, "weekday": 1, "duration_min": 600}
+        r = c.post("/next-location", json={"queries": [{"history": [step]}]})
+        assert r.status_code == 200
+
+
+def test_reload_onto_a_broken_version_keeps_serving_and_says_why(tiny_artifacts: Path, tmp_path: Path) -> None:
+    root = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts, root)
+    old = latest_versions(root)["sasrec-tiny"]
+    settings = Settings(artifacts_dir=root, device="cpu", admin_api_key="k")
+    with TestClient(create_app(settings)) as c:
+        shutil.copytree(old, old.parent / NEWER)
+        CORRUPTIONS["items.json is a list"](old.parent / NEWER)
+        r = c.post("/admin/reload", headers={"x-api-key": "k"})
+        assert r.status_code == 200, r.text
+        failed = r.json()["failed"]
+        assert list(failed) == [f"sasrec-tiny/{NEWER}"] and failed[f"sasrec-tiny/{NEWER}"].startswith("items.json: ")
+        assert c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]}).json()[
+            "version"] == old.name
