@@ -1,7 +1,9 @@
 """Typed FastAPI dependencies: the one place that reads the app's state.
 
 Routers declare what they need (`SettingsDep`, `RegistryDep`, `StoreDep`, a parsed body) and never
-touch `app.state`. Request bodies are parsed here in one pass (`model_validate_json` on the raw
+touch `app.state`. Every dependency is `async def`: FastAPI runs a plain `def` one in a worker
+thread, and those thread hops were the largest cost of a no-op request in the profile
+(docs/BENCHMARKS.md, "Hot path"). Request bodies are parsed here in one pass (`model_validate_json` on the raw
 bytes) by the app's own bounded models, so validation and the OpenAPI document share one set of
 limits.
 """
@@ -41,7 +43,7 @@ class Services:
         self.schemas = bounded(self.settings.limits)
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
@@ -49,15 +51,15 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_settings(services: ServicesDep) -> Settings:
+async def get_settings(services: ServicesDep) -> Settings:
     return services.settings
 
 
-def get_registry(services: ServicesDep) -> ModelRegistry:
+async def get_registry(services: ServicesDep) -> ModelRegistry:
     return services.registry
 
 
-def get_store(services: ServicesDep) -> HistoryStore | None:
+async def get_store(services: ServicesDep) -> HistoryStore | None:
     return services.store
 
 
@@ -108,11 +110,11 @@ def check_key(expected: SecretStr | None, given: str | None, *, what: str, requi
         raise Forbidden("wrong API key", ["header", "x-api-key"])
 
 
-def require_admin(services: ServicesDep, x_api_key: Annotated[str | None, Header()] = None) -> None:
+async def require_admin(services: ServicesDep, x_api_key: Annotated[str | None, Header()] = None) -> None:
     check_key(services.settings.admin_api_key, x_api_key, what="admin", required=True)
 
 
-def require_writer(services: ServicesDep, x_api_key: Annotated[str | None, Header()] = None) -> None:
+async def require_writer(services: ServicesDep, x_api_key: Annotated[str | None, Header()] = None) -> None:
     check_key(services.settings.events_api_key, x_api_key, what="events", required=False)
 
 

@@ -6,15 +6,20 @@ extra tasks and streams (measured: a large share of a no-op request's cost; docs
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
-import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.observability import Metrics, request_id
 
 QUIET = frozenset({"/metrics", "/healthz", "/readyz"})
+# Made-up request ids: a random prefix per process and a counter, unique across workers and
+# restarts without uuid4's cost on every request (2.4% of a no-op request in the profile).
+_PREFIX = os.urandom(8).hex()
+_COUNTER = itertools.count()
 log = logging.getLogger("app.access")
 
 
@@ -34,7 +39,7 @@ class Observe:
             if name == b"x-request-id":
                 rid = value[:128].decode("latin-1")
                 break
-        rid = rid or uuid.uuid4().hex
+        rid = rid or f"{_PREFIX}{next(_COUNTER):016x}"
         header = (b"x-request-id", rid.encode("latin-1"))
         status = 500
         t0 = time.perf_counter()

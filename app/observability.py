@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import os
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -28,7 +29,7 @@ class Metrics:
         self.batch_seconds = Histogram("seqserve_batch_seconds", "Model call time", ["model"],
                                        buckets=LATENCY_BUCKETS, registry=self.registry)
         self.queue_depth = Gauge("seqserve_queue_depth", "Requests waiting for a model call", ["model"],
-                                 registry=self.registry)
+                                 registry=self.registry, multiprocess_mode="livesum")
         self.rejected = Counter("seqserve_rejected_total", "Requests refused or failed, by reason", ["reason"],
                                 registry=self.registry)
 
@@ -42,6 +43,12 @@ class Metrics:
         return record
 
     def render(self) -> bytes:
+        """This process's metrics; with several workers (PROMETHEUS_MULTIPROC_DIR set, as
+        scripts/serve.sh does for SEQSERVE_WORKERS > 1) every worker's, summed."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
         return generate_latest(self.registry)
 
 

@@ -30,13 +30,15 @@ import httpx2 as httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_server(artifacts: Path, port: int, env_extra: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_server(artifacts: Path, port: int, env_extra: dict[str, str], *, loop: str = "auto",
+                 http: str = "auto", workers: int = 1) -> subprocess.Popen[bytes]:
     # MALLOC_ARENA_MAX as scripts/serve.sh sets it.
     env = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(artifacts), "SEQSERVE_BENCH_ENDPOINTS": "true",
            "SEQSERVE_LOG_LEVEL": "WARNING", "MALLOC_ARENA_MAX": "2", **env_extra}
     proc = subprocess.Popen(
         [str(ROOT / ".venv/bin/uvicorn"), "--factory", "app.main:app_from_env", "--host", "127.0.0.1",
-         "--port", str(port), "--no-access-log", "--log-level", "warning"],
+         "--port", str(port), "--no-access-log", "--log-level", "warning", "--loop", loop, "--http", http,
+         "--workers", str(workers)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 120
@@ -173,6 +175,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "load.json")
     p.add_argument("--client", choices=["raw", "httpx"], default="raw")
     p.add_argument("--modes", nargs="+", default=["noop", "unbatched", "batched"])
+    # auto = uvloop and httptools (pinned dependencies); asyncio / h11 to measure without them.
+    p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default="auto")
+    p.add_argument("--http", choices=["auto", "h11", "httptools"], default="auto")
+    p.add_argument("--workers", type=int, default=1, help="server processes (SEQSERVE_WORKERS)")
     p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra server settings, e.g. SEQSERVE_MAX_WAIT_MS=1")
     args = p.parse_args()
@@ -184,13 +190,16 @@ def main() -> None:
         "batched": ("/recommend", {"SEQSERVE_BATCHING": "true"}),
     }
     results: dict = {"rows": []}
-    results["settings"] = {"torch_threads": args.torch_threads, "client": args.client, **extra}
+    results["settings"] = {"torch_threads": args.torch_threads, "client": args.client, "loop": args.loop,
+                           "http": args.http, "workers": args.workers, **extra}
     for mode, (path, env) in modes.items():
         if mode not in args.modes:
             continue
         env = {**env, "SEQSERVE_TORCH_THREADS": str(args.torch_threads),
                "SEQSERVE_HISTORY_PATH": f"{store_dir}/{mode}.sqlite3", **extra}
-        proc = start_server(args.artifacts, args.port, env)
+        if args.workers > 1:
+            env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="seqserve-metrics-")
+        proc = start_server(args.artifacts, args.port, env, loop=args.loop, http=args.http, workers=args.workers)
         try:
             results.setdefault("rss_mb", {})[mode] = round(rss_mb(proc.pid), 1)
             for model in args.models:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import httpx2 as httpx
@@ -11,6 +12,8 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_request_id_is_echoed_or_generated(tiny_artifacts: Path) -> None:
     with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu"))) as c:
@@ -18,6 +21,7 @@ def test_request_id_is_echoed_or_generated(tiny_artifacts: Path) -> None:
         assert r.headers["X-Request-ID"] == "abc-123"
         r = c.post("/recommend", json={"queries": []})
         assert r.status_code == 422 and len(r.headers["X-Request-ID"]) == 32
+        assert c.get("/healthz").headers["X-Request-ID"] != r.headers["X-Request-ID"]
 
 
 def test_body_limit_is_413_json(tiny_artifacts: Path) -> None:
@@ -66,3 +70,20 @@ def test_metrics_show_batches_above_one_under_concurrency(tiny_artifacts: Path) 
                        if ln.startswith('seqserve_batch_size_sum{model="sasrec-tiny"}')))
     assert total == 30 and count < 30  # some model calls carried more than one request
     assert 'seqserve_queue_depth{model="sasrec-tiny"} 0.0' in text
+
+
+def test_metrics_of_several_workers_are_summed(tmp_path: Path) -> None:
+    """SEQSERVE_WORKERS > 1: each process counts into the shared folder; /metrics renders the sum."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    count = ("from app.observability import Metrics; m = Metrics(); "
+             "[m.requests.labels('/recommend', 'm', '200').inc() for _ in range({n})]")
+    for n in (3, 4):  # two worker processes, one after the other
+        subprocess.run([sys.executable, "-c", count.format(n=n)], env=env, check=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", "from app.observability import Metrics; "
+                          "import sys; sys.stdout.write(Metrics().render().decode())"],
+                         env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("seqserve_requests_total{"))
+    assert float(line.split()[-1]) == 7.0
