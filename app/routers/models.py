@@ -8,6 +8,10 @@ from app.schemas import ModelInfo, ModelsResponse
 router = APIRouter(tags=["models"])
 
 
+# The test figures, and whether the model beats the best simple baseline of its own run.
+SHOWN_METRICS = ("test", "train_seconds", "best_epoch", "full_ndcg10_vs_best_baseline")
+
+
 @router.get("/models", response_model=ModelsResponse)
 async def list_models(services: ServicesDep) -> ModelsResponse:
     reg, preferred = services.registry, services.settings.default_model
@@ -17,7 +21,7 @@ async def list_models(services: ServicesDep) -> ModelsResponse:
         infos.append(ModelInfo(
             name=name, kind=m.kind, task=m.task, version=served.version, created_at=m.created_at or None,
             catalog_size=engine.catalog_size, device=str(engine.device), actions=engine.actions,
-            metrics={k: m.metrics[k] for k in ("test", "train_seconds", "best_epoch") if k in m.metrics},
+            metrics={k: m.metrics[k] for k in SHOWN_METRICS if k in m.metrics},
         ))
     return ModelsResponse(default=reg.default("recommend", preferred),
                           default_next_location=reg.default("next_location", preferred),

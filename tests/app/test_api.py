@@ -37,6 +37,9 @@ def test_health_ready_models(client: TestClient) -> None:
     assert models["default"] == "sasrec-tiny"
     assert {m["kind"] for m in models["models"]} == {"sasrec", "bert4rec"}
     assert all(m["catalog_size"] == 30 and m["device"] == "cpu" for m in models["models"])
+    # Operators see whether each model beats the best simple baseline of its own training run.
+    assert all(m["metrics"]["full_ndcg10_vs_best_baseline"]["baseline"] in {"popularity", "transitions", "item_knn"}
+               for m in models["models"])
 
 
 @pytest.mark.parametrize("model", ["sasrec-tiny", "bert4rec-tiny"])

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from models.artifact import latest_versions
+from models.registry import build_recommender
 from models.tasks.recommend import load_artifact as load_rec_artifact
 from tests.conftest import TINY_REC, run_job
-from training.config import read_raw
+from training.__main__ import CONFIGS
+from training.config import kind_of, read_raw
 from training.preflight import PreflightError, preflight
 
 
@@ -23,6 +25,10 @@ def test_artifact_contract(tiny_artifacts: Path) -> None:
         assert manifest["format_version"] == 1 and len(manifest["data"]["sha256"]) == 64
         assert {"full", "popularity", "uniform"} <= manifest["metrics"]["test"].keys()
         assert set(manifest["metrics"]["baselines_test"]) == {"popularity", "transitions", "item_knn"}
+        # The same baselines on the users each epoch was validated on, under the validation protocol.
+        valid = manifest["metrics"]["baselines_valid_per_epoch_users"]
+        assert set(valid) == {"popularity", "transitions", "item_knn"}
+        assert all(0.0 <= m["NDCG@10"] <= 1.0 and m["n"] > 0 for m in valid.values())
         art = load_rec_artifact(folder)
         assert art.items.n_entities == 30 and len(art.histories) == 40
         assert art.release_unit == "year"
@@ -135,3 +141,20 @@ def test_lr_schedule_warms_up_then_decays_to_zero_at_the_last_epoch() -> None:
     assert opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(ValueError, match=r"train\.schedule"):
         LoopConfig(schedule="linear")
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_configs_parse_and_recommenders_default_to_the_product_protocol(path: Path) -> None:
+    from training.jobs import job_for_kind
+    from training.jobs.recommend import RecommendJob
+
+    raw = read_raw(path, [])
+    job = job_for_kind(kind_of(raw))
+    cfg = job.parse_config(raw)
+    if job is RecommendJob:
+        build_recommender(cfg.kind, {**cfg.model, "vocab_size": 100})
+        # What /recommend serves is whole-catalog ranking: only configs named for the paper's
+        # sampled protocol choose their epoch on it.
+        paper = path.stem.endswith("_paper")
+        assert (cfg.eval.protocol == "full") != paper, path.name
+        assert cfg.name.endswith("-paper") == paper, path.name

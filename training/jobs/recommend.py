@@ -99,6 +99,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     popularity: torch.Tensor  # counts over the whole log: the paper protocol's negative sampler
     windows: torch.Tensor
     max_history: int
+    valid_baselines: dict[str, dict[str, float]] | None = None  # on the per-epoch validation users
 
     def _data_path(self) -> Path:
         c = self.cfg.data
@@ -135,7 +136,21 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         log.info("%s: %d users, %d items, %d interactions; %d training windows of <= %d; %d validation targets",
                  self.data.source, self.users.n_entities, self.items.n_entities, self.data.n_interactions,
                  len(self.windows), model.window_len, len(self.split.valid.targets))
+        if self.dist.is_main and self.val_set.targets:
+            with self.untimed():
+                self._validation_baselines()
         return window_batches(self.windows, self.cfg.train.batch_size)
+
+    def _validation_baselines(self) -> None:
+        """The baselines on the validation users each epoch is scored on (fitted on the training part),
+        so every epoch's line can be read against the strongest simple competitor."""
+        proto = self.cfg.eval.protocol
+        self.valid_baselines = {
+            name: self._evaluate(BASELINES[name](self.split.train, len(self.items)), self.val_set, proto, "cpu")
+            for name in self.cfg.eval.baselines
+        }
+        log.info("validation (%s, %d users) NDCG@10 of the baselines: %s", proto, len(self.val_set.targets),
+                 " | ".join(f"{n} {m['NDCG@10']:.4f}" for n, m in self.valid_baselines.items()))
 
     def preflight(self, model: nn.Module) -> None:
         assert isinstance(model, SequentialRecommender)
@@ -190,6 +205,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             return out
         test = self.split.test
         out["valid"] = self.valid_metrics
+        out["baselines_valid_per_epoch_users"] = self.valid_baselines
         out["test"] = self._all_protocols(model.scores, test, self.device)
         # What is known at test time: every interaction but the held-out test items.
         known = test.histories + short_sequences(self.split)

@@ -1,0 +1,49 @@
+"""The simple baselines every recommendation run prints beside the model."""
+
+import torch
+
+from models.ids import N_SPECIAL
+from models.ranking import pack_histories
+from training.evaluate import item_knn_scorer, popularity_scorer, transitions_scorer
+
+V = 10  # items 2..9
+
+KNOWN = [
+    [2, 3, 4],
+    [2, 3, 5],
+    [6, 2, 5],
+    [7, 8],
+    [7, 8],
+    [9, 9, 9, 9],  # the most frequent item, never next to 2
+]
+
+
+def ranking(scores: torch.Tensor) -> list[int]:
+    return torch.argsort(scores, descending=True, stable=True).tolist()
+
+
+def test_popularity_orders_by_count_and_hides_specials() -> None:
+    s = popularity_scorer(KNOWN, V)(pack_histories([[2]], 5))[0]
+    assert ranking(s)[0] == 9 and bool(torch.isinf(s[:N_SPECIAL]).all())
+
+
+def test_transitions_follow_the_last_item_then_popularity() -> None:
+    score = transitions_scorer(KNOWN, V)
+    s = score(pack_histories([[7, 2]], 5))[0]  # last item 2: followed by 3 twice, 5 once
+    assert ranking(s)[:3] == [3, 5, 9]  # then popularity fills: 9 is the most frequent
+    assert bool(torch.isinf(s[:N_SPECIAL]).all())
+    # Only the last item counts, wherever the padding is.
+    assert ranking(score(pack_histories([[4, 7]], 8))[0])[0] == 8
+    padded = score(pack_histories([[9, 2], [2]], 6))
+    assert torch.equal(padded[0], padded[1])
+
+
+def test_item_knn_sums_similarities_over_the_history() -> None:
+    score = item_knn_scorer(KNOWN, V)
+    s = score(pack_histories([[7]], 5))[0]
+    assert ranking(s)[0] == 8  # always together
+    assert s[7] < s[8]  # an item is not its own neighbour
+    both = score(pack_histories([[3, 4]], 5))[0]  # 2 co-occurs with both, 5 with 3 only
+    assert ranking(both)[0] == 2 and both[2] > both[5] > both[6]
+    few = item_knn_scorer(KNOWN, V, neighbours=1)(pack_histories([[2]], 5))[0]
+    assert int((few > 0.01).sum()) == 1  # one neighbour kept; the rest is the popularity fill
