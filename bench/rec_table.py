@@ -20,9 +20,12 @@ from typing import Any
 NAN: dict[str, float] = {k: math.nan for k in ("HR@1", "HR@10", "NDCG@10", "MRR")}
 
 
-def row(name: str, m: dict[str, Any], *, best: float, minutes: str) -> str:
+def best_full_ndcg(baselines: dict[str, Any]) -> float:
+    return max((b.get("full", NAN)["NDCG@10"] for b in baselines.values()), default=math.nan)
+
+
+def row(name: str, m: dict[str, Any], *, ratio: float, minutes: str) -> str:
     full, pop, uni = m.get("full", NAN), m.get("popularity", NAN), m.get("uniform", NAN)
-    ratio = full["NDCG@10"] / best if best > 0 else math.nan
     return (f"| {name} | {full['HR@1']:.4f} | {full['HR@10']:.4f} | {full['NDCG@10']:.4f} | {full['MRR']:.4f} | "
             f"{ratio:.2f}x | {pop['HR@10']:.4f} | {pop['NDCG@10']:.4f} | {pop['MRR']:.4f} | "
             f"{uni['NDCG@10']:.4f} | {minutes} |")
@@ -36,14 +39,15 @@ def main(folders: list[str]) -> None:
     for f in folders:
         metrics = json.loads((Path(f) / "metrics.json").read_text())
         run = json.loads((Path(f) / "run_config.json").read_text())
-        mine = metrics.get("baselines_test", {})
-        baselines = baselines or mine
-        best = max((b.get("full", NAN)["NDCG@10"] for b in mine.values()), default=math.nan)
+        baselines = baselines or metrics.get("baselines_test", {})
+        # The job's own ratio: against the best baseline of the same run.
+        ratio = metrics.get("full_ndcg10_vs_best_baseline", {}).get("ratio", math.nan)
         name = f"{run['kind']} ({run.get('name', Path(f).parent.name)})"
-        print(row(name, metrics["test"], best=best, minutes=f"{metrics['train_seconds'] / 60:.1f}"))
-    best = max((b.get("full", NAN)["NDCG@10"] for b in baselines.values()), default=math.nan)
+        print(row(name, metrics["test"], ratio=ratio, minutes=f"{metrics['train_seconds'] / 60:.1f}"))
+    best = best_full_ndcg(baselines)
     for name, m in baselines.items():
-        print(row(f"baseline: {name}", m, best=best, minutes="-"))
+        ratio = m.get("full", NAN)["NDCG@10"] / best if best > 0 else math.nan
+        print(row(f"baseline: {name}", m, ratio=ratio, minutes="-"))
 
 
 if __name__ == "__main__":
