@@ -84,6 +84,24 @@ class _LossStep(nn.Module):
         return self.model.loss(batch)  # type: ignore[operator]
 
 
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """This rank's device. auto = its own CUDA device when the host has one per local rank, else the CPU."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if name == "auto":
+        # Every rank of a host sees the same counts, so all agree on GPUs (NCCL) or the CPU (gloo).
+        name = f"cuda:{local_rank}" if 0 < local_world <= gpus else "cpu"
+    dev = torch.device(name)
+    if dev.type != "cuda":
+        return dev
+    if gpus == 0:
+        raise ValueError(f"train.device={name!r} but CUDA is not available")
+    if local_world > gpus:
+        raise ValueError(f"{local_world} ranks on this host but {gpus} CUDA device(s): start at most {gpus} "
+                         "per host (torchrun --nproc-per-node) or set train.device='cpu'")
+    return torch.device("cuda", local_rank) if local_world > 1 else dev
+
+
 def setup(device: str = "auto") -> Dist:
     """Join the process group torchrun describes in the environment; a single process otherwise.
 
@@ -93,10 +111,10 @@ def setup(device: str = "auto") -> Dist:
     if world <= 1:
         return Dist()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    on_gpu = device != "cpu" and torch.cuda.is_available()
-    backend = "nccl" if on_gpu else "gloo"
-    if on_gpu:
-        torch.cuda.set_device(local_rank)
+    dev = resolve_device(device, local_rank)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     # A long timeout: the other ranks wait while rank 0 validates an epoch.
     tdist.init_process_group(backend, timeout=dt.timedelta(hours=2))
     log.info("distributed training: rank %d of %d (%s)", rank, world, backend)

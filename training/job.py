@@ -25,9 +25,9 @@ from torch import nn
 
 from models.manifest import Manifest
 from training.config import LoopConfig, RunConfig, parse
-from training.distributed import Dist
+from training.distributed import Dist, resolve_device
 from training.export import export_artifact
-from training.loop import History, resolve_device, seed_everything, train
+from training.loop import History, seed_everything, train
 
 log = logging.getLogger(__name__)
 D = TypeVar("D")

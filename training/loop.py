@@ -31,16 +31,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """auto = this rank's CUDA device when there is one, else the CPU."""
-    if name == "auto":
-        name = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device={name!r} but CUDA is not available")
-    return dev
-
-
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
     """bf16 autocast on CUDA when asked (or by default); on the CPU only when asked explicitly."""
     use = precision == "bf16" or (precision == "auto" and device.type == "cuda")

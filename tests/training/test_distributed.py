@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from models.artifact import latest_versions
 from models.tasks.recommend import load_artifact as load_rec_artifact
 from tests.servers import ROOT, free_port
-from training.distributed import Dist
+from training.distributed import Dist, resolve_device
 
 
 def test_shards_are_disjoint_and_equal() -> None:
@@ -51,3 +52,27 @@ def test_torchrun_two_cpu_ranks_write_one_artifact(tmp_path: Path, synthetic_dir
     assert metrics["ranks"] == 2 and metrics["epochs_run"] == 3
     art = load_rec_artifact(folder)
     assert len(art.histories) == 40
+
+
+@pytest.mark.parametrize(("gpus", "local_world", "rank", "want"), [
+    (0, 1, 0, "cpu"), (1, 1, 0, "cuda:0"), (4, 2, 1, "cuda:1"),
+    (1, 2, 1, "cpu"),  # more ranks than GPUs on the host: every rank on the CPU, never cuda:1 of 1
+])
+def test_auto_device_per_rank(gpus: int, local_world: int, rank: int, want: str,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))
+    assert str(resolve_device("auto", rank)) == want
+
+
+def test_explicit_cuda_with_too_few_gpus_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="2 ranks on this host but 1 CUDA"):
+        resolve_device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        resolve_device("cuda")
