@@ -7,6 +7,8 @@ Modes, each in a fresh server process with every model of --artifacts loaded:
   noop       POST /bench/noop with the same JSON body (parsing, validation, response): the ceiling
   unbatched  POST /recommend, SEQSERVE_BATCHING=false (one model call per request)
   batched    POST /recommend, dynamic micro-batching on
+  litserve   a peer, not the service: the same artifact and engine served by LitServe
+             (bench/litserve_server.py; `.venv/bin/pip install -e '.[bench]'` first; one --models)
 The load generator is a separate process: asyncio workers with one keep-alive connection each,
 writing pre-encoded HTTP/1.1 requests (--client httpx for the httpx2 client instead); every run
 is bounded by --seconds and stops by itself. Only loopback is used.
@@ -17,12 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import random
+import signal
 import subprocess
-import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx2 as httpx
@@ -39,19 +43,46 @@ def start_server(artifacts: Path, port: int, env_extra: dict[str, str], *, loop:
         [str(ROOT / ".venv/bin/uvicorn"), "--factory", "app.main:app_from_env", "--host", "127.0.0.1",
          "--port", str(port), "--no-access-log", "--log-level", "warning", "--loop", loop, "--http", http,
          "--workers", str(workers)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )
+    return wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
+
+
+def start_litserve(artifacts: Path, port: int, model: str, *, torch_threads: int) -> subprocess.Popen[bytes]:
+    """The peer: the same artifact through the project's engine, served by LitServe (bench/litserve_server.py)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_ARENA_MAX": "2"}
+    proc = subprocess.Popen(
+        [str(ROOT / ".venv/bin/python"), str(ROOT / "bench" / "litserve_server.py"), "--artifacts", str(artifacts),
+         "--model", model, "--port", str(port), "--torch-threads", str(torch_threads)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    return wait_ready(proc, f"http://127.0.0.1:{port}/health")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's whole process group (LitServe and uvicorn workers fork), SIGKILL after 30 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str) -> subprocess.Popen[bytes]:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+            if httpx.get(url, timeout=1).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
         time.sleep(0.3)
-    proc.kill()
+    stop(proc)
     raise RuntimeError("server did not become ready in 120 s")
 
 
@@ -76,12 +107,13 @@ async def _raw_post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     return status
 
 
-async def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float,
-                client_kind: str = "raw") -> dict:
+async def _measure(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float,
+                   client_kind: str = "raw") -> tuple[list[float], int]:
     """N workers, each with its own keep-alive connection, posting back to back for `seconds`.
 
     The raw client writes pre-encoded requests on asyncio streams: a few microseconds per request,
     so on a 2-core box the generator leaves the server most of a core (httpx2 costs several times more).
+    Returns the latencies of the requests answered 200 in the measured window, and the error count.
     """
     lat: list[float] = []
     errors = 0
@@ -138,6 +170,32 @@ async def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, 
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(limits=limits, timeout=30) as client:
             await asyncio.gather(*[httpx_worker(client, i) for i in range(concurrency)])
+    return lat, errors
+
+
+def _measure_in_process(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float,
+                        client_kind: str) -> tuple[list[float], int]:
+    return asyncio.run(_measure(url, bodies, concurrency, seconds, warmup, client_kind))
+
+
+def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float, *,
+          client_kind: str = "raw", procs: int = 1) -> dict:
+    """`concurrency` connections spread over `procs` generator processes; req/s and latency percentiles.
+
+    One asyncio process drives about 15-20k req/s; on a many-core host several keep the generator from
+    being the ceiling when the server runs several workers.
+    """
+    procs = max(1, min(procs, concurrency))
+    if procs == 1:
+        lat, errors = _measure_in_process(url, bodies, concurrency, seconds, warmup, client_kind)
+    else:
+        shares = [concurrency // procs + (i < concurrency % procs) for i in range(procs)]
+        with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_measure_in_process, url, bodies[i::procs], n, seconds, warmup, client_kind)
+                       for i, n in enumerate(shares)]
+            parts = [f.result() for f in futures]
+        lat = [x for part, _ in parts for x in part]
+        errors = sum(e for _, e in parts)
     lat.sort()
 
     def pct(p: float) -> float:
@@ -174,6 +232,8 @@ def main() -> None:
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "load.json")
     p.add_argument("--client", choices=["raw", "httpx"], default="raw")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="load-generator processes sharing the connections (for many-core hosts)")
     p.add_argument("--modes", nargs="+", default=["noop", "unbatched", "batched"])
     # auto = uvloop and httptools (pinned dependencies); asyncio / h11 to measure without them.
     p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default="auto")
@@ -188,9 +248,11 @@ def main() -> None:
         "noop": ("/bench/noop", {"SEQSERVE_BATCHING": "true"}),
         "unbatched": ("/recommend", {"SEQSERVE_BATCHING": "false"}),
         "batched": ("/recommend", {"SEQSERVE_BATCHING": "true"}),
+        "litserve": ("/recommend", {}),  # a peer: LitServe, not the service (needs the `bench` extra)
     }
     results: dict = {"rows": []}
-    results["settings"] = {"torch_threads": args.torch_threads, "client": args.client, "loop": args.loop,
+    results["settings"] = {"torch_threads": args.torch_threads, "client": args.client,
+                           "client_procs": args.client_procs, "loop": args.loop,
                            "http": args.http, "workers": args.workers, **extra}
     for mode, (path, env) in modes.items():
         if mode not in args.modes:
@@ -199,14 +261,21 @@ def main() -> None:
                "SEQSERVE_HISTORY_PATH": f"{store_dir}/{mode}.sqlite3", **extra}
         if args.workers > 1:
             env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="seqserve-metrics-")
-        proc = start_server(args.artifacts, args.port, env, loop=args.loop, http=args.http, workers=args.workers)
+        if mode == "litserve":
+            if len(args.models) != 1:
+                raise SystemExit("litserve mode serves one model: pass one --models")
+            proc = start_litserve(args.artifacts, args.port, args.models[0], torch_threads=args.torch_threads)
+        else:
+            proc = start_server(args.artifacts, args.port, env, loop=args.loop, http=args.http,
+                                workers=args.workers)
         try:
             results.setdefault("rss_mb", {})[mode] = round(rss_mb(proc.pid), 1)
             for model in args.models:
                 bodies = bodies_for(args.artifacts, model)
                 for c in args.concurrency:
                     url = f"http://127.0.0.1:{args.port}{path}"
-                    r = asyncio.run(drive(url, bodies, c, args.seconds, args.warmup, args.client))
+                    r = drive(url, bodies, c, args.seconds, args.warmup, client_kind=args.client,
+                              procs=args.client_procs)
                     row = {"mode": mode, "model": model, "concurrency": c, **r}
                     results["rows"].append(row)
                     print(json.dumps(row), flush=True)
@@ -214,8 +283,7 @@ def main() -> None:
                 results["mean_batch_size"] = batch_histogram(args.port)
             results["rss_mb"][mode + "_after"] = round(rss_mb(proc.pid), 1)
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop(proc)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     print_table(results)
@@ -224,19 +292,23 @@ def main() -> None:
 def print_table(results: dict) -> None:
     rows = results["rows"]
     key = {(r["mode"], r["model"], r["concurrency"]): r for r in rows}
-    print("\n| model | conc. | noop req/s | unbatched req/s | batched req/s | batched/noop | batched/unbatched "
-          "| p99 ms noop / unbatched / batched |")
-    print("|---|---|---|---|---|---|---|---|")
+    modes = [m for m in ("noop", "unbatched", "batched", "litserve") if any(r["mode"] == m for r in rows)]
+    ratios = [(a, b) for a, b in (("batched", "noop"), ("batched", "unbatched"), ("batched", "litserve"))
+              if a in modes and b in modes]
+    print("\n| model | conc. | " + " | ".join(f"{m} req/s" for m in modes) + " | "
+          + " | ".join(f"{a}/{b}" for a, b in ratios) + " | p99 ms " + " / ".join(modes) + " |")
+    print("|---" * (3 + len(modes) + len(ratios)) + "|")
     for model in dict.fromkeys(r["model"] for r in rows):
         for c in dict.fromkeys(r["concurrency"] for r in rows):
-            n, u, b = (key.get((m, model, c)) for m in ("noop", "unbatched", "batched"))
-            if not (n and u and b):
+            got = {m: key.get((m, model, c)) for m in modes}
+            if not all(got.values()):
                 continue
-            print(f"| {model} | {c} | {n['rps']:.0f} | {u['rps']:.0f} | {b['rps']:.0f} | {b['rps'] / n['rps']:.2f} "
-                  f"| {b['rps'] / u['rps']:.2f} | {n['p99_ms']:.1f} / {u['p99_ms']:.1f} / {b['p99_ms']:.1f} |")
+            rps = " | ".join(f"{got[m]['rps']:.0f}" for m in modes)  # type: ignore[index]
+            ratio = " | ".join(f"{got[a]['rps'] / got[b]['rps']:.2f}" for a, b in ratios)  # type: ignore[index]
+            p99 = " / ".join(f"{got[m]['p99_ms']:.1f}" for m in modes)  # type: ignore[index]
+            print(f"| {model} | {c} | {rps} | {ratio} | {p99} |")
     print(f"\nresident memory (MB): {results['rss_mb']}; mean batch size (batched run): "
           f"{results.get('mean_batch_size')}")
 
-
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
