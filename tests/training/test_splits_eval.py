@@ -66,3 +66,48 @@ def test_sampled_negatives_avoid_interacted_items() -> None:
     assert m["MRR"] == 1 / 100  # 99 touched items rank above it
     with pytest.raises(ValueError, match="fewer than 101"):  # only 100 untouched items
         evaluate(score, data, vocab_size=vocab, max_history=200, protocol=Protocol("uniform", 101), popularity=pop)
+
+
+def test_shared_negatives_are_the_ones_each_scorer_would_draw() -> None:
+    from training.evaluate import draw_negatives
+    from training.splits import EvalSet
+
+    vocab, gen = 2 + 300, torch.Generator().manual_seed(0)
+    users = 70  # more than one evaluation batch of 32
+    hist = [torch.randint(2, vocab, (8,), generator=gen).tolist() for _ in range(users)]
+    data = EvalSet(list(range(users)), hist, [h[-1] % 297 + 3 for h in hist], [[*h, h[-1] % 297 + 3] for h in hist])
+    pop = torch.rand(vocab, generator=gen) * 100
+    weights = torch.randn(vocab, generator=gen)
+
+    def score(seq: torch.Tensor) -> torch.Tensor:
+        return weights.expand(seq.size(0), -1) + seq[:, :1].float()  # scores differ by row
+
+    for name in ("uniform", "popularity"):
+        proto = Protocol(name, 50, batch_size=32)
+        drawn = draw_negatives(data, vocab_size=vocab, protocol=proto, popularity=pop)
+        assert [d.shape for d in drawn] == [(32, 50), (32, 50), (6, 50)]
+        for row, negs in zip(hist, torch.cat(drawn), strict=True):  # never an item the user touched
+            assert not set(negs.tolist()) & set(row)
+        kw = {"vocab_size": vocab, "max_history": 8, "protocol": proto, "popularity": pop}
+        assert evaluate(score, data, negatives=drawn, **kw) == evaluate(score, data, **kw)  # type: ignore[arg-type]
+        other = draw_negatives(data, vocab_size=vocab, protocol=Protocol(name, 50, batch_size=32, seed=1),
+                               popularity=pop)
+        assert evaluate(score, data, negatives=other, **kw) != evaluate(score, data, **kw)  # type: ignore[arg-type]
+
+
+def test_a_training_run_draws_each_protocols_negatives_once(synthetic_dir, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import training.jobs.recommend as rec
+    from tests.conftest import TINY_REC, run_job
+
+    calls: list[tuple[int, str]] = []
+    real = rec.draw_negatives
+
+    def counting(data, **kw):  # type: ignore[no-untyped-def]
+        calls.append((len(data.targets), kw["protocol"].negatives))
+        return real(data, **kw)
+
+    monkeypatch.setattr(rec, "draw_negatives", counting)
+    run_job(["model.kind='sasrec'", "name='once'", *TINY_REC, "eval.protocol='popularity'"], tmp_path, synthetic_dir)
+    # Validation (every epoch and after training: all 40 users, the same set) and test, once per protocol
+    # each, though the model is scored 4 times on validation and the model and 3 baselines on test.
+    assert sorted(calls) == [(40, "popularity"), (40, "popularity"), (40, "uniform"), (40, "uniform")]

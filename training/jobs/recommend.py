@@ -20,7 +20,7 @@ from models.ids import IdMap
 from models.registry import build_recommender
 from training.config import LoopConfig
 from training.data import Interactions, load_interactions, locate_ml100k
-from training.evaluate import BASELINES, PROTOCOLS, Protocol, ScoreFn, evaluate, item_counts
+from training.evaluate import BASELINES, PROTOCOLS, Protocol, ScoreFn, draw_negatives, evaluate, item_counts
 from training.job import Export, Job
 from training.loop import History, train, window_batches
 from training.preflight import preflight
@@ -100,6 +100,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     windows: torch.Tensor
     max_history: int
     valid_baselines: dict[str, dict[str, float]] | None = None  # on the per-epoch validation users
+    _negatives: dict[tuple[int, str], tuple[EvalSet, list[torch.Tensor]]]  # sampled protocols' draws per set
 
     def _data_path(self) -> Path:
         c = self.cfg.data
@@ -119,6 +120,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         self.split = leave_one_out(sequences, full_data=c.full_data)
         self.popularity = item_counts(sequences, len(self.items))
         self.val_set = subsample(self.split.valid, self.cfg.eval.val_users, self.cfg.train.seed)
+        self._negatives = {}
 
     def build_model(self) -> SequentialRecommender:
         model = build_recommender(self.cfg.kind, {**self.cfg.model, "vocab_size": len(self.items)})
@@ -163,8 +165,19 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
 
     def _evaluate(self, score: ScoreFn, data: EvalSet, negatives: str, device: torch.device | str) -> dict[str, float]:
         t = self.cfg
+        protocol = t.eval.of(negatives, t.train.seed)
+        drawn = None
+        if negatives != "full" and data.targets:
+            # One draw per split and protocol, shared by the model and every baseline.
+            key = (id(data), negatives)
+            cached = self._negatives.get(key)
+            if cached is None or cached[0] is not data:  # the set is kept in the entry: its id stays its own
+                cached = (data, draw_negatives(data, vocab_size=len(self.items), protocol=protocol,
+                                               popularity=self.popularity))
+                self._negatives[key] = cached
+            drawn = cached[1]
         return evaluate(score, data, vocab_size=len(self.items), max_history=self.max_history,
-                        protocol=t.eval.of(negatives, t.train.seed), popularity=self.popularity, device=device)
+                        protocol=protocol, popularity=self.popularity, negatives=drawn, device=device)
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         assert isinstance(model, SequentialRecommender)
