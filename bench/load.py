@@ -182,8 +182,9 @@ def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup
           client_kind: str = "raw", procs: int = 1) -> dict:
     """`concurrency` connections spread over `procs` generator processes; req/s and latency percentiles.
 
-    One asyncio process drives about 15-20k req/s; on a many-core host several keep the generator from
-    being the ceiling when the server runs several workers.
+    One asyncio process uses at most one core; on a many-core host serving with several workers, more
+    processes keep the generator from being the ceiling. Each process measures its own `seconds`
+    after its own warm-up: process start-up staggers those windows by a fraction of the warm-up.
     """
     procs = max(1, min(procs, concurrency))
     if procs == 1:
