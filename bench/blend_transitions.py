@@ -21,9 +21,7 @@ import torch
 from models.ids import N_SPECIAL
 from models.layers import last_valid_index
 from models.tasks.recommend import load_artifact
-from training.config import kind_of, read_raw
 from training.evaluate import Protocol, ScoreFn, _gather_rows, _Rows, _sparse_rows, evaluate, item_counts
-from training.jobs import job_for_kind
 from training.jobs.recommend import RecommendJob, short_sequences
 from training.splits import EvalSet
 
@@ -35,11 +33,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    raw = read_raw(args.config, [])
-    job_cls = job_for_kind(kind_of(raw))
-    job = job_cls(job_cls.parse_config(raw), out_root=Path("/tmp"), data_path=None)
-    assert isinstance(job, RecommendJob)
-    job.prepare_data()
+    job = RecommendJob.prepared(args.config)
     art = load_artifact(args.artifact)
     if art.items.raws() != job.items.raws():
         raise SystemExit("the artifact was not trained on this config's data")

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import torch
 
-from training.config import kind_of, read_raw
 from training.evaluate import BASELINES, draw_negatives, evaluate
-from training.jobs import job_for_kind
 from training.jobs.recommend import RecommendJob, subsample
 
 
@@ -29,11 +27,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    raw = read_raw(args.config, [])
-    job_cls = job_for_kind(kind_of(raw))
-    job = job_cls(job_cls.parse_config(raw), out_root=Path("/tmp"), data_path=None)
-    assert isinstance(job, RecommendJob)
-    job.prepare_data()
+    job = RecommendJob.prepared(args.config)
     n_items = len(job.items)
     test = subsample(job.split.test, args.users, 0)
     known = job.split.train

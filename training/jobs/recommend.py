@@ -18,7 +18,7 @@ from models import artifact as A
 from models.base import SequentialRecommender
 from models.ids import IdMap
 from models.registry import build_recommender
-from training.config import LoopConfig
+from training.config import LoopConfig, read_raw
 from training.data import Interactions, load_interactions, locate_ml100k
 from training.evaluate import BASELINES, PROTOCOLS, Protocol, ScoreFn, draw_negatives, evaluate, item_counts
 from training.job import Export, Job
@@ -101,6 +101,13 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     max_history: int
     valid_baselines: dict[str, dict[str, float]] | None = None  # on the per-epoch validation users
     _negatives: dict[tuple[int, str], tuple[EvalSet, list[torch.Tensor]]]  # sampled protocols' draws per set
+
+    @classmethod
+    def prepared(cls, config: Path) -> RecommendJob:
+        """A job of this config with its data loaded and split (ids, split, popularity), nothing trained."""
+        job = cls(cls.parse_config(read_raw(config, [])), out_root=Path("artifacts"), data_path=None)
+        job.prepare_data()
+        return job
 
     def _data_path(self) -> Path:
         c = self.cfg.data
