@@ -6,7 +6,8 @@ Uses the same SEQSERVE_* settings as the service (store kind, SQLite path, Redis
 CSV with a header, quoted by the csv module so that any id (spaces, commas, quotes, newlines) reads
 back exactly: `user_id,item_id,timestamp[,action]`, the timestamp empty when the data has none (e.g.
 Amazon Beauty, whose order is kept). `python -m training train --data ...` reads it, so items first
-seen in events become part of the catalog at the next training run.
+seen in events become part of the catalog at the next training run. A social model's incoming steps
+("<-a2q" on the target's timeline) are left out: each is the actor's event again, which the log holds.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from app.settings import Settings
 from app.store import open_store
+from models.social import is_incoming
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,9 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     store = open_store(s.history_store, sqlite_path=s.history_path, redis_url=s.redis_url.get_secret_value(),
                        redis_prefix=s.redis_prefix, keep=s.live_events)
     try:
-        timelines = {u: store.history(args.namespace, u) for u in store.users(args.namespace)}
+        timelines = {u: [e for e in store.history(args.namespace, u) if not is_incoming(e[2])]
+                     for u in store.users(args.namespace)}
     finally:
         store.close()
+    timelines = {u: tl for u, tl in timelines.items() if tl}
     if not timelines:
         print(f"namespace {args.namespace!r} holds no history in the {s.history_store} store", file=sys.stderr)
         return 1

@@ -87,7 +87,8 @@ class HistoryEvent(Strict):
     item_id: RawId = Field(description="the item; for a social model, the target user")
     timestamp: UnixTime | None = None
     action: RawId | None = Field(None, description=(
-        "the action: required by a social model, one of its actions (GET /models lists them); 422 otherwise"))
+        "the action: required by a social model, one of its actions (GET /models lists them; '<-a2q' is a step "
+        "another user performed on this one); 422 otherwise"))
 
 
 class RecommendQuery(Strict):
@@ -243,7 +244,9 @@ class EventIn(Strict):
     user_id: RawId
     item_id: RawId = Field(description="the item; for a social model, the target user")
     timestamp: UnixTime
-    action: RawId | None = Field(None, description="the action: required by a social model, one of its actions")
+    action: RawId | None = Field(None, description=(
+        "the action: required by a social model, one it lists that the user performed (not a '<-' form: the "
+        "service adds that step to the target's timeline itself)"))
 
 
 class EventsRequest(Strict):
@@ -287,7 +290,8 @@ class ModelInfo(BaseModel):
     created_at: str | None
     catalog_size: int
     device: str
-    actions: list[str] | None = Field(None, description="a social model's actions, one of which each step carries")
+    actions: list[str] | None = Field(None, description=(
+        "a social model's actions, one of which each step carries; '<-' forms are steps received from others"))
     metrics: dict[str, object]
 
 

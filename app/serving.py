@@ -24,6 +24,9 @@ R = TypeVar("R")
 # A by-user read of at most this many users runs on the event loop (SQLite: one indexed query of a
 # few hundred rows); larger ones go to a thread so they never stall other requests.
 LOOP_READ_USERS = 8
+# The id of the step an event adds to another user's timeline (Engine.mirror): the event's id behind
+# this prefix, which client ids may therefore not take for such a model.
+MIRROR_ID = "<-"
 
 
 def _store_or_503(store: HistoryStore | None) -> HistoryStore:
@@ -73,6 +76,13 @@ def validate_events(engine: Engine[Any, Any, Any], events: Sequence[EventIn], *,
         raise InvalidEvents(f"{len(wrong)} event(s) without an action this model takes; nothing was stored",
                             details=[{"loc": ["body", "events", n, "action"], "type": "invalid_action", "msg": p}
                                      for n, p in wrong])
+    reserved = [n for n, e in enumerate(events) if e.event_id.startswith(MIRROR_ID)
+                and engine.mirror(e.user_id, e.item_id, e.action) is not None]
+    if reserved:
+        raise InvalidEvents(f"{len(reserved)} event id(s) starting with {MIRROR_ID!r}, which this model keeps for the "
+                            "steps an event adds to its target's timeline; nothing was stored",
+                            details=[{"loc": ["body", "events", n, "event_id"], "type": "reserved_event_id",
+                                      "msg": f"must not start with {MIRROR_ID!r}"} for n in reserved])
     latest = (now if now is not None else time.time()) + skew_s
     valid: list[tuple[int, Event]] = []
     rejected: list[dict[str, Any]] = []
@@ -95,8 +105,15 @@ async def post_events(served: Served, events: Sequence[EventIn], *, store: Histo
     st = _store_or_503(store)
     valid, rejected = validate_events(engine, events, skew_s=skew_s)
     stored_events = [e for _, e in valid]
-    outcomes = await asyncio.to_thread(st.append, engine.namespace, stored_events) if stored_events else []
+    # Mirrored steps go in the same durable write as their events: both are stored or neither.
+    mirrors = [(n, e, Event(MIRROR_ID + e.event_id, m[0], m[1], e.timestamp, m[2]))
+               for n, e in valid if (m := engine.mirror(e.user_id, e.item_id, e.action)) is not None]
+    written = stored_events + [m for _, _, m in mirrors]
+    outcomes_all = await asyncio.to_thread(st.append, engine.namespace, written) if written else []
+    outcomes = outcomes_all[: len(stored_events)]
     conflicts = [(n, e) for (n, e), o in zip(valid, outcomes, strict=True) if o == "conflict"]
+    conflicts += [(n, e) for (n, e, _), o in zip(mirrors, outcomes_all[len(stored_events):], strict=True)
+                  if o == "conflict"]
     if conflicts:
         details = [{"loc": ["body", "events", n, "event_id"], "type": "event_conflict",
                     "msg": f"event id {e.event_id!r} was stored before with another payload"} for n, e in conflicts]

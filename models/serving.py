@@ -108,6 +108,11 @@ class Engine(ABC, Generic[Q, P, R]):
         """Why an event's action is not acceptable to this model, or None when it is."""
         return None
 
+    def mirror(self, user_id: str, item_id: str, action: str | None) -> tuple[str, str, str | None] | None:
+        """The step an event of `user_id` also adds to another user's timeline, as (user, item, action);
+        None when it adds none (a social model's target sees who acted on them)."""
+        return None
+
     def known(self, raw_ids: Sequence[str]) -> list[bool]:
         """Per raw id: whether the model knows it (an unknown one counts after the next training run)."""
         return [True] * len(raw_ids)

@@ -20,6 +20,18 @@ from models.layers import EncoderLayer, init_weights, rope_tables
 
 POOLING = ("mean", "last")
 POSITIONS = ("none", "learned", "rope", "time")
+# A step another user performed on the history's owner carries its action under this prefix
+# ("<-a2q": someone answered the owner's question); training and serving build such steps alike.
+INCOMING = "<-"
+
+
+def incoming(action: str) -> str:
+    """The action as seen by the user it was performed on."""
+    return INCOMING + action
+
+
+def is_incoming(action: str | None) -> bool:
+    return action is not None and action.startswith(INCOMING)
 
 
 def time_buckets(seconds: torch.Tensor, n_buckets: int) -> torch.Tensor:

@@ -80,6 +80,8 @@ class Baselines:
     event_targets: torch.Tensor  # (N,) user index of each event's target, time order
     event_times: np.ndarray  # (N,) unix seconds, sorted
     n_users: int
+    contacts: Timelines | None = None  # both directions (Timelines.both_directions), for most_recent_contact
+    contact_row: np.ndarray | None = None  # (N,) each event's row in `contacts`
 
     def popularity(self, before: int) -> Callable[[slice], torch.Tensor]:
         """Interactions received in the log's first `before` events (the training period)."""
@@ -102,23 +104,33 @@ class Baselines:
 
         return score
 
-    def _history(self, queries: QuerySet, part: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """The actor's whole history before each query: targets (B, W), valid (B, W), left-padded."""
-        events = queries.events[part]
-        width = int(self.timelines.earlier(events).max()) if len(events) else 1
-        targets, _, _ = self.timelines.window(events, max(width, 1))
+    def _history(self, queries: QuerySet, part: slice, *, both: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's whole history before each query (`both`: with what others did to them):
+        the other users (B, W), valid (B, W), left-padded."""
+        tl, rows = self.timelines, queries.events[part]
+        if both:
+            if self.contacts is None or self.contact_row is None:
+                raise ValueError("most_recent_contact needs the timelines in both directions")
+            tl, rows = self.contacts, self.contact_row[rows]
+        width = int(tl.earlier(rows).max()) if len(rows) else 1
+        targets, _, _ = tl.window(rows, max(width, 1))
         return targets, targets != 0
 
-    def most_recent(self, queries: QuerySet) -> Callable[[slice], torch.Tensor]:
+    def most_recent(self, queries: QuerySet, *, both: bool = False) -> Callable[[slice], torch.Tensor]:
         """The actor's distinct earlier targets, the most recent first; everyone else below."""
 
         def score(part: slice) -> torch.Tensor:
-            targets, valid = self._history(queries, part)
+            targets, valid = self._history(queries, part, both=both)
             order = torch.arange(1, targets.size(1) + 1, dtype=torch.float32)[None].expand_as(targets)
             out = torch.full((targets.size(0), self.n_users), -1.0)
             return out.scatter_reduce_(1, targets, torch.where(valid, order, -1.0), reduce="amax")
 
         return score
+
+    def most_recent_contact(self, queries: QuerySet) -> Callable[[slice], torch.Tensor]:
+        """The actor's distinct earlier contacts in either direction (whom they acted on, who acted on
+        them), the most recent first: reciprocity finds new targets that "most recent" cannot."""
+        return self.most_recent(queries, both=True)
 
     def most_frequent(self, queries: QuerySet) -> Callable[[slice], torch.Tensor]:
         """The actor's earlier targets by how often they were the target; ties at random."""

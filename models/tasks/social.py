@@ -5,6 +5,9 @@ Each history step needs its action. Defaults differ from item recommendation whe
 already-interacted users stay candidates (repeat interactions are the common case) unless a query
 asks otherwise, the actor is never a candidate, and "future" means a user whose first activity is
 after the reference time (`as_of`, else the actor's last event): not yet on the platform.
+A model trained with incoming steps ("<-a2q": someone answered the user's question) reads them like
+any step; they never count as users the actor interacted with, and each event a client posts adds
+its incoming step to the target's timeline too (`mirror`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from models.ids import N_SPECIAL, UNK, IdMap
 from models.manifest import Manifest
 from models.ranking import Ranked, future_mask, pad_rows, rank_sparse, release_tensor
 from models.serving import EngineOptions, QueryError, Timeline, UnknownUserError, optional_time
-from models.social import SocialModel, pack_steps
+from models.social import SocialModel, incoming, is_incoming, pack_steps
 from models.tasks.recommend import Prepared, RecQuery, RecResult, UserQueryEngine, check_k, ranked_results
 
 _HISTORIES: TypeAdapter[dict[str, list[tuple[str, float, str]]]] = TypeAdapter(dict[str, list[tuple[str, float, str]]])
@@ -73,13 +76,15 @@ class SocialEngine(UserQueryEngine):
         self.model = (art.model.half() if options.half else art.model).to(self.device).eval()
         self.first = release_tensor(art.users.raws(), art.first_activity).to(self.device)
         c = self.model.config
-        # Mapped once at load: each actor's steps (for the window) and every target (for exclude_seen).
+        self.two_way = any(is_incoming(a) for a in art.actions.raws())
+        # Mapped once at load: each user's steps (for the window) and whom they acted on (for exclude_seen).
         self.stored: dict[str, tuple[list[tuple[int, int, float]], list[int]]] = {}
         for actor, events in art.histories.items():
             targets = art.users.indices([t for t, _, _ in events])
             acts = art.actions.indices([a for _, _, a in events])
             steps = [(x, a, t) for x, a, (_, t, _) in zip(targets, acts, events, strict=True)]
-            self.stored[actor] = (steps[-c.max_history :], sorted({x for x in targets if x >= N_SPECIAL}))
+            seen = {x for x, (_, _, a) in zip(targets, events, strict=True) if x >= N_SPECIAL and not is_incoming(a)}
+            self.stored[actor] = (steps[-c.max_history :], sorted(seen))
 
     @property
     def catalog_size(self) -> int:
@@ -96,11 +101,25 @@ class SocialEngine(UserQueryEngine):
         return list(self.art.actions.raws())
 
     def check_action(self, action: str | None) -> str | None:
+        """An event's action: one the user performed (its incoming form is added to the target's timeline)."""
+        problem = self.check_step(action)
+        if problem is None and is_incoming(action):
+            return (f"{action!r} is what a user receives; post the event as its actor's, with one of "
+                    f"{[a for a in self.art.actions.raws() if not is_incoming(a)]}")
+        return problem
+
+    def check_step(self, action: str | None) -> str | None:
+        """A history step's action: any of the vocabulary, incoming forms included."""
         if action is None:
             return f"required by social model {self.manifest.name!r}; one of {self.art.actions.raws()}"
         if action not in self.art.actions:
             return f"unknown action {action!r}; this model knows {self.art.actions.raws()}"
         return None
+
+    def mirror(self, user_id: str, item_id: str, action: str | None) -> tuple[str, str, str | None] | None:
+        if not self.two_way or action is None or user_id == item_id:
+            return None
+        return item_id, user_id, incoming(action)
 
     def known(self, raw_ids: Sequence[str]) -> list[bool]:
         return [x >= N_SPECIAL for x in self.art.users.indices(raw_ids)]
@@ -111,7 +130,7 @@ class SocialEngine(UserQueryEngine):
     def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
         check_k(q, position)
         for j, (_, _, action) in enumerate(q.history):
-            problem = self.check_action(action)
+            problem = self.check_step(action)
             if problem:
                 raise QueryError(problem, position=position, field=("history", j, "action"))
         stored: tuple[list[tuple[int, int, float]], list[int]] = ([], [])
@@ -131,7 +150,8 @@ class SocialEngine(UserQueryEngine):
         query_time = when if when is not None else 0.0
         steps = stored[0] + [(x, a, query_time if t is None else t)
                              for x, a, (_, t, _) in zip(given, acts, events, strict=True)]
-        seen = sorted(set(stored[1]) | {x for x in given if x >= N_SPECIAL})
+        seen = sorted(set(stored[1]) | {x for x, (_, _, a) in zip(given, events, strict=True)
+                                          if x >= N_SPECIAL and not is_incoming(a)})
         actor = self.art.users.index(q.user_id) if q.user_id is not None else UNK
         requested = [x for x in self.art.users.indices(q.exclude_items) if x >= N_SPECIAL]
         return Prepared(

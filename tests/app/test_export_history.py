@@ -55,3 +55,20 @@ def test_hostile_ids_round_trip_exactly(tiny_artifacts: Path, tmp_path: Path) ->
     data = load_interactions(out)
     got = {(u, i) for u, items in zip(data.users, data.items, strict=True) for i in items if u.startswith("user ")}
     assert got == {(e["user_id"], e["item_id"]) for e in events}
+
+
+def test_a_social_namespace_exports_each_event_once_and_retrains(tiny_social_artifact: Path, tmp_path: Path) -> None:
+    from models.tasks.social import load_artifact as load_social_artifact
+    from training.data.social import load_social
+
+    with TestClient(create_app(Settings(artifacts_dir=tiny_social_artifact, device="cpu"))) as c:
+        r = c.post("/events", json={"model": "social-tiny", "events": [
+            {"event_id": "x1", "user_id": "s3", "item_id": "s9", "action": "c2q", "timestamp": 1.7e9}]})
+        assert r.status_code == 200 and r.json()["stored"] == 1
+    out = tmp_path / "social.csv"
+    assert export(["--namespace", "tinysocial", "--out", str(out)]) == 0
+    base = load_social_artifact(latest_versions(tiny_social_artifact)["social-tiny"])
+    own = sum(not a.startswith("<-") for h in base.histories.values() for _, _, a in h)
+    log = load_social(out)  # the export's user_id/item_id columns read as src/dst
+    assert len(log) == own + 1 and not any(a.startswith("<-") for a in log.action)
+    assert ("s3", "s9", "c2q") in set(zip(log.src, log.dst, log.action, strict=True))

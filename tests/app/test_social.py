@@ -38,7 +38,8 @@ def test_returns_users_never_the_actor_and_keeps_seen_by_default(client: TestCli
                                                                  tiny_social_artifact: Path) -> None:
     art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
     users = set(art.users.raws())
-    past = {t for t, _, _ in art.histories["s3"]}
+    past = {t for t, _, a in art.histories["s3"] if not a.startswith("<-")}  # whom s3 acted on
+    assert past != {t for t, _, _ in art.histories["s3"]}  # s3 received from others too: not "seen"
     kept = _rec(client, {"user_id": "s3", "k": 25})
     got = [i["item_id"] for i in kept["items"]]
     assert len(got) == 25 and set(got) <= users and "s3" not in got
@@ -85,5 +86,45 @@ def test_events_carry_the_action_and_condition_the_next_answer(client: TestClien
     after = _rec(client, {"user_id": "s5", "k": 5, "exclude_seen": True})
     assert "s20" not in {i["item_id"] for i in after["items"]}
     assert after["excluded"]["seen"] == before["excluded"]["seen"] + ("s20" not in {
-        t for t, _, _ in art.histories["s5"]})
+        t for t, _, a in art.histories["s5"] if not a.startswith("<-")})
     assert after["items"] != before["items"]
+
+
+def test_an_event_reaches_its_target_as_a_received_step(client: TestClient, tiny_social_artifact: Path) -> None:
+    art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
+    t = max(t for h in art.histories.values() for _, t, _ in h)
+    before = _rec(client, {"user_id": "s20", "k": 10})
+    events = [{"event_id": f"m{n}", "user_id": "s7", "item_id": "s20", "action": "a2q", "timestamp": t + n}
+              for n in range(1, 9)]
+    r = client.post("/events", json={"model": MODEL, "events": events})
+    assert r.status_code == 200 and r.json()["stored"] == 8
+    # Eight answers received from s7: s20's own next answer changes (the target's timeline grew)...
+    after = _rec(client, {"user_id": "s20", "k": 10})
+    assert after["items"] != before["items"]
+    # ...and is what the same history gives when sent by hand, received steps included.
+    given = [{"item_id": "s7", "action": "<-a2q", "timestamp": e["timestamp"]} for e in events]
+    base_plus = client.post("/recommend", json={"model": MODEL, "queries": [{"k": 10, "history": [
+        {"item_id": x, "action": a, "timestamp": tt} for x, tt, a in art.histories["s20"][-20:]] + given}]})
+    assert base_plus.status_code == 200
+    assert [i["item_id"] for i in base_plus.json()["results"][0]["items"] if i["item_id"] != "s20"][:5] == \
+        [i["item_id"] for i in after["items"]][:5]
+    # A received step is never "seen": only whom s20 acted on is excluded.
+    fresh = _rec(client, {"user_id": "s20", "k": 10, "exclude_seen": True})
+    assert fresh["excluded"]["seen"] == len({x for x, _, a in art.histories["s20"] if not a.startswith("<-")} - {"s20"})
+    # Replaying the events stores nothing twice, the received steps included.
+    again = client.post("/events", json={"model": MODEL, "events": events})
+    assert again.status_code == 200 and again.json()["stored"] == 0
+    assert _rec(client, {"user_id": "s20", "k": 10})["items"] == after["items"]
+
+
+@pytest.mark.parametrize(("event", "field", "type_"), [
+    ({"event_id": "<-x", "action": "a2q"}, "event_id", "reserved_event_id"),
+    ({"event_id": "r1", "action": "<-a2q"}, "action", "invalid_action"),
+])
+def test_received_forms_are_the_service_s_not_the_client_s(client: TestClient, event: dict, field: str,
+                                                           type_: str) -> None:
+    body = {"model": MODEL, "events": [{"user_id": "s5", "item_id": "s20", "timestamp": 1e9, **event}]}
+    r = client.post("/events", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["error"]["details"][0]
+    assert detail["loc"] == ["body", "events", 0, field] and detail["type"] == type_

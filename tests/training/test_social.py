@@ -104,12 +104,62 @@ def test_tiny_social_job_beats_popularity_and_exports_the_contract(tiny_social_a
     assert {"manifest.json", "model.pt", "users.json", "actions.json", "histories.json", "user_meta.json",
             "metrics.json", "run_config.json", "curves.png"} <= names
     m = json.loads((folder / "metrics.json").read_text())
-    assert set(m["baselines_test"]) == {"popularity", "recent_popularity", "most_recent", "most_frequent"}
+    assert set(m["baselines_test"]) == {"popularity", "recent_popularity", "most_recent", "most_recent_contact",
+                                        "most_frequent"}
     assert {"all", "repeat", "new"} == set(m["test"])
     assert m["test"]["all"]["NDCG@10"] > m["baselines_test"]["popularity"]["all"]["NDCG@10"]
     art = load_artifact(folder)
     assert art.manifest.task == "social" and art.manifest.namespace == "tinysocial"
-    assert sorted(art.actions.raws()) == ["a2q", "c2a", "c2q"]
+    assert sorted(art.actions.raws()) == ["<-a2q", "<-c2a", "<-c2q", "a2q", "c2a", "c2q"]
+    # Each event sits on its actor's history and, received, on its target's.
+    own = sum(not a.startswith("<-") for h in art.histories.values() for _, _, a in h)
+    received = sum(a.startswith("<-") for h in art.histories.values() for _, _, a in h)
+    assert own == received == m["events"]["total"]
+
+
+def _two_way(rows: list[tuple[str, str, str, int]], tmp_path: Path) -> tuple[Timelines, np.ndarray, dict[str, int]]:
+    body = "".join(f"{s},{d},{a},{t}\n" for s, d, a, t in rows)
+    log = load_social(_write(tmp_path, "src,dst,action,timestamp\n" + body))
+    users = {u: n + 2 for n, u in enumerate(sorted(set(log.src) | set(log.dst)))}
+    acts = {"x": 2, "<-x": 3}
+    tl, row = Timelines.both_directions(
+        log.src, log.dst, src_index=np.array([users[u] for u in log.src]),
+        dst_index=np.array([users[u] for u in log.dst]), actions=np.array([acts[a] for a in log.action]),
+        incoming_actions=np.array([acts["<-" + a] for a in log.action]), times=log.time)
+    return tl, row, users
+
+
+def test_two_way_windows_hold_what_others_did_before_and_never_at_the_same_second(tmp_path: Path) -> None:
+    # b acts on a at 1; a on c at 2; d on a at 3 and a on d at 3 (same second: d's step is not a's history yet);
+    # a on b at 4 is the query.
+    tl, row, u = _two_way([("b", "a", "x", 1), ("a", "c", "x", 2), ("d", "a", "x", 3), ("a", "d", "x", 3),
+                           ("a", "b", "x", 4)], tmp_path)
+    targets, actions, _ = tl.window(row[[3, 4]], 5)
+    assert [x for x in targets[0].tolist() if x] == [u["b"], u["c"]]  # a->d at 3: d->a at 3 not yet seen
+    assert [x for x in targets[1].tolist() if x] == [u["b"], u["c"], u["d"], u["d"]]
+    assert [x for x in actions[1].tolist() if x] == [3, 2, 2, 3]  # own steps before received ones at 3
+    assert tl.earlier(row[[0]]).tolist() == [0]  # b's first event: nothing before it
+
+
+def test_most_recent_contact_finds_who_reached_out(tmp_path: Path) -> None:
+    # c acted on a after a last acted: "most recent" cannot rank c, the contact baseline ranks it first.
+    tl_rows = [("a", "b", "x", 1), ("c", "a", "x", 2), ("a", "c", "x", 3)]
+    tl2, row, u = _two_way(tl_rows, tmp_path)
+    log = load_social(tmp_path / "log.csv")
+    tgt = np.array([u[d] for d in log.dst])
+    own = Timelines(log.src, tgt, np.zeros(len(log), dtype=np.int64), log.time)
+    pool = torch.ones(len(u) + 2, dtype=torch.bool)
+    pool[:2] = False
+    qs = QuerySet(np.array([2]), torch.tensor([u["c"]]), torch.tensor([u["a"]]), torch.tensor([False]),
+                  torch.from_numpy(log.time[[2]]), pool)
+    b = Baselines(own, torch.from_numpy(tgt), log.time, len(u) + 2, contacts=tl2, contact_row=row)
+    assert evaluate_scorer(qs, b.most_recent_contact(qs))["all"]["MRR"] == 1.0
+    assert evaluate_scorer(qs, b.most_recent(qs))["all"]["MRR"] < 1.0
+
+
+def test_loader_reads_the_service_export_columns(tmp_path: Path) -> None:
+    log = load_social(_write(tmp_path, "user_id,item_id,timestamp,action\na,b,1,x\nb,a,2,y\n"))
+    assert list(log.src) == ["a", "b"] and list(log.dst) == ["b", "a"]
 
 
 REAL = SHARED_DATA / "mathoverflow" / "mathoverflow_interactions.csv.gz"
@@ -123,3 +173,16 @@ def test_mathoverflow_protocol_counts() -> None:
     q = period_queries(log, p.test, len(log))
     assert (len(log), len(known), len(q.event)) == (390_414, 21_931, 27_372)
     assert 0.53 < q.repeat.mean() < 0.55
+
+
+def test_without_received_steps_histories_and_events_are_one_way(social_file: Path, tmp_path: Path) -> None:
+    from models.serving import EngineOptions
+    from models.tasks.social import SocialEngine
+    from tests.conftest import TINY_SOCIAL, run_job
+
+    folder = run_job([*TINY_SOCIAL, "data.incoming=false", "train.epochs=1", "train.refit_epochs=0",
+                      "eval.baselines=false"], tmp_path, social_file)
+    art = load_artifact(folder)
+    assert sorted(art.actions.raws()) == ["a2q", "c2a", "c2q"]
+    assert not any(a.startswith("<-") for h in art.histories.values() for _, _, a in h)
+    assert SocialEngine(art, EngineOptions()).mirror("s1", "s2", "a2q") is None

@@ -34,8 +34,11 @@ class SocialLog:
 
 def load_social(path: Path, *, drop_self_loops: bool = True) -> SocialLog:
     """A CSV (optionally gzipped) or Parquet log with columns src, dst, action, timestamp (unix seconds
-    or ISO 8601), any action vocabulary. Exact duplicate rows are dropped; self-loops too by default."""
+    or ISO 8601; src and dst may be named user_id and item_id, as `app.export_history` writes them), any
+    action vocabulary. Exact duplicate rows are dropped; self-loops too by default."""
     df = read_table(path)
+    if "src" not in df.columns and "dst" not in df.columns and {"user_id", "item_id"} <= set(df.columns):
+        df = df.rename(columns={"user_id": "src", "item_id": "dst"})  # the service's history export
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         header = [c for c in df.columns if c != "_line"]
@@ -106,6 +109,13 @@ def period_queries(log: SocialLog, start: int, end: int) -> Queries:
     return Queries(np.asarray(events, dtype=np.int64), np.asarray(repeat, dtype=bool))
 
 
+def two_way_order(times: np.ndarray) -> np.ndarray:
+    """The order of the rows [each event as its actor's, then each event as its target's] along the
+    timelines: by time, at equal times the own events first, then file order."""
+    n = len(times)
+    return np.lexsort((np.tile(np.arange(n), 2), np.repeat([0, 1], n), np.tile(times, 2)))
+
+
 class Timelines:
     """Every actor's events in time order, flattened (CSR), for vectorised history windows.
 
@@ -124,6 +134,26 @@ class Timelines:
         self.targets = torch.from_numpy(np.asarray(targets, dtype=np.int64)[order])
         self.actions = torch.from_numpy(np.asarray(actions, dtype=np.int64)[order])
         self.times = torch.from_numpy(np.asarray(times, dtype=np.float64)[order])
+
+    @classmethod
+    def both_directions(cls, src: np.ndarray, dst: np.ndarray, *, src_index: np.ndarray, dst_index: np.ndarray,
+                        actions: np.ndarray, incoming_actions: np.ndarray, times: np.ndarray
+                        ) -> tuple[Timelines, np.ndarray]:
+        """Every user's timeline with what they did (step = their target) and what others did to them
+        (step = the actor, with the incoming form of the action) -> (timelines, each event's row).
+
+        Rows are ordered by time; at equal times a user's own events come before what others did to
+        them, so a query never sees an incoming step stamped with its own second (file order cannot say
+        which came first). `window(rows[events], L)` is then each event's history in both directions.
+        """
+        n = len(times)
+        owners = np.concatenate([src, dst])
+        order = two_way_order(times)
+        row = np.empty(2 * n, dtype=np.int64)
+        row[order] = np.arange(2 * n)
+        tl = cls(owners[order], np.concatenate([dst_index, src_index])[order],
+                 np.concatenate([actions, incoming_actions])[order], np.tile(times, 2)[order])
+        return tl, row[:n]
 
     def earlier(self, events: np.ndarray) -> np.ndarray:
         """How many events each event's actor had before it."""

@@ -23,9 +23,9 @@ from torch import nn
 from models import artifact as A
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.registry import build
-from models.social import SocialBatch, SocialModel, time_buckets
+from models.social import SocialBatch, SocialModel, incoming, time_buckets
 from training.config import LoopConfig
-from training.data.social import Periods, Timelines, load_social, period_queries
+from training.data.social import Periods, Timelines, load_social, period_queries, two_way_order
 from training.job import Export, Job
 from training.loop import History, train
 from training.social_eval import Baselines, QuerySet, evaluate_scorer
@@ -41,6 +41,9 @@ class SocialData:
     valid_share: float = 0.1
     test_share: float = 0.1
     recent_examples: int = 0  # train on only the newest N examples (0 = all): a quick model
+    # Histories also hold what others did to the user, as steps with the incoming action ("<-a2q" by
+    # the asker whose question the user answered): who reached out is whom users answer next.
+    incoming: bool = True
 
 
 @dataclass
@@ -70,11 +73,21 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         self.periods = p = Periods.of(len(lg), valid_share=c.valid_share, test_share=c.test_share)
         before_test = pd.unique(np.concatenate([lg.src[: p.test], lg.dst[: p.test]]))
         self.users = IdMap(str(u) for u in before_test)
-        self.actions = IdMap(str(a) for a in pd.unique(lg.action[: p.test]))
+        own = [str(a) for a in pd.unique(lg.action[: p.test])]
+        self.actions = IdMap(own + ([incoming(a) for a in own] if c.incoming else []))
         self.tgt = np.asarray(self.users.indices(list(lg.dst)), dtype=np.int64)
         self.src = np.asarray(self.users.indices(list(lg.src)), dtype=np.int64)
         self.act = np.asarray(self.actions.indices(list(lg.action)), dtype=np.int64)
-        self.timelines = Timelines(lg.src, self.tgt, self.act, lg.time)
+        self.timelines = Timelines(lg.src, self.tgt, self.act, lg.time)  # what each actor did
+        # Both directions: the contacts baseline always, the model's histories when `incoming`.
+        self.contacts, self.contact_row = Timelines.both_directions(
+            lg.src, lg.dst, src_index=self.src, dst_index=self.tgt, actions=self.act,
+            incoming_actions=np.asarray(self.actions.indices([incoming(str(a)) for a in lg.action]), dtype=np.int64),
+            times=lg.time)
+        if c.incoming:
+            self.steps, self.step_row = self.contacts, self.contact_row
+        else:
+            self.steps, self.step_row = self.timelines, np.arange(len(lg))
         # Each user's first event (as actor or target): candidates of a period are those seen before it.
         first = np.full(len(self.users), len(lg), dtype=np.int64)
         order = np.arange(len(lg))
@@ -101,7 +114,7 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
 
     def batch(self, events: np.ndarray, model: SocialModel, *, with_next: bool = False) -> SocialBatch:
         c = model.config
-        targets, actions, times = self.timelines.window(events, c.max_history)
+        targets, actions, times = self.steps.window(self.step_row[events], c.max_history)
         query = torch.from_numpy(self.log.time[events])[:, None]
         ago = time_buckets(query - times, c.n_time_buckets).masked_fill(targets == 0, 0)
         b = SocialBatch(targets, actions, ago)
@@ -111,9 +124,9 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         return b
 
     def examples(self, end: int) -> np.ndarray:
-        """Training events before `end` whose actor has an earlier event."""
+        """Training events before `end` whose actor has an earlier step (in the model's histories)."""
         events = np.arange(end)
-        events = events[self.timelines.earlier(events) > 0]
+        events = events[self.steps.earlier(self.step_row[events]) > 0]
         n = self.cfg.data.recent_examples
         return events[-n:] if n else events
 
@@ -183,13 +196,15 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
             "test": evaluate_scorer(self.test_q, self._scorer(model, self.test_q), batch_size=bs),
         }
         if self.cfg.eval.baselines:
-            b = Baselines(self.timelines, torch.from_numpy(self.tgt), self.log.time, len(self.users))
+            b = Baselines(self.timelines, torch.from_numpy(self.tgt), self.log.time, len(self.users),
+                          contacts=self.contacts, contact_row=self.contact_row)
             q = self.test_q
             metrics["baselines_test"] = {
                 "popularity": evaluate_scorer(q, b.popularity(p.test), batch_size=bs),
                 "recent_popularity": evaluate_scorer(q, b.recent_popularity(q, self.cfg.eval.recent_days),
                                                      batch_size=bs),
                 "most_recent": evaluate_scorer(q, b.most_recent(q), batch_size=bs),
+                "most_recent_contact": evaluate_scorer(q, b.most_recent_contact(q), batch_size=bs),
                 "most_frequent": evaluate_scorer(q, b.most_frequent(q), batch_size=bs),
             }
         m = metrics["test"]
@@ -203,9 +218,18 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
     def export(self, model: nn.Module) -> Export:
         assert isinstance(model, SocialModel)
         lg = self.log
-        # Every actor's final history (the whole log: serving continues from its end), newest last.
+        # Every user's final history (the whole log: serving continues from its end), newest last,
+        # in the order the model's windows have (with incoming steps when the model takes them).
+        n = len(lg)
+        if self.cfg.data.incoming:
+            owner, other = np.concatenate([lg.src, lg.dst]), np.concatenate([lg.dst, lg.src])
+            acts = np.concatenate([lg.action, [incoming(str(a)) for a in lg.action]])
+            times = np.tile(lg.time, 2)
+            order = two_way_order(lg.time)
+        else:
+            owner, other, acts, times, order = lg.src, lg.dst, lg.action, lg.time, np.arange(n)
         histories: dict[str, list[tuple[str, float, str]]] = {}
-        for s, d, a, t in zip(lg.src, lg.dst, lg.action, lg.time, strict=True):
+        for s, d, a, t in zip(owner[order], other[order], acts[order], times[order], strict=True):
             histories.setdefault(str(s), []).append((str(d), float(t), str(a)))
         first_time: dict[str, float] = {}
         for users in (lg.src, lg.dst):
