@@ -109,11 +109,19 @@ def period_queries(log: SocialLog, start: int, end: int) -> Queries:
     return Queries(np.asarray(events, dtype=np.int64), np.asarray(repeat, dtype=bool))
 
 
-def two_way_order(times: np.ndarray) -> np.ndarray:
-    """The order of the rows [each event as its actor's, then each event as its target's] along the
-    timelines: by time, at equal times the own events first, then file order."""
+def two_way(src: np.ndarray, dst: np.ndarray, *, actions: np.ndarray, incoming_actions: np.ndarray,
+            times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each event twice, as its actor's step (other = the target, the action) and as its target's
+    (other = the actor, the incoming form), along the timelines -> (owner, other, action, time, each
+    event's row as its actor's). Ordered by time; at equal times a user's own events come before what
+    others did to them, so a query never sees a step stamped with its own second (file order cannot
+    say which came first)."""
     n = len(times)
-    return np.lexsort((np.tile(np.arange(n), 2), np.repeat([0, 1], n), np.tile(times, 2)))
+    order = np.lexsort((np.tile(np.arange(n), 2), np.repeat([0, 1], n), np.tile(times, 2)))
+    row = np.empty(2 * n, dtype=np.int64)
+    row[order] = np.arange(2 * n)
+    return (np.concatenate([src, dst])[order], np.concatenate([dst, src])[order],
+            np.concatenate([actions, incoming_actions])[order], np.tile(times, 2)[order], row[:n])
 
 
 class Timelines:
@@ -139,21 +147,12 @@ class Timelines:
     def both_directions(cls, src: np.ndarray, dst: np.ndarray, *, src_index: np.ndarray, dst_index: np.ndarray,
                         actions: np.ndarray, incoming_actions: np.ndarray, times: np.ndarray
                         ) -> tuple[Timelines, np.ndarray]:
-        """Every user's timeline with what they did (step = their target) and what others did to them
-        (step = the actor, with the incoming form of the action) -> (timelines, each event's row).
-
-        Rows are ordered by time; at equal times a user's own events come before what others did to
-        them, so a query never sees an incoming step stamped with its own second (file order cannot say
-        which came first). `window(rows[events], L)` is then each event's history in both directions.
-        """
-        n = len(times)
-        owners = np.concatenate([src, dst])
-        order = two_way_order(times)
-        row = np.empty(2 * n, dtype=np.int64)
-        row[order] = np.arange(2 * n)
-        tl = cls(owners[order], np.concatenate([dst_index, src_index])[order],
-                 np.concatenate([actions, incoming_actions])[order], np.tile(times, 2)[order])
-        return tl, row[:n]
+        """Every user's timeline with what they did and what others did to them (`two_way`) ->
+        (timelines, each event's row): `window(rows[events], L)` is each event's two-way history."""
+        owner, _, act, t, row = two_way(src, dst, actions=actions, incoming_actions=incoming_actions, times=times)
+        _, other, _, _, _ = two_way(src_index, dst_index, actions=actions, incoming_actions=incoming_actions,
+                                    times=times)
+        return cls(owner, other, act, t), row
 
     def earlier(self, events: np.ndarray) -> np.ndarray:
         """How many events each event's actor had before it."""

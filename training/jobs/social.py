@@ -25,7 +25,7 @@ from models.ids import N_SPECIAL, UNK, IdMap
 from models.registry import build
 from models.social import SocialBatch, SocialModel, incoming, time_buckets
 from training.config import LoopConfig
-from training.data.social import Periods, Timelines, load_social, period_queries, two_way_order
+from training.data.social import Periods, Timelines, load_social, period_queries, two_way
 from training.job import Export, Job
 from training.loop import History, train
 from training.social_eval import Baselines, QuerySet, evaluate_scorer
@@ -220,16 +220,12 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         lg = self.log
         # Every user's final history (the whole log: serving continues from its end), newest last,
         # in the order the model's windows have (with incoming steps when the model takes them).
-        n = len(lg)
+        owner, other, acts, times = lg.src, lg.dst, lg.action, lg.time
         if self.cfg.data.incoming:
-            owner, other = np.concatenate([lg.src, lg.dst]), np.concatenate([lg.dst, lg.src])
-            acts = np.concatenate([lg.action, [incoming(str(a)) for a in lg.action]])
-            times = np.tile(lg.time, 2)
-            order = two_way_order(lg.time)
-        else:
-            owner, other, acts, times, order = lg.src, lg.dst, lg.action, lg.time, np.arange(n)
+            owner, other, acts, times, _ = two_way(lg.src, lg.dst, actions=lg.action, times=lg.time,
+                                                   incoming_actions=np.array([incoming(str(a)) for a in lg.action]))
         histories: dict[str, list[tuple[str, float, str]]] = {}
-        for s, d, a, t in zip(owner[order], other[order], acts[order], times[order], strict=True):
+        for s, d, a, t in zip(owner, other, acts, times, strict=True):
             histories.setdefault(str(s), []).append((str(d), float(t), str(a)))
         first_time: dict[str, float] = {}
         for users in (lg.src, lg.dst):
