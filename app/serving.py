@@ -111,9 +111,9 @@ async def post_events(served: Served, events: Sequence[EventIn], *, store: Histo
     written = stored_events + [m for _, _, m in mirrors]
     outcomes_all = await asyncio.to_thread(st.append, engine.namespace, written) if written else []
     outcomes = outcomes_all[: len(stored_events)]
-    conflicts = [(n, e) for (n, e), o in zip(valid, outcomes, strict=True) if o == "conflict"]
-    conflicts += [(n, e) for (n, e, _), o in zip(mirrors, outcomes_all[len(stored_events):], strict=True)
-                  if o == "conflict"]
+    clash = {n for (n, _), o in zip(valid, outcomes, strict=True) if o == "conflict"}
+    clash |= {n for (n, _, _), o in zip(mirrors, outcomes_all[len(stored_events):], strict=True) if o == "conflict"}
+    conflicts = [(n, e) for n, e in valid if n in clash]  # an event and its mirror are one conflict
     if conflicts:
         details = [{"loc": ["body", "events", n, "event_id"], "type": "event_conflict",
                     "msg": f"event id {e.event_id!r} was stored before with another payload"} for n, e in conflicts]

@@ -114,6 +114,9 @@ def test_an_event_reaches_its_target_as_a_received_step(client: TestClient, tiny
     # Replaying the events stores nothing twice, the received steps included.
     again = client.post("/events", json={"model": MODEL, "events": events})
     assert again.status_code == 200 and again.json()["stored"] == 0
+    # Reusing an id with another payload is one conflict per event, its received step included.
+    clash = client.post("/events", json={"model": MODEL, "events": [{**events[0], "item_id": "s9"}]})
+    assert clash.status_code == 409 and len(clash.json()["error"]["details"]) == 1
     assert _rec(client, {"user_id": "s20", "k": 10})["items"] == after["items"]
 
 
