@@ -4,7 +4,7 @@ Queries and results are the recommendation route's (`RecQuery`, `RecResult`): th
 Each history step needs its action. Defaults differ from item recommendation where the data does:
 already-interacted users stay candidates (repeat interactions are the common case) unless a query
 asks otherwise, the actor is never a candidate, and "future" means a user whose first activity is
-after the reference time (`as_of`, else the actor's last event): not yet on the platform.
+after the reference time (`as_of`, else the newest step of the history): not yet on the platform.
 A model trained with incoming steps ("<-a2q": someone answered the user's question) reads them like
 any step; they never count as users the actor interacted with, and each event a client posts adds
 its incoming step to the target's timeline too (`mirror`).
