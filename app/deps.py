@@ -104,7 +104,7 @@ def check_key(expected: SecretStr | None, given: str | None, *, what: str, requi
         if required:
             raise Forbidden(f"{what} endpoints are disabled: set SEQSERVE_ADMIN_API_KEY", ["header", "x-api-key"])
         return
-    if given is None:
+    if not given:
         raise Unauthorized("missing X-API-Key header", ["header", "x-api-key"])
     if not secrets.compare_digest(given.encode(), expected.get_secret_value().encode()):
         raise Forbidden("wrong API key", ["header", "x-api-key"])

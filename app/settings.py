@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.engine.batcher import BatchPolicy
@@ -16,7 +16,9 @@ _BATCH = BatchPolicy()
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SEQSERVE_", env_file=None)
+    # An empty variable is unset: docker-compose.yml passes `${SEQSERVE_ADMIN_API_KEY:-}`, and an empty
+    # key must never switch admin on (an empty X-API-Key header would match it) nor lock /events.
+    model_config = SettingsConfigDict(env_prefix="SEQSERVE_", env_file=None, env_ignore_empty=True)
 
     artifacts_dir: Path = Path("artifacts")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
@@ -50,6 +52,11 @@ class Settings(BaseSettings):
     redis_prefix: str = "seqserve:"  # key prefix, so several deployments can share one Redis
     live_events: int = Field(default=1000, ge=1)  # newest live events kept and read per user
     event_skew_s: float = Field(default=300.0, ge=0)  # events later than now + this are rejected
+
+    @field_validator("admin_api_key", "events_api_key")
+    @classmethod
+    def _blank_key_is_no_key(cls, v: SecretStr | None) -> SecretStr | None:
+        return None if v is None or not v.get_secret_value().strip() else v
 
     @property
     def batch_policy(self) -> BatchPolicy:

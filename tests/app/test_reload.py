@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import httpx2 as httpx
+import pytest
 import torch
 from fastapi.testclient import TestClient
 
@@ -49,6 +50,28 @@ def test_admin_needs_the_key(tiny_artifacts: Path, tmp_path: Path) -> None:
         r = c.post("/admin/reload", headers=KEY)
         assert r.status_code == 200 and r.json()["loaded"] == {} and set(r.json()["unchanged"]) == {
             "sasrec-tiny", "bert4rec-tiny"}
+
+
+def test_empty_keys_from_the_environment_are_no_keys(tiny_artifacts: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # docker-compose.yml passes `${SEQSERVE_ADMIN_API_KEY:-}`: an empty key must leave admin off (an
+    # empty X-API-Key header would otherwise match it) and /events open, as with no variable at all.
+    monkeypatch.setenv("SEQSERVE_ADMIN_API_KEY", "")
+    monkeypatch.setenv("SEQSERVE_EVENTS_API_KEY", "")
+    settings = Settings(artifacts_dir=_root(tiny_artifacts, tmp_path), device="cpu")
+    assert settings.admin_api_key is None and settings.events_api_key is None
+    assert Settings(admin_api_key=" ", events_api_key="").admin_api_key is None
+    with TestClient(create_app(settings)) as c:
+        r = c.post("/admin/reload", headers={"X-API-Key": ""})
+        assert r.status_code == 403 and "disabled" in r.json()["error"]["message"]
+        r = c.post("/events", json={"model": "sasrec-tiny", "events": [
+            {"event_id": "k1", "user_id": "u1", "item_id": "12", "timestamp": 1.5e9}]})
+        assert r.status_code == 200, r.text
+    with TestClient(create_app(Settings(artifacts_dir=settings.artifacts_dir, device="cpu",
+                                        events_api_key="w"))) as c:
+        r = c.post("/events", headers={"X-API-Key": ""}, json={"model": "sasrec-tiny", "events": [
+            {"event_id": "k2", "user_id": "u1", "item_id": "12", "timestamp": 1.5e9}]})
+        assert r.status_code == 401
 
 
 def test_new_version_swaps_in_and_broken_one_keeps_the_old(tiny_artifacts: Path, tmp_path: Path) -> None:
