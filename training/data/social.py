@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -109,19 +110,29 @@ def period_queries(log: SocialLog, start: int, end: int) -> Queries:
     return Queries(np.asarray(events, dtype=np.int64), np.asarray(repeat, dtype=bool))
 
 
+class TwoWay(NamedTuple):
+    """Each event twice along the timelines (see `two_way`)."""
+
+    owner: np.ndarray  # (2N,) whose timeline the row is on
+    other: np.ndarray  # (2N,) the target (own step) or the actor (received step)
+    action: np.ndarray  # (2N,) the action or its incoming form
+    time: np.ndarray  # (2N,)
+    order: np.ndarray  # (2N,) rows of [as actor..., as target...] in timeline order
+    event_row: np.ndarray  # (N,) each event's row as its actor's
+
+
 def two_way(src: np.ndarray, dst: np.ndarray, *, actions: np.ndarray, incoming_actions: np.ndarray,
-            times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+            times: np.ndarray) -> TwoWay:
     """Each event twice, as its actor's step (other = the target, the action) and as its target's
-    (other = the actor, the incoming form), along the timelines -> (owner, other, action, time, each
-    event's row as its actor's). Ordered by time; at equal times a user's own events come before what
-    others did to them, so a query never sees a step stamped with its own second (file order cannot
-    say which came first)."""
+    (other = the actor, the incoming form), along the timelines. Ordered by time; at equal times a
+    user's own events come before what others did to them, so a query never sees a step stamped with
+    its own second (file order cannot say which came first)."""
     n = len(times)
     order = np.lexsort((np.tile(np.arange(n), 2), np.repeat([0, 1], n), np.tile(times, 2)))
     row = np.empty(2 * n, dtype=np.int64)
     row[order] = np.arange(2 * n)
-    return (np.concatenate([src, dst])[order], np.concatenate([dst, src])[order],
-            np.concatenate([actions, incoming_actions])[order], np.tile(times, 2)[order], row[:n])
+    return TwoWay(np.concatenate([src, dst])[order], np.concatenate([dst, src])[order],
+                  np.concatenate([actions, incoming_actions])[order], np.tile(times, 2)[order], order, row[:n])
 
 
 class Timelines:
@@ -149,10 +160,9 @@ class Timelines:
                         ) -> tuple[Timelines, np.ndarray]:
         """Every user's timeline with what they did and what others did to them (`two_way`) ->
         (timelines, each event's row): `window(rows[events], L)` is each event's two-way history."""
-        owner, _, act, t, row = two_way(src, dst, actions=actions, incoming_actions=incoming_actions, times=times)
-        _, other, _, _, _ = two_way(src_index, dst_index, actions=actions, incoming_actions=incoming_actions,
-                                    times=times)
-        return cls(owner, other, act, t), row
+        rows = two_way(src, dst, actions=actions, incoming_actions=incoming_actions, times=times)
+        other = np.concatenate([dst_index, src_index])[rows.order]  # the same rows, as user indices
+        return cls(rows.owner, other, rows.action, rows.time), rows.event_row
 
     def earlier(self, events: np.ndarray) -> np.ndarray:
         """How many events each event's actor had before it."""

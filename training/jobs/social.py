@@ -222,8 +222,8 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         # in the order the model's windows have (with incoming steps when the model takes them).
         owner, other, acts, times = lg.src, lg.dst, lg.action, lg.time
         if self.cfg.data.incoming:
-            owner, other, acts, times, _ = two_way(lg.src, lg.dst, actions=lg.action, times=lg.time,
-                                                   incoming_actions=np.array([incoming(str(a)) for a in lg.action]))
+            owner, other, acts, times, _, _ = two_way(lg.src, lg.dst, actions=lg.action, times=lg.time,
+                                                      incoming_actions=np.array([incoming(str(a)) for a in lg.action]))
         histories: dict[str, list[tuple[str, float, str]]] = {}
         for s, d, a, t in zip(owner, other, acts, times, strict=True):
             histories.setdefault(str(s), []).append((str(d), float(t), str(a)))
