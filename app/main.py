@@ -58,14 +58,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if services.store is not None:
             services.store.close()
 
-    app = FastAPI(title="seqserve", version="0.2.0", lifespan=lifespan)
+    # FastAPI's native OpenTelemetry looks up the global providers on every request (4% of the event
+    # loop in the serving profile, docs/BENCHMARKS.md) and this service configures none: its
+    # metrics are Prometheus (/metrics), its traces the request id in the JSON logs.
+    app = FastAPI(title="seqserve", version="0.2.0", lifespan=lifespan,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.services = services
     install_error_handlers(app, services.metrics)
-    for r in (health.router, metrics.router, models.router, recommend.router, events.router,
-              next_location.router, admin.router):
+    # FastAPI tries included routers in order (and matches twice: the router, then its route), so
+    # the request path's routers come first: /bench/noop last was 28% of its in-process cost
+    # (docs/BENCHMARKS.md). The no-op sits right behind /recommend, so it pays the same walk.
+    hot = [recommend.router, *([bench.router] if settings.bench_endpoints else []), next_location.router,
+           events.router]
+    for r in (*hot, models.router, health.router, metrics.router, admin.router):
         app.include_router(r)
-    if settings.bench_endpoints:
-        app.include_router(bench.router)
     # Outermost first: every response, a 413 included, gets a request id and is counted.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(Observe, metrics=services.metrics)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.ids import N_SPECIAL, PAD
@@ -170,51 +171,79 @@ class SequenceEncoder(nn.Module):
         self.out_norm = nn.LayerNorm(d_model)
         self.apply(init_weights)
 
-    def _embed(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Embedded input (B, L, D), key padding mask (B, L) and attention mask (L, L) or None."""
-        _, length = seq.shape
+    def _embed(self, seq: torch.Tensor) -> torch.Tensor:
+        """Embedded input (B, L, D): token + position, LayerNorm, dropout."""
+        length = seq.size(1)
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len {self.max_len}")
-        pos = torch.arange(length, device=seq.device)
-        x = self.token_emb(seq) + self.pos_emb(pos)[None]  # (B, L, D)
-        x = self.dropout(self.emb_norm(x))
-        pad = padding_mask(seq)  # (B, L)
-        attn = causal_mask(length, seq.device) if self.causal else None
+        x = self.token_emb(seq) + self.pos_emb.weight[:length]  # (B, L, D)
+        return self.dropout(self.emb_norm(x))
+
+    def _key_padding(self, seq: torch.Tensor) -> torch.Tensor:
+        """Keys each row may not attend to: (B, L) bool, True = padding."""
+        pad = padding_mask(seq)
         if not self.causal:
             # A row of only padding would make softmax NaN; let it attend to itself harmlessly.
             pad = pad & ~pad.all(dim=1, keepdim=True)
-        return x, pad, attn
+        return pad
 
     def forward(self, seq: torch.Tensor) -> torch.Tensor:
         """seq: (B, L) long, right-padded, L <= max_len -> hidden (B, L, D)."""
-        x, pad, attn = self._embed(seq)
-        h = self.layers(x, mask=attn, src_key_padding_mask=pad, is_causal=False)  # (B, L, D)
+        x = self._embed(seq)
+        attn = causal_mask(seq.size(1), seq.device) if self.causal else None
+        h = self.layers(x, mask=attn, src_key_padding_mask=self._key_padding(seq), is_causal=False)  # (B, L, D)
         return self.out_norm(h)
 
     def read(self, seq: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
         """Hidden state at one position per row: forward(seq)[b, at[b]]. seq: (B, L), at: (B,) -> (B, D).
 
-        Serving reads one position per history, so the last layer computes only that row's query
-        (keys and values still cover every position): about a third less work with two layers.
+        Serving's path, in eval mode: plain functional ops on the layers' weights (the module path
+        was most of a small batch's model time in the serving profile, docs/BENCHMARKS.md), and the
+        last layer computes only the read row's query. Causal rows are right-padded, so no position
+        at or before `at` ever sees padding: the causal stack needs no padding mask at all.
         """
-        x, pad, attn = self._embed(seq)
-        layers = self.layers.layers
-        for layer in layers[:-1]:
-            x = layer(x, src_mask=attn, src_key_padding_mask=pad)  # (B, L, D)
-        last = layers[-1]
-        if not last.norm_first:
-            raise ValueError("read() implements the pre-norm layer only")
         rows = torch.arange(seq.size(0), device=seq.device)
-        keys = last.norm1(x)  # (B, L, D)
-        hidden = pad.clone()  # (B, L) keys the read position may not attend to
-        if attn is not None:
-            hidden |= torch.arange(seq.size(1), device=seq.device)[None, :] > at[:, None]
-        hidden[rows, at] = False  # it always sees itself, as in forward()
-        query = keys[rows, at][:, None]  # (B, 1, D)
-        sa = last.self_attn(query, keys, keys, key_padding_mask=hidden, need_weights=False)[0]  # (B, 1, D)
-        h = x[rows, at] + last.dropout1(sa[:, 0])  # (B, D)
-        h = h + last._ff_block(last.norm2(h))
-        return self.out_norm(h)
+        if self.training:  # dropout: the module path, so training keeps one definition
+            return self(seq)[rows, at]
+        x = self._embed(seq)
+        layers = self.layers.layers
+        if self.causal:
+            keys_mask = None
+            last_mask = (torch.arange(seq.size(1), device=seq.device)[None, :] <= at[:, None])[:, None, None, :]
+        else:
+            keys_mask = last_mask = ~self._key_padding(seq)[:, None, None, :]  # (B, 1, 1, L) True = attend
+        for layer in layers[:-1]:
+            x = _layer_eval(layer, x, x, keys_mask, causal=self.causal)  # (B, L, D)
+        x = _layer_eval(layers[-1], x[rows, at][:, None], x, last_mask, causal=False)  # (B, 1, D)
+        return self.out_norm(x[:, 0])
+
+
+def _layer_eval(layer: nn.TransformerEncoderLayer, x: torch.Tensor, context: torch.Tensor,
+                allowed: torch.Tensor | None, *, causal: bool) -> torch.Tensor:
+    """One pre-norm encoder layer in eval mode for the queries `x` (B, Lq, D) over `context`
+    (B, L, D), x being context's own rows: -> (B, Lq, D). allowed: (B, 1, 1, L) bool or None."""
+    if not layer.norm_first:
+        raise ValueError("the eval path implements the pre-norm layer only")
+    mha = layer.self_attn
+    d, heads = mha.embed_dim, mha.num_heads
+    w, b = mha.in_proj_weight, mha.in_proj_bias
+    n1 = layer.norm1
+    kv = F.layer_norm(context, n1.normalized_shape, n1.weight, n1.bias, n1.eps)
+    if x is context:
+        q, k, v = F.linear(kv, w, b).chunk(3, dim=-1)  # (B, L, D) each
+    else:
+        q = F.linear(F.layer_norm(x, n1.normalized_shape, n1.weight, n1.bias, n1.eps), w[:d], b[:d])
+        k, v = F.linear(kv, w[d:], b[d:]).chunk(2, dim=-1)
+    bsz, lq, lk = x.size(0), x.size(1), context.size(1)
+    y = F.scaled_dot_product_attention(
+        q.view(bsz, lq, heads, -1).transpose(1, 2), k.view(bsz, lk, heads, -1).transpose(1, 2),
+        v.view(bsz, lk, heads, -1).transpose(1, 2), attn_mask=allowed, is_causal=causal,
+    )  # (B, H, Lq, Dh)
+    x = x + F.linear(y.transpose(1, 2).reshape(bsz, lq, d), mha.out_proj.weight, mha.out_proj.bias)
+    n2 = layer.norm2
+    ff = F.linear(F.layer_norm(x, n2.normalized_shape, n2.weight, n2.bias, n2.eps), layer.linear1.weight,
+                  layer.linear1.bias)
+    return x + F.linear(layer.activation(ff), layer.linear2.weight, layer.linear2.bias)
 
 
 def init_weights(module: nn.Module) -> None:
