@@ -213,28 +213,29 @@ class SequenceEncoder(nn.Module):
         else:
             keys_mask = last_mask = ~self._key_padding(seq)[:, None, None, :]  # (B, 1, 1, L) True = attend
         for layer in layers[:-1]:
-            x = _layer_eval(layer, x, x, keys_mask, causal=self.causal)  # (B, L, D)
-        x = _layer_eval(layers[-1], x[rows, at][:, None], x, last_mask, causal=False)  # (B, 1, D)
+            x = _layer_eval(layer, x, keys_mask, causal=self.causal)  # (B, L, D)
+        x = _layer_eval(layers[-1], x, last_mask, causal=False, read=(rows, at))  # (B, 1, D)
         return self.out_norm(x[:, 0])
 
 
-def _layer_eval(layer: nn.TransformerEncoderLayer, x: torch.Tensor, context: torch.Tensor,
-                allowed: torch.Tensor | None, *, causal: bool) -> torch.Tensor:
-    """One pre-norm encoder layer in eval mode for the queries `x` (B, Lq, D) over `context`
-    (B, L, D), x being context's own rows: -> (B, Lq, D). allowed: (B, 1, 1, L) bool or None."""
+def _layer_eval(layer: nn.TransformerEncoderLayer, x: torch.Tensor, allowed: torch.Tensor | None, *,
+                causal: bool, read: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """One pre-norm encoder layer in eval mode. x: (B, L, D), allowed: (B, 1, 1, L) bool or None.
+    -> (B, L, D), or (B, 1, D) for only the rows `read` = (batch rows, positions) as queries."""
     if not layer.norm_first:
         raise ValueError("the eval path implements the pre-norm layer only")
     mha = layer.self_attn
     d, heads = mha.embed_dim, mha.num_heads
     w, b = mha.in_proj_weight, mha.in_proj_bias
     n1 = layer.norm1
-    kv = F.layer_norm(context, n1.normalized_shape, n1.weight, n1.bias, n1.eps)
-    if x is context:
-        q, k, v = F.linear(kv, w, b).chunk(3, dim=-1)  # (B, L, D) each
+    h = F.layer_norm(x, n1.normalized_shape, n1.weight, n1.bias, n1.eps)
+    if read is None:
+        q, k, v = F.linear(h, w, b).chunk(3, dim=-1)  # (B, L, D) each
     else:
-        q = F.linear(F.layer_norm(x, n1.normalized_shape, n1.weight, n1.bias, n1.eps), w[:d], b[:d])
-        k, v = F.linear(kv, w[d:], b[d:]).chunk(2, dim=-1)
-    bsz, lq, lk = x.size(0), x.size(1), context.size(1)
+        x = x[read][:, None]  # (B, 1, D): the residual stream of the read rows only
+        q = F.linear(h[read][:, None], w[:d], b[:d])
+        k, v = F.linear(h, w[d:], b[d:]).chunk(2, dim=-1)
+    bsz, lq, lk = x.size(0), x.size(1), h.size(1)
     y = F.scaled_dot_product_attention(
         q.view(bsz, lq, heads, -1).transpose(1, 2), k.view(bsz, lk, heads, -1).transpose(1, 2),
         v.view(bsz, lk, heads, -1).transpose(1, 2), attn_mask=allowed, is_causal=causal,
