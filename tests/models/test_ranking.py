@@ -1,4 +1,5 @@
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -6,6 +7,7 @@ from models.ranking import (
     future_mask,
     index_mask,
     pack_histories,
+    pad_rows,
     rank,
     recommend,
     reference_value,
@@ -17,6 +19,21 @@ from models.sasrec import SASRec, SASRecConfig
 def test_pack_histories_keeps_most_recent_and_fills_empty() -> None:
     t = pack_histories([[2, 3, 4, 5], [], [7]], max_history=3)
     assert t.tolist() == [[3, 4, 5], [1, 0, 0], [7, 0, 0]]
+
+
+def test_pad_rows_right_pads_ragged_rows_with_padding() -> None:
+    """Every shape the serving path builds: ragged rows, empty rows, one row, no row, tuples, int64 range."""
+    gen = torch.Generator().manual_seed(0)
+    cases: list[list[Sequence[int]]] = [[], [[]], [[], []], [[5]], [[2, 3], (4,), [], [9, 8, 7, 6]]]
+    for b in (1, 8, 64):  # up to 700 items a row: full histories, as the seen exclusion pads them
+        lengths = torch.randint(0, 700, (b,), generator=gen).tolist()
+        cases.append([torch.randint(2, 10**6, (n,), generator=gen).tolist() for n in lengths])
+    cases.append([[2**63 - 1, 2], [3]])
+    for rows in cases:
+        width = max([1, *map(len, rows)])
+        t = pad_rows(rows)
+        assert t.dtype == torch.long and t.shape == (len(rows), width)
+        assert t.tolist() == [list(r) + [0] * (width - len(r)) for r in rows]
 
 
 def test_index_mask_ignores_padding_and_unknown() -> None:
