@@ -55,11 +55,16 @@ def main() -> None:
     p.add_argument("--batch-timeout-ms", type=float, default=2.0)
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--api-servers", type=int, default=1, help="HTTP processes")
+    p.add_argument("--workers", type=int, default=1, help="inference processes")
+    p.add_argument("--fast-queue", action="store_true", help="LitServe's ZeroMQ request queue")
     args = p.parse_args()
     api = RecommendAPI(latest_versions(args.artifacts)[args.model], torch_threads=args.torch_threads,
                        max_batch_size=args.max_batch, batch_timeout=args.batch_timeout_ms / 1000)
-    server = ls.LitServer(api, accelerator=args.accelerator, workers_per_device=1)
-    server.run(host="127.0.0.1", port=args.port, log_level="warning", generate_client_file=False)
+    server = ls.LitServer(api, accelerator=args.accelerator, workers_per_device=args.workers,
+                          fast_queue=args.fast_queue)
+    server.run(host="127.0.0.1", port=args.port, log_level="warning", generate_client_file=False,
+               num_api_servers=args.api_servers)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ Modes, each in a fresh server process with every model of --artifacts loaded:
   batched    POST /recommend, dynamic micro-batching on
   litserve   a peer, not the service: the same artifact and engine served by LitServe
              (bench/litserve_server.py; `.venv/bin/pip install -e '.[bench]'` first; one --models)
+--interleave N starts the servers together (the no-op is an endpoint of the batched one) and alternates
+them in N windows per concurrency, so a shared machine's drift falls on every mode alike; a server
+outside its window is paused (SIGSTOP), since an idle LitServe still polls (`idle_cores` in the output).
 The load generator is a separate process: asyncio workers with one keep-alive connection each,
 writing pre-encoded HTTP/1.1 requests (--client httpx for the httpx2 client instead); every run
 is bounded by --seconds and stops by itself. Only loopback is used.
@@ -35,25 +38,28 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_server(artifacts: Path, port: int, env_extra: dict[str, str], *, loop: str = "auto",
-                 http: str = "auto", workers: int = 1) -> subprocess.Popen[bytes]:
+                 http: str = "auto", workers: int = 1, root: Path = ROOT) -> subprocess.Popen[bytes]:
+    """The service from the checkout at `root` (its .venv and its code), ready to answer."""
     # MALLOC_ARENA_MAX as scripts/serve.sh sets it.
     env = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(artifacts), "SEQSERVE_BENCH_ENDPOINTS": "true",
            "SEQSERVE_LOG_LEVEL": "WARNING", "MALLOC_ARENA_MAX": "2", **env_extra}
     proc = subprocess.Popen(
-        [str(ROOT / ".venv/bin/uvicorn"), "--factory", "app.main:app_from_env", "--host", "127.0.0.1",
+        [str(root / ".venv/bin/uvicorn"), "--factory", "app.main:app_from_env", "--host", "127.0.0.1",
          "--port", str(port), "--no-access-log", "--log-level", "warning", "--loop", loop, "--http", http,
          "--workers", str(workers)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )
     return wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
 
 
-def start_litserve(artifacts: Path, port: int, model: str, *, torch_threads: int) -> subprocess.Popen[bytes]:
+def start_litserve(artifacts: Path, port: int, model: str, *, torch_threads: int, api_servers: int = 1,
+                   workers: int = 1, fast_queue: bool = False) -> subprocess.Popen[bytes]:
     """The peer: the same artifact through the project's engine, served by LitServe (bench/litserve_server.py)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_ARENA_MAX": "2"}
     proc = subprocess.Popen(
         [str(ROOT / ".venv/bin/python"), str(ROOT / "bench" / "litserve_server.py"), "--artifacts", str(artifacts),
-         "--model", model, "--port", str(port), "--torch-threads", str(torch_threads)],
+         "--model", model, "--port", str(port), "--torch-threads", str(torch_threads),
+         "--api-servers", str(api_servers), "--workers", str(workers), *(["--fast-queue"] if fast_queue else [])],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )
     return wait_ready(proc, f"http://127.0.0.1:{port}/health")
@@ -62,6 +68,7 @@ def start_litserve(artifacts: Path, port: int, model: str, *, torch_threads: int
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM to the server's whole process group (LitServe and uvicorn workers fork), SIGKILL after 30 s."""
     try:
+        os.killpg(proc.pid, signal.SIGCONT)  # a paused group would hold the SIGTERM until resumed
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -69,6 +76,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
     except ProcessLookupError:
         pass
+
+
+def pause(proc: subprocess.Popen[bytes], paused: bool) -> None:
+    """SIGSTOP / SIGCONT a server's whole process group: a paused server takes no CPU from the measured one
+    (an idle LitServe polls its queue: about 0.15 of a core on the 2-core box)."""
+    os.killpg(proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
 
 
 def wait_ready(proc: subprocess.Popen[bytes], url: str) -> subprocess.Popen[bytes]:
@@ -186,6 +199,13 @@ def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup
     processes keep the generator from being the ceiling. Each process measures its own `seconds`
     after its own warm-up: process start-up staggers those windows by a fraction of the warm-up.
     """
+    lat, errors = collect(url, bodies, concurrency, seconds, warmup, client_kind=client_kind, procs=procs)
+    return summarize(lat, errors, seconds)
+
+
+def collect(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float, *,
+            client_kind: str = "raw", procs: int = 1) -> tuple[list[float], int]:
+    """drive()'s measurement: the latencies (seconds) of the requests answered 200, and the error count."""
     procs = max(1, min(procs, concurrency))
     if procs == 1:
         lat, errors = _measure_in_process(url, bodies, concurrency, seconds, warmup, client_kind)
@@ -197,13 +217,34 @@ def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup
             parts = [f.result() for f in futures]
         lat = [x for part, _ in parts for x in part]
         errors = sum(e for _, e in parts)
-    lat.sort()
+    return lat, errors
+
+
+def summarize(lat: list[float], errors: int, seconds: float) -> dict:
+    lat = sorted(lat)
 
     def pct(p: float) -> float:
         return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else float("nan")
 
     return {"rps": len(lat) / seconds, "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
             "ok": len(lat), "errors": errors}
+
+
+def group_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of every process in `pid`'s session (a server and the workers it forked)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) == pid:  # the session id (servers are started with start_new_session)
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def bodies_for(artifacts: Path, model: str, n: int = 2000) -> list[dict]:
@@ -242,49 +283,105 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=1, help="server processes (SEQSERVE_WORKERS)")
     p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra server settings, e.g. SEQSERVE_MAX_WAIT_MS=1")
+    p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                   help="keep every mode's server up at once and alternate them, ROUNDS windows of "
+                        "--seconds/ROUNDS each per concurrency: drift of a shared machine then falls on "
+                        "every mode alike (0: one mode after another, each in a fresh server)")
+    p.add_argument("--litserve-api-servers", type=int, default=1, help="the peer's HTTP processes")
+    p.add_argument("--litserve-workers", type=int, default=1, help="the peer's inference processes")
+    p.add_argument("--litserve-fast-queue", action="store_true", help="the peer's ZeroMQ request queue")
     args = p.parse_args()
     extra = dict(kv.split("=", 1) for kv in args.env)
     store_dir = tempfile.mkdtemp(prefix="seqserve-bench-")
-    modes = {
-        "noop": ("/bench/noop", {"SEQSERVE_BATCHING": "true"}),
-        "unbatched": ("/recommend", {"SEQSERVE_BATCHING": "false"}),
-        "batched": ("/recommend", {"SEQSERVE_BATCHING": "true"}),
-        "litserve": ("/recommend", {}),  # a peer: LitServe, not the service (needs the `bench` extra)
-    }
-    results: dict = {"rows": []}
+    paths = {"noop": "/bench/noop", "unbatched": "/recommend", "batched": "/recommend", "litserve": "/recommend"}
+    wanted = [m for m in paths if m in args.modes]
+    if "litserve" in wanted and len(args.models) != 1:
+        raise SystemExit("litserve mode serves one model: pass one --models")
+    results: dict = {"rows": [], "rss_mb": {}}
     results["settings"] = {"torch_threads": args.torch_threads, "client": args.client,
-                           "client_procs": args.client_procs, "loop": args.loop,
-                           "http": args.http, "workers": args.workers, **extra}
-    for mode, (path, env) in modes.items():
-        if mode not in args.modes:
-            continue
-        env = {**env, "SEQSERVE_TORCH_THREADS": str(args.torch_threads),
-               "SEQSERVE_HISTORY_PATH": f"{store_dir}/{mode}.sqlite3", **extra}
+                           "client_procs": args.client_procs, "loop": args.loop, "http": args.http,
+                           "workers": args.workers, "interleave": args.interleave,
+                           "litserve": {"api_servers": args.litserve_api_servers, "workers": args.litserve_workers,
+                                        "fast_queue": args.litserve_fast_queue}, **extra}
+
+    def start(server: str, port: int) -> subprocess.Popen[bytes]:
+        """One server: "batched" (which also serves the no-op), "unbatched" or the "litserve" peer."""
+        if server == "litserve":
+            return start_litserve(args.artifacts, port, args.models[0], torch_threads=args.torch_threads,
+                                  api_servers=args.litserve_api_servers, workers=args.litserve_workers,
+                                  fast_queue=args.litserve_fast_queue)
+        env = {"SEQSERVE_BATCHING": "false" if server == "unbatched" else "true",
+               "SEQSERVE_TORCH_THREADS": str(args.torch_threads),
+               "SEQSERVE_HISTORY_PATH": f"{store_dir}/{server}-{port}.sqlite3", **extra}
         if args.workers > 1:
             env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="seqserve-metrics-")
-        if mode == "litserve":
-            if len(args.models) != 1:
-                raise SystemExit("litserve mode serves one model: pass one --models")
-            proc = start_litserve(args.artifacts, args.port, args.models[0], torch_threads=args.torch_threads)
-        else:
-            proc = start_server(args.artifacts, args.port, env, loop=args.loop, http=args.http,
-                                workers=args.workers)
+        return start_server(args.artifacts, port, env, loop=args.loop, http=args.http, workers=args.workers)
+
+    def server_of(mode: str) -> str:
+        return "batched" if mode == "noop" else mode
+
+    def record(mode: str, model: str, c: int, r: dict) -> None:
+        row = {"mode": mode, "model": model, "concurrency": c, **r}
+        results["rows"].append(row)
+        print(json.dumps(row), flush=True)
+
+    if args.interleave:
+        servers = list(dict.fromkeys(server_of(m) for m in wanted))
+        ports = {srv: args.port + i for i, srv in enumerate(servers)}
+        procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
-            results.setdefault("rss_mb", {})[mode] = round(rss_mb(proc.pid), 1)
+            for srv in servers:
+                procs[srv] = start(srv, ports[srv])
+                results["rss_mb"][srv] = round(rss_mb(procs[srv].pid), 1)
+            # What the idle servers cost the measured one: each server's CPU over 3 s with no load.
+            before = {srv: group_cpu_seconds(proc.pid) for srv, proc in procs.items()}
+            time.sleep(3)
+            results["idle_cores"] = {srv: round((group_cpu_seconds(proc.pid) - before[srv]) / 3, 3)
+                                     for srv, proc in procs.items()}
+            window = args.seconds / args.interleave
+            for proc in procs.values():
+                pause(proc, True)
             for model in args.models:
                 bodies = bodies_for(args.artifacts, model)
                 for c in args.concurrency:
-                    url = f"http://127.0.0.1:{args.port}{path}"
-                    r = drive(url, bodies, c, args.seconds, args.warmup, client_kind=args.client,
-                              procs=args.client_procs)
-                    row = {"mode": mode, "model": model, "concurrency": c, **r}
-                    results["rows"].append(row)
-                    print(json.dumps(row), flush=True)
-            if mode == "batched":
-                results["mean_batch_size"] = batch_histogram(args.port)
-            results["rss_mb"][mode + "_after"] = round(rss_mb(proc.pid), 1)
+                    got: dict[str, tuple[list[float], int]] = {m: ([], 0) for m in wanted}
+                    for _ in range(args.interleave):
+                        for mode in wanted:
+                            url = f"http://127.0.0.1:{ports[server_of(mode)]}{paths[mode]}"
+                            pause(procs[server_of(mode)], False)
+                            try:
+                                lat, errors = collect(url, bodies, c, window, args.warmup, client_kind=args.client,
+                                                      procs=args.client_procs)
+                            finally:
+                                pause(procs[server_of(mode)], True)
+                            got[mode] = (got[mode][0] + lat, got[mode][1] + errors)
+                    for mode in wanted:
+                        record(mode, model, c, summarize(*got[mode], window * args.interleave))
+            for proc in procs.values():
+                pause(proc, False)
+            if "batched" in procs:
+                results["mean_batch_size"] = batch_histogram(ports["batched"])
+            for srv, proc in procs.items():
+                results["rss_mb"][srv + "_after"] = round(rss_mb(proc.pid), 1)
         finally:
-            stop(proc)
+            for proc in procs.values():
+                stop(proc)
+    else:
+        for mode in wanted:
+            proc = start(server_of(mode), args.port)
+            try:
+                results["rss_mb"][mode] = round(rss_mb(proc.pid), 1)
+                for model in args.models:
+                    bodies = bodies_for(args.artifacts, model)
+                    for c in args.concurrency:
+                        url = f"http://127.0.0.1:{args.port}{paths[mode]}"
+                        record(mode, model, c, drive(url, bodies, c, args.seconds, args.warmup,
+                                                     client_kind=args.client, procs=args.client_procs))
+                if mode == "batched":
+                    results["mean_batch_size"] = batch_histogram(args.port)
+                results["rss_mb"][mode + "_after"] = round(rss_mb(proc.pid), 1)
+            finally:
+                stop(proc)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     print_table(results)
@@ -310,6 +407,8 @@ def print_table(results: dict) -> None:
             print(f"| {model} | {c} | {rps} | {ratio} | {p99} |")
     print(f"\nresident memory (MB): {results['rss_mb']}; mean batch size (batched run): "
           f"{results.get('mean_batch_size')}")
+    if "idle_cores" in results:
+        print(f"idle servers' CPU (cores, while nothing was sent): {results['idle_cores']}")
 
 if __name__ == "__main__":
     main()
