@@ -21,7 +21,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from load import ROOT, bodies_for, collect, pause, start_server, stop, summarize
+from load import ROOT, bodies_for, collect, cpu_share, pause, start_server, stop, summarize
 
 
 def parse_variant(spec: str) -> tuple[str, Path, int, dict[str, str]]:
@@ -64,22 +64,26 @@ def main() -> None:
             for path in args.paths:
                 for c in args.concurrency:
                     got: dict[str, tuple[list[float], int]] = {n: ([], 0) for n in names}
+                    busy = {n: [0, 0] for n in names}
                     for r in range(args.rounds):
                         for name in names if r % 2 == 0 else names[::-1]:
                             proc, port = procs[name]
                             pause(proc, False)
                             try:
-                                lat, errors = collect(f"http://127.0.0.1:{port}{path}", bodies, c, window, args.warmup)
+                                lat, errors = collect(f"http://127.0.0.1:{port}{path}", bodies, c, window, args.warmup,
+                                                      on_measure=busy[name])
                             finally:
                                 pause(proc, True)
                             got[name] = (got[name][0] + lat, got[name][1] + errors)
                     res = {n: summarize(*got[n], args.seconds) for n in names}
+                    res = {n: {**res[n], **cpu_share(busy[n], res[n]["ok"], args.seconds)} for n in names}
                     base = res[names[0]]["rps"] or float("nan")
                     for n in names:
                         rows.append({"variant": n, "model": model, "path": path, "concurrency": c, **res[n],
                                      "ratio": res[n]["rps"] / base})
                     print(f"{model} {path} c={c}: " + " | ".join(
-                        f"{n} {res[n]['rps']:.0f} req/s, p99 {res[n]['p99_ms']:.1f} ms ({res[n]['rps'] / base:.2f}x)"
+                        f"{n} {res[n]['rps']:.0f} req/s, p99 {res[n]['p99_ms']:.1f} ms ({res[n]['rps'] / base:.2f}x), "
+                        f"{res[n].get('busy_cores')} cores busy, {res[n].get('cpu_us_per_request')} us CPU/request"
                         + (f", {res[n]['errors']} errors" if res[n]["errors"] else "") for n in names), flush=True)
     finally:
         for proc, _ in procs.values():

@@ -50,7 +50,7 @@ async def run(args: argparse.Namespace) -> None:
               for _ in range(2000)]
     served = app.state.services.registry.models[args.model]
     engine, batcher = served.engine, served.batcher
-    calls = {"n": 0, "items": 0, "seconds": 0.0}
+    calls = {"n": 0, "items": 0, "seconds": 0.0, "cpu": 0.0}
     model_fn = batcher.fn
     if args.canned:
         from models.tasks.recommend import RecQuery
@@ -59,9 +59,10 @@ async def run(args: argparse.Namespace) -> None:
         model_fn = lambda items: canned[: len(items)]  # noqa: E731
 
     def timed(items: list[Any]) -> list[Any]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = model_fn(items)
         calls["seconds"] += time.perf_counter() - t0
+        calls["cpu"] += time.thread_time() - c0
         calls["n"] += 1
         calls["items"] += len(items)
         return out
@@ -98,7 +99,7 @@ async def run(args: argparse.Namespace) -> None:
 
     for phase, n in (("warm-up", max(200, args.concurrency * 4)), ("measured", args.requests)):
         statuses: list[int] = []
-        calls.update(n=0, items=0, seconds=0.0)
+        calls.update(n=0, items=0, seconds=0.0, cpu=0.0)
         profiler = cProfile.Profile() if args.profile and phase == "measured" else None
         c0, w0 = time.thread_time(), time.perf_counter()
         if profiler:
@@ -109,10 +110,12 @@ async def run(args: argparse.Namespace) -> None:
         cpu, wall = time.thread_time() - c0, time.perf_counter() - w0
         if any(s != 200 for s in statuses):
             raise SystemExit(f"non-200 answers: {sorted(set(statuses))}")
+    n_calls = max(1, calls["n"])
     print(f"{args.path} c={args.concurrency}{' (canned model)' if args.canned else ''}: {len(statuses) / wall:.0f} "
           f"req/s in-process; loop thread {cpu / len(statuses) * 1e6:.0f} us CPU per request; model calls: "
-          f"{calls['n']}, mean batch {calls['items'] / max(1, calls['n']):.1f}, "
-          f"{calls['seconds'] / max(1, calls['n']) * 1000:.2f} ms each, busy {calls['seconds'] / wall:.2f} of the run")
+          f"{calls['n']}, mean batch {calls['items'] / n_calls:.1f}, {calls['seconds'] / n_calls * 1000:.2f} ms each "
+          f"({calls['cpu'] / n_calls * 1000:.2f} ms of the model thread's CPU), "
+          f"busy {calls['seconds'] / wall:.2f} of the run")
     if profiler:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
     await to_app.put({"type": "lifespan.shutdown"})

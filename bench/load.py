@@ -28,6 +28,7 @@ import random
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -204,10 +205,27 @@ def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup
 
 
 def collect(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float, *,
-            client_kind: str = "raw", procs: int = 1) -> tuple[list[float], int]:
-    """drive()'s measurement: the latencies (seconds) of the requests answered 200, and the error count."""
+            client_kind: str = "raw", procs: int = 1, on_measure: list[int] | None = None) -> tuple[list[float], int]:
+    """drive()'s measurement: the latencies (seconds) of the requests answered 200, and the error count.
+
+    on_measure, a [busy, total] pair, gets the machine's clock ticks over the measured span added to it
+    (one generator process only: its measured span starts after the warm-up, timed here).
+    """
     procs = max(1, min(procs, concurrency))
-    if procs == 1:
+    if procs == 1 and on_measure is not None:
+        def at_measure() -> None:
+            time.sleep(warmup)
+            start.extend(machine_jiffies())
+
+        start: list[int] = []
+        timer = threading.Thread(target=at_measure)
+        timer.start()
+        lat, errors = _measure_in_process(url, bodies, concurrency, seconds, warmup, client_kind)
+        end = machine_jiffies()
+        timer.join()
+        on_measure[0] += end[0] - start[0]
+        on_measure[1] += end[1] - start[1]
+    elif procs == 1:
         lat, errors = _measure_in_process(url, bodies, concurrency, seconds, warmup, client_kind)
     else:
         shares = [concurrency // procs + (i < concurrency % procs) for i in range(procs)]
@@ -220,6 +238,17 @@ def collect(url: str, bodies: list[dict], concurrency: int, seconds: float, warm
     return lat, errors
 
 
+def cpu_share(ticks: list[int], answered: int, seconds: float) -> dict:
+    """The machine's busy cores over measured windows, and its CPU microseconds per answered request
+    (everything on the machine: server, load generator, kernel)."""
+    if not ticks[1]:
+        return {}
+    cores = os.cpu_count() or 1
+    busy_cores = ticks[0] / ticks[1] * cores
+    return {"busy_cores": round(busy_cores, 2),
+            "cpu_us_per_request": round(busy_cores * seconds / answered * 1e6) if answered else None}
+
+
 def summarize(lat: list[float], errors: int, seconds: float) -> dict:
     lat = sorted(lat)
 
@@ -228,6 +257,12 @@ def summarize(lat: list[float], errors: int, seconds: float) -> dict:
 
     return {"rps": len(lat) / seconds, "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
             "ok": len(lat), "errors": errors}
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) clock ticks over every core since boot, from /proc/stat (idle and iowait are not busy)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
 
 
 def group_cpu_seconds(pid: int) -> float:
@@ -345,18 +380,20 @@ def main() -> None:
                 bodies = bodies_for(args.artifacts, model)
                 for c in args.concurrency:
                     got: dict[str, tuple[list[float], int]] = {m: ([], 0) for m in wanted}
+                    busy = {m: [0, 0] for m in wanted}  # the machine's busy and total ticks in m's windows
                     for _ in range(args.interleave):
                         for mode in wanted:
                             url = f"http://127.0.0.1:{ports[server_of(mode)]}{paths[mode]}"
                             pause(procs[server_of(mode)], False)
                             try:
                                 lat, errors = collect(url, bodies, c, window, args.warmup, client_kind=args.client,
-                                                      procs=args.client_procs)
+                                                      procs=args.client_procs, on_measure=busy[mode])
                             finally:
                                 pause(procs[server_of(mode)], True)
                             got[mode] = (got[mode][0] + lat, got[mode][1] + errors)
                     for mode in wanted:
-                        record(mode, model, c, summarize(*got[mode], window * args.interleave))
+                        r = summarize(*got[mode], window * args.interleave)
+                        record(mode, model, c, {**r, **cpu_share(busy[mode], r["ok"], window * args.interleave)})
             for proc in procs.values():
                 pause(proc, False)
             if "batched" in procs:
@@ -394,8 +431,9 @@ def print_table(results: dict) -> None:
     ratios = [(a, b) for a, b in (("batched", "noop"), ("batched", "unbatched"), ("batched", "litserve"))
               if a in modes and b in modes]
     print("\n| model | conc. | " + " | ".join(f"{m} req/s" for m in modes) + " | "
-          + " | ".join(f"{a}/{b}" for a, b in ratios) + " | p99 ms " + " / ".join(modes) + " |")
-    print("|---" * (3 + len(modes) + len(ratios)) + "|")
+          + " | ".join(f"{a}/{b}" for a, b in ratios) + " | p99 ms " + " / ".join(modes)
+          + " | machine CPU us per request " + " / ".join(modes) + " |")
+    print("|---" * (4 + len(modes) + len(ratios)) + "|")
     for model in dict.fromkeys(r["model"] for r in rows):
         for c in dict.fromkeys(r["concurrency"] for r in rows):
             got = {m: key.get((m, model, c)) for m in modes}
@@ -404,7 +442,8 @@ def print_table(results: dict) -> None:
             rps = " | ".join(f"{got[m]['rps']:.0f}" for m in modes)  # type: ignore[index]
             ratio = " | ".join(f"{got[a]['rps'] / got[b]['rps']:.2f}" for a, b in ratios)  # type: ignore[index]
             p99 = " / ".join(f"{got[m]['p99_ms']:.1f}" for m in modes)  # type: ignore[index]
-            print(f"| {model} | {c} | {rps} | {ratio} | {p99} |")
+            cpu = " / ".join(str(got[m].get("cpu_us_per_request", "-")) for m in modes)  # type: ignore[union-attr]
+            print(f"| {model} | {c} | {rps} | {ratio} | {p99} | {cpu} |")
     print(f"\nresident memory (MB): {results['rss_mb']}; mean batch size (batched run): "
           f"{results.get('mean_batch_size')}")
     if "idle_cores" in results:
