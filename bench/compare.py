@@ -21,7 +21,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from load import ROOT, bodies_for, collect, cpu_share, pause, start_server, stop, summarize
+from load import ROOT, alternate, bodies_for, pause, start_server, stop
 
 
 def parse_variant(spec: str) -> tuple[str, Path, int, dict[str, str]]:
@@ -57,26 +57,13 @@ def main() -> None:
                 env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="seqserve-metrics-")
             procs[name] = (start_server(args.artifacts, args.port + i, env, workers=workers, root=root), args.port + i)
             pause(procs[name][0], True)
-        window = args.seconds / args.rounds
         names = [v[0] for v in variants]
         for model in args.models:
             bodies = bodies_for(args.artifacts, model)
             for path in args.paths:
+                targets = {n: (procs[n][0], f"http://127.0.0.1:{procs[n][1]}{path}") for n in names}
                 for c in args.concurrency:
-                    got: dict[str, tuple[list[float], int]] = {n: ([], 0) for n in names}
-                    busy = {n: [0, 0] for n in names}
-                    for r in range(args.rounds):
-                        for name in names if r % 2 == 0 else names[::-1]:
-                            proc, port = procs[name]
-                            pause(proc, False)
-                            try:
-                                lat, errors = collect(f"http://127.0.0.1:{port}{path}", bodies, c, window, args.warmup,
-                                                      on_measure=busy[name])
-                            finally:
-                                pause(proc, True)
-                            got[name] = (got[name][0] + lat, got[name][1] + errors)
-                    res = {n: summarize(*got[n], args.seconds) for n in names}
-                    res = {n: {**res[n], **cpu_share(busy[n], res[n]["ok"], args.seconds)} for n in names}
+                    res = alternate(targets, bodies, c, rounds=args.rounds, seconds=args.seconds, warmup=args.warmup)
                     base = res[names[0]]["rps"] or float("nan")
                     for n in names:
                         rows.append({"variant": n, "model": model, "path": path, "concurrency": c, **res[n],

@@ -10,7 +10,8 @@ Modes, each in a fresh server process with every model of --artifacts loaded:
   litserve   a peer, not the service: the same artifact and engine served by LitServe
              (bench/litserve_server.py; `.venv/bin/pip install -e '.[bench]'` first; one --models)
 --interleave N starts the servers together (the no-op is an endpoint of the batched one) and alternates
-them in N windows per concurrency, so a shared machine's drift falls on every mode alike; a server
+them in N windows per concurrency (the order flipped every round), so a shared machine's drift falls
+on every mode alike; a server
 outside its window is paused (SIGSTOP), since an idle LitServe still polls (`idle_cores` in the output).
 The load generator is a separate process: asyncio workers with one keep-alive connection each,
 writing pre-encoded HTTP/1.1 requests (--client httpx for the httpx2 client instead); every run
@@ -28,7 +29,6 @@ import random
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -122,12 +122,13 @@ async def _raw_post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
 
 
 async def _measure(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float,
-                   client_kind: str = "raw") -> tuple[list[float], int]:
+                   client_kind: str = "raw") -> tuple[list[float], int, tuple[int, int]]:
     """N workers, each with its own keep-alive connection, posting back to back for `seconds`.
 
     The raw client writes pre-encoded requests on asyncio streams: a few microseconds per request,
     so on a 2-core box the generator leaves the server most of a core (httpx2 costs several times more).
-    Returns the latencies of the requests answered 200 in the measured window, and the error count.
+    Returns the latencies of the requests answered 200 in the measured window, the error count, and the
+    machine's (busy, total) clock ticks from the end of the warm-up to the last answer.
     """
     lat: list[float] = []
     errors = 0
@@ -178,17 +179,25 @@ async def _measure(url: str, bodies: list[dict], concurrency: int, seconds: floa
                 else:
                     errors += 1
 
+    start: tuple[int, int] = (0, 0)
+
+    async def mark_start() -> None:
+        nonlocal start
+        await asyncio.sleep(max(0.0, t_measure - time.perf_counter()))
+        start = machine_jiffies()
+
     if client_kind == "raw":
-        await asyncio.gather(*[raw_worker(i) for i in range(concurrency)])
+        await asyncio.gather(mark_start(), *[raw_worker(i) for i in range(concurrency)])
     else:
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(limits=limits, timeout=30) as client:
-            await asyncio.gather(*[httpx_worker(client, i) for i in range(concurrency)])
-    return lat, errors
+            await asyncio.gather(mark_start(), *[httpx_worker(client, i) for i in range(concurrency)])
+    end = machine_jiffies()
+    return lat, errors, (end[0] - start[0], end[1] - start[1])
 
 
 def _measure_in_process(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float,
-                        client_kind: str) -> tuple[list[float], int]:
+                        client_kind: str) -> tuple[list[float], int, tuple[int, int]]:
     return asyncio.run(_measure(url, bodies, concurrency, seconds, warmup, client_kind))
 
 
@@ -200,42 +209,52 @@ def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup
     processes keep the generator from being the ceiling. Each process measures its own `seconds`
     after its own warm-up: process start-up staggers those windows by a fraction of the warm-up.
     """
-    lat, errors = collect(url, bodies, concurrency, seconds, warmup, client_kind=client_kind, procs=procs)
+    lat, errors, _ = collect(url, bodies, concurrency, seconds, warmup, client_kind=client_kind, procs=procs)
     return summarize(lat, errors, seconds)
 
 
 def collect(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float, *,
-            client_kind: str = "raw", procs: int = 1, on_measure: list[int] | None = None) -> tuple[list[float], int]:
-    """drive()'s measurement: the latencies (seconds) of the requests answered 200, and the error count.
-
-    on_measure, a [busy, total] pair, gets the machine's clock ticks over the measured span added to it
-    (one generator process only: its measured span starts after the warm-up, timed here).
-    """
+            client_kind: str = "raw", procs: int = 1) -> tuple[list[float], int, tuple[int, int]]:
+    """drive()'s measurement: the latencies (seconds) of the requests answered 200, the error count, and
+    the machine's (busy, total) clock ticks over the measured span (the first generator process's span:
+    the machine is one, whatever the number of processes)."""
     procs = max(1, min(procs, concurrency))
-    if procs == 1 and on_measure is not None:
-        def at_measure() -> None:
-            time.sleep(warmup)
-            start.extend(machine_jiffies())
-
-        start: list[int] = []
-        timer = threading.Thread(target=at_measure)
-        timer.start()
-        lat, errors = _measure_in_process(url, bodies, concurrency, seconds, warmup, client_kind)
-        end = machine_jiffies()
-        timer.join()
-        on_measure[0] += end[0] - start[0]
-        on_measure[1] += end[1] - start[1]
-    elif procs == 1:
-        lat, errors = _measure_in_process(url, bodies, concurrency, seconds, warmup, client_kind)
+    if procs == 1:
+        return _measure_in_process(url, bodies, concurrency, seconds, warmup, client_kind)
     else:
         shares = [concurrency // procs + (i < concurrency % procs) for i in range(procs)]
         with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_measure_in_process, url, bodies[i::procs], n, seconds, warmup, client_kind)
                        for i, n in enumerate(shares)]
             parts = [f.result() for f in futures]
-        lat = [x for part, _ in parts for x in part]
-        errors = sum(e for _, e in parts)
-    return lat, errors
+        lat = [x for part, _, _ in parts for x in part]
+        errors = sum(e for _, e, _ in parts)
+    return lat, errors, parts[0][2]
+
+
+def alternate(targets: dict[str, tuple[subprocess.Popen[bytes], str]], bodies: list[dict], concurrency: int, *,
+              rounds: int, seconds: float, warmup: float, client_kind: str = "raw", procs: int = 1) -> dict[str, dict]:
+    """Servers taking turns: `rounds` windows of seconds/rounds each per target (name -> (server, URL)),
+    the order flipped every round, each server paused outside its windows. -> name -> summary, with
+    the machine's busy cores and CPU per request over that target's windows."""
+    got: dict[str, tuple[list[float], int, list[int]]] = {name: ([], 0, [0, 0]) for name in targets}
+    names = list(targets)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            proc, url = targets[name]
+            pause(proc, False)
+            try:
+                lat, errors, ticks = collect(url, bodies, concurrency, seconds / rounds, warmup,
+                                             client_kind=client_kind, procs=procs)
+            finally:
+                pause(proc, True)
+            old_lat, old_errors, busy = got[name]
+            got[name] = (old_lat + lat, old_errors + errors, [busy[0] + ticks[0], busy[1] + ticks[1]])
+    out = {}
+    for name, (lat, errors, busy) in got.items():
+        summary = summarize(lat, errors, seconds)
+        out[name] = {**summary, **cpu_share(busy, summary["ok"], seconds)}
+    return out
 
 
 def cpu_share(ticks: list[int], answered: int, seconds: float) -> dict:
@@ -373,27 +392,17 @@ def main() -> None:
             time.sleep(3)
             results["idle_cores"] = {srv: round((group_cpu_seconds(proc.pid) - before[srv]) / 3, 3)
                                      for srv, proc in procs.items()}
-            window = args.seconds / args.interleave
             for proc in procs.values():
                 pause(proc, True)
             for model in args.models:
                 bodies = bodies_for(args.artifacts, model)
+                targets = {m: (procs[server_of(m)], f"http://127.0.0.1:{ports[server_of(m)]}{paths[m]}")
+                           for m in wanted}
                 for c in args.concurrency:
-                    got: dict[str, tuple[list[float], int]] = {m: ([], 0) for m in wanted}
-                    busy = {m: [0, 0] for m in wanted}  # the machine's busy and total ticks in m's windows
-                    for _ in range(args.interleave):
-                        for mode in wanted:
-                            url = f"http://127.0.0.1:{ports[server_of(mode)]}{paths[mode]}"
-                            pause(procs[server_of(mode)], False)
-                            try:
-                                lat, errors = collect(url, bodies, c, window, args.warmup, client_kind=args.client,
-                                                      procs=args.client_procs, on_measure=busy[mode])
-                            finally:
-                                pause(procs[server_of(mode)], True)
-                            got[mode] = (got[mode][0] + lat, got[mode][1] + errors)
+                    res = alternate(targets, bodies, c, rounds=args.interleave, seconds=args.seconds,
+                                    warmup=args.warmup, client_kind=args.client, procs=args.client_procs)
                     for mode in wanted:
-                        r = summarize(*got[mode], window * args.interleave)
-                        record(mode, model, c, {**r, **cpu_share(busy[mode], r["ok"], window * args.interleave)})
+                        record(mode, model, c, res[mode])
             for proc in procs.values():
                 pause(proc, False)
             if "batched" in procs:
