@@ -18,7 +18,6 @@ import cProfile
 import json
 import os
 import pstats
-import random
 import sys
 import tempfile
 import time
@@ -30,9 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 
 async def run(args: argparse.Namespace) -> None:
+    from load import bodies_for
+
     from app.main import create_app
     from app.settings import Settings
-    from models.artifact import latest_versions
 
     app = create_app(Settings())
     to_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -43,11 +43,8 @@ async def run(args: argparse.Namespace) -> None:
     started = await from_app.get()
     if started["type"] != "lifespan.startup.complete":
         raise SystemExit(f"startup failed: {started}")
-    folder = latest_versions(args.artifacts)[args.model]
-    users = json.loads((folder / "users.json").read_text())["ids"]
-    rng = random.Random(0)
-    bodies = [json.dumps({"model": args.model, "queries": [{"user_id": rng.choice(users), "k": 10}]}).encode()
-              for _ in range(2000)]
+    requests = bodies_for(args.artifacts, args.model)  # the load bench's bodies: one query by user_id each
+    bodies = [json.dumps(b).encode() for b in requests]
     served = app.state.services.registry.models[args.model]
     engine, batcher = served.engine, served.batcher
     calls = {"n": 0, "items": 0, "seconds": 0.0, "cpu": 0.0}
@@ -55,7 +52,7 @@ async def run(args: argparse.Namespace) -> None:
     if args.canned:
         from models.tasks.recommend import RecQuery
 
-        canned = engine.infer(engine.prepare([RecQuery(u, k=10) for u in users[:256]], {}))
+        canned = engine.infer(engine.prepare([RecQuery(b["queries"][0]["user_id"], k=10) for b in requests[:256]], {}))
         model_fn = lambda items: canned[: len(items)]  # noqa: E731
 
     def timed(items: list[Any]) -> list[Any]:
