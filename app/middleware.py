@@ -59,8 +59,7 @@ class Observe:
             route = scope.get("route")
             endpoint = getattr(route, "path", "unmatched")
             model = scope.get("state", {}).get("model", "-")
-            self.metrics.requests.labels(endpoint, model, str(status)).inc()
-            self.metrics.latency.labels(endpoint, model).observe(seconds)
+            self.metrics.observe_request(endpoint, model, status, seconds)
             if endpoint not in QUIET and log.isEnabledFor(logging.INFO):
                 log.info("%s %s %d %.1fms", scope["method"], endpoint, status, seconds * 1000)
             request_id.reset(token)

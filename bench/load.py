@@ -1,4 +1,4 @@
-"""Load benchmark: the service on loopback under N concurrent clients, three modes side by side.
+"""Load benchmark: the service on loopback under N concurrent clients, its modes side by side.
 
     .venv/bin/python bench/load.py --artifacts artifacts --models sasrec-ml100k sasrec-beauty \
         --concurrency 1 16 64 --seconds 10
@@ -9,6 +9,8 @@ Modes, each in a fresh server process with every model of --artifacts loaded:
   batched    POST /recommend, dynamic micro-batching on
   litserve   a peer, not the service: the same artifact and engine served by LitServe
              (bench/litserve_server.py; `.venv/bin/pip install -e '.[bench]'` first; one --models)
+  raw        the machine's ceiling, not the service: a bare ASGI app (bench/raw_asgi.py) under the
+             same uvicorn settings and worker count, reading the body and answering a fixed one
 --interleave N starts the servers together (the no-op is an endpoint of the batched one) and alternates
 them in N windows per concurrency (the order flipped every round), so a shared machine's drift falls
 on every mode alike; a server
@@ -49,6 +51,17 @@ def start_server(artifacts: Path, port: int, env_extra: dict[str, str], *, loop:
          "--port", str(port), "--no-access-log", "--log-level", "warning", "--loop", loop, "--http", http,
          "--workers", str(workers)],
         cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    return wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
+
+
+def start_raw(port: int, *, loop: str = "auto", http: str = "auto", workers: int = 1) -> subprocess.Popen[bytes]:
+    """The ceiling: bench/raw_asgi.py under uvicorn with the service's loop, parser and worker count."""
+    proc = subprocess.Popen(
+        [str(ROOT / ".venv/bin/uvicorn"), "--app-dir", str(ROOT / "bench"), "raw_asgi:app", "--host", "127.0.0.1",
+         "--port", str(port), "--no-access-log", "--log-level", "warning", "--loop", loop, "--http", http,
+         "--workers", str(workers)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )
     return wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
 
@@ -347,7 +360,8 @@ def main() -> None:
     args = p.parse_args()
     extra = dict(kv.split("=", 1) for kv in args.env)
     store_dir = tempfile.mkdtemp(prefix="seqserve-bench-")
-    paths = {"noop": "/bench/noop", "unbatched": "/recommend", "batched": "/recommend", "litserve": "/recommend"}
+    paths = {"raw": "/recommend", "noop": "/bench/noop", "unbatched": "/recommend", "batched": "/recommend",
+             "litserve": "/recommend"}
     wanted = [m for m in paths if m in args.modes]
     if "litserve" in wanted and len(args.models) != 1:
         raise SystemExit("litserve mode serves one model: pass one --models")
@@ -359,7 +373,9 @@ def main() -> None:
                                         "fast_queue": args.litserve_fast_queue}, **extra}
 
     def start(server: str, port: int) -> subprocess.Popen[bytes]:
-        """One server: "batched" (which also serves the no-op), "unbatched" or the "litserve" peer."""
+        """One server: "batched" (which also serves the no-op), "unbatched", the "litserve" peer or "raw"."""
+        if server == "raw":
+            return start_raw(port, loop=args.loop, http=args.http, workers=args.workers)
         if server == "litserve":
             return start_litserve(args.artifacts, port, args.models[0], torch_threads=args.torch_threads,
                                   api_servers=args.litserve_api_servers, workers=args.litserve_workers,
@@ -436,8 +452,9 @@ def main() -> None:
 def print_table(results: dict) -> None:
     rows = results["rows"]
     key = {(r["mode"], r["model"], r["concurrency"]): r for r in rows}
-    modes = [m for m in ("noop", "unbatched", "batched", "litserve") if any(r["mode"] == m for r in rows)]
-    ratios = [(a, b) for a, b in (("batched", "noop"), ("batched", "unbatched"), ("batched", "litserve"))
+    modes = [m for m in ("raw", "noop", "unbatched", "batched", "litserve") if any(r["mode"] == m for r in rows)]
+    ratios = [(a, b) for a, b in (("noop", "raw"), ("batched", "noop"), ("batched", "unbatched"),
+                                  ("batched", "litserve"))
               if a in modes and b in modes]
     print("\n| model | conc. | " + " | ".join(f"{m} req/s" for m in modes) + " | "
           + " | ".join(f"{a}/{b}" for a, b in ratios) + " | p99 ms " + " / ".join(modes)

@@ -114,29 +114,38 @@ def rank_sparse(
     scores: torch.Tensor,
     k: int,
     *,
-    seen: torch.Tensor,
+    seen: torch.Tensor | None,
     future: torch.Tensor | None,
-    requested: torch.Tensor,
+    requested: torch.Tensor | None,
 ) -> Ranked:
     """rank() with seen and requested items given as index lists, not (B, V) masks.
 
-    seen, requested: (B, S) long, padded with PAD (whose score is already -inf). Same results and
-    counts as rank() on the equivalent masks, with a few small ops in place of a dozen passes over
-    (B, V): for a 54k-item catalog, 1.5 ms instead of 5.8 ms for 16 queries on one thread.
+    seen, requested: (B, S) long, padded with PAD (whose score is already -inf), or None when no
+    row lists any (see index_rows). Same results and counts as rank() on the equivalent masks, with a
+    few small ops in place of a dozen passes over (B, V): for a 54k-item catalog, 1.5 ms instead of
+    5.8 ms for 16 queries on one thread.
     """
     masked = scores.clone()
-    n_seen = _distinct_live(seen, masked)
-    masked.scatter_(1, seen, float("-inf"))
-    if future is None:
-        n_future = torch.zeros(scores.size(0), dtype=torch.long, device=scores.device)
-    else:
+    none = torch.zeros(scores.size(0), dtype=torch.long, device=scores.device)
+    n_seen = n_future = n_requested = none
+    if seen is not None:
+        n_seen = _distinct_live(seen, masked)
+        masked.scatter_(1, seen, float("-inf"))
+    if future is not None:
         new = future & torch.isfinite(masked)
         n_future = new.sum(1)
         masked.masked_fill_(new, float("-inf"))
-    n_requested = _distinct_live(requested, masked)
-    masked.scatter_(1, requested, float("-inf"))
+    if requested is not None:
+        n_requested = _distinct_live(requested, masked)
+        masked.scatter_(1, requested, float("-inf"))
     values, indices = masked.topk(min(k, scores.size(1)), dim=1)
     return Ranked(indices, values, n_seen, n_future, n_requested)
+
+
+def index_rows(rows: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """pad_rows(rows) on `device`, or None when every row is empty: most queries request no exclusion,
+    and counting a listed one takes 8 small ops (20-30 us of a ~1.2 ms batch-1 call on one CPU thread)."""
+    return pad_rows(rows).to(device) if any(rows) else None
 
 
 def release_tensor(raw_ids: list[str], release: dict[str, float]) -> torch.Tensor:
@@ -171,8 +180,8 @@ def recommend(
     seq = pack_histories(histories, model.max_history).to(device)
     scores = model.scores(seq).float()
     # Rows that keep their seen items list nothing (PAD only).
-    seen = pad_rows([h if ex else [] for h, ex in zip(histories, exclude_seen, strict=True)]).to(device)
-    req = pad_rows(requested).to(device)
+    seen = index_rows([h if ex else [] for h, ex in zip(histories, exclude_seen, strict=True)], device)
+    req = index_rows(requested, device)
     fut = None
     if release is not None and reference is not None:
         ref = torch.tensor([float("inf") if r is None else r for r in reference], device=device)

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter
 from models import artifact as A
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.manifest import Manifest
-from models.ranking import Ranked, future_mask, pad_rows, rank_sparse, release_tensor
+from models.ranking import Ranked, future_mask, index_rows, rank_sparse, release_tensor
 from models.serving import EngineOptions, QueryError, Timeline, UnknownUserError, optional_time
 from models.social import SocialModel, incoming, is_incoming, pack_steps
 from models.tasks.recommend import Prepared, RecQuery, RecResult, UserQueryEngine, check_k, ranked_results
@@ -170,10 +170,10 @@ class SocialEngine(UserQueryEngine):
                        query_times=[e.query_time for e in extras if isinstance(e, SocialExtra)],
                        max_history=c.max_history, n_buckets=c.n_time_buckets).to(self.device)
         scores = self.model.scores(b).float()
-        seen = pad_rows([p.history if p.exclude_seen else [] for p in batch]).to(self.device)
+        seen = index_rows([p.history if p.exclude_seen else [] for p in batch], self.device)
         ref = torch.tensor([math.inf if p.reference is None else p.reference for p in batch], device=self.device)
         return rank_sparse(scores, max(p.query.k for p in batch), seen=seen, future=future_mask(self.first, ref),
-                           requested=pad_rows([p.requested for p in batch]).to(self.device))
+                           requested=index_rows([p.requested for p in batch], self.device))
 
     def results(self, batch: list[Prepared], output: Ranked) -> list[RecResult]:
         return ranked_results(batch, output, raw=self.art.users.raw, max_history=self.model.config.max_history)

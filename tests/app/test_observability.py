@@ -59,10 +59,14 @@ def test_metrics_show_batches_above_one_under_concurrency(tiny_artifacts: Path) 
                 rs = await asyncio.gather(*[c.post("/recommend", json=b) for b in bodies])
                 assert all(r.status_code == 200 for r in rs)
                 await c.post("/recommend", json={"queries": []})
+                unknown = await c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "nobody"}]})
+                assert unknown.status_code == 404
                 return (await c.get("/metrics")).text
 
     text = asyncio.run(go())
     assert 'seqserve_requests_total{endpoint="/recommend",model="sasrec-tiny",status="200"} 30.0' in text
+    assert 'seqserve_requests_total{endpoint="/recommend",model="sasrec-tiny",status="404"} 1.0' in text
+    assert 'seqserve_requests_total{endpoint="/recommend",model="-",status="422"} 1.0' in text
     assert 'seqserve_rejected_total{reason="invalid_request"} 1.0' in text
     count = float(next(ln.split()[-1] for ln in text.splitlines()
                        if ln.startswith('seqserve_batch_size_count{model="sasrec-tiny"}')))

@@ -77,10 +77,10 @@ def test_recommend_never_returns_seen_future_or_specials() -> None:
 
 def test_sparse_rank_matches_the_mask_version() -> None:
     """The serving path (index lists) returns exactly what rank() returns on the same masks."""
-    from models.ranking import index_mask, pad_rows, rank, rank_sparse
+    from models.ranking import index_mask, index_rows, pad_rows, rank, rank_sparse
 
     gen = torch.Generator().manual_seed(0)
-    for trial in range(20):
+    for trial in range(24):
         b, v = 6, 40
         scores = torch.randn(b, v, generator=gen)
         scores[:, :2] = float("-inf")  # padding and unknown
@@ -88,14 +88,28 @@ def test_sparse_rank_matches_the_mask_version() -> None:
                      for _ in range(b)]  # duplicates included
         seen_rows[0] = []  # a row that keeps its seen items
         req_rows = [torch.randint(2, v, (3,), generator=gen).tolist() if r % 2 else [] for r in range(b)]
+        if trial % 3 == 1:  # no row requests anything, or no row excludes its seen items: index_rows gives None
+            req_rows = [[] for _ in range(b)]
+        elif trial % 3 == 2:
+            seen_rows = [[] for _ in range(b)]
         fut = torch.rand(b, v, generator=gen) < 0.2 if trial % 2 else None
         k = int(torch.randint(1, v + 5, (1,), generator=gen))
         dense = rank(scores, k, seen=index_mask(pad_rows(seen_rows), v), future=fut,
                      requested=index_mask(pad_rows(req_rows), v))
-        sparse = rank_sparse(scores, k, seen=pad_rows(seen_rows), future=fut, requested=pad_rows(req_rows))
-        assert torch.equal(dense.scores, sparse.scores)
-        finite = torch.isfinite(dense.scores)
-        assert torch.equal(dense.indices[finite], sparse.indices[finite])  # ties among -inf may differ
-        for a, c in ((dense.n_seen, sparse.n_seen), (dense.n_future, sparse.n_future),
-                     (dense.n_requested, sparse.n_requested)):
-            assert torch.equal(a, c)
+        for sparse in (rank_sparse(scores, k, seen=pad_rows(seen_rows), future=fut, requested=pad_rows(req_rows)),
+                       rank_sparse(scores, k, seen=index_rows(seen_rows), future=fut, requested=index_rows(req_rows))):
+            assert torch.equal(dense.scores, sparse.scores)
+            finite = torch.isfinite(dense.scores)
+            assert torch.equal(dense.indices[finite], sparse.indices[finite])  # ties among -inf may differ
+            for a, c in ((dense.n_seen, sparse.n_seen), (dense.n_future, sparse.n_future),
+                         (dense.n_requested, sparse.n_requested)):
+                assert torch.equal(a, c)
+
+
+def test_index_rows_is_none_only_when_every_row_is_empty() -> None:
+    from models.ranking import index_rows
+
+    assert index_rows([[], []]) is None
+    assert index_rows([]) is None
+    rows = index_rows([[], [5, 7]])
+    assert rows is not None and rows.tolist() == [[0, 0], [5, 7]]
