@@ -40,29 +40,31 @@ import httpx2 as httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _uvicorn(app: list[str], port: int, *, loop: str, http: str, workers: int, root: Path,
+             env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+    """uvicorn serving `app` (its app arguments) from `root`'s .venv, with the bench's common flags."""
+    return subprocess.Popen(
+        [str(root / ".venv/bin/uvicorn"), *app, "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
+         "--log-level", "warning", "--loop", loop, "--http", http, "--workers", str(workers)],
+        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )
+
+
 def start_server(artifacts: Path, port: int, env_extra: dict[str, str], *, loop: str = "auto",
                  http: str = "auto", workers: int = 1, root: Path = ROOT) -> subprocess.Popen[bytes]:
     """The service from the checkout at `root` (its .venv and its code), ready to answer."""
     # MALLOC_ARENA_MAX as scripts/serve.sh sets it.
     env = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(artifacts), "SEQSERVE_BENCH_ENDPOINTS": "true",
            "SEQSERVE_LOG_LEVEL": "WARNING", "MALLOC_ARENA_MAX": "2", **env_extra}
-    proc = subprocess.Popen(
-        [str(root / ".venv/bin/uvicorn"), "--factory", "app.main:app_from_env", "--host", "127.0.0.1",
-         "--port", str(port), "--no-access-log", "--log-level", "warning", "--loop", loop, "--http", http,
-         "--workers", str(workers)],
-        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )
+    proc = _uvicorn(["--factory", "app.main:app_from_env"], port, loop=loop, http=http, workers=workers,
+                    root=root, env=env)
     return wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
 
 
 def start_raw(port: int, *, loop: str = "auto", http: str = "auto", workers: int = 1) -> subprocess.Popen[bytes]:
     """The ceiling: bench/raw_asgi.py under uvicorn with the service's loop, parser and worker count."""
-    proc = subprocess.Popen(
-        [str(ROOT / ".venv/bin/uvicorn"), "--app-dir", str(ROOT / "bench"), "raw_asgi:app", "--host", "127.0.0.1",
-         "--port", str(port), "--no-access-log", "--log-level", "warning", "--loop", loop, "--http", http,
-         "--workers", str(workers)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )
+    proc = _uvicorn(["--app-dir", str(ROOT / "bench"), "raw_asgi:app"], port, loop=loop, http=http,
+                    workers=workers, root=ROOT, env=None)
     return wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
 
 
