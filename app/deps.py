@@ -1,11 +1,12 @@
 """Typed FastAPI dependencies: the one place that reads the app's state.
 
 Routers declare what they need (`SettingsDep`, `RegistryDep`, `StoreDep`, a parsed body) and never
-touch `app.state`. Every dependency is `async def`: FastAPI runs a plain `def` one in a worker
-thread, and those thread hops were the largest cost of a no-op request in the profile
-(docs/BENCHMARKS.md, "Hot path"). Request bodies are parsed here in one pass (`model_validate_json` on the raw
-bytes) by the app's own bounded models, so validation and the OpenAPI document share one set of
-limits.
+touch `app.state`; the request path's endpoints (app/routers/lean.py) call `services_of` and
+`parse_body` themselves, as FastAPI's handling of a route was half of their cost. Every dependency
+is `async def`: FastAPI runs a plain `def` one in a worker thread, and those thread hops were the
+largest cost of a no-op request in the profile (docs/BENCHMARKS.md, "Hot path"). Request bodies are
+parsed here in one pass (`model_validate_json` on the raw bytes) by the app's own bounded models, so
+validation and the OpenAPI document share one set of limits.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from app.engine.registry import ModelRegistry
 from app.errors import Forbidden, Unauthorized
 from app.observability import Metrics
-from app.schemas import EventsRequest, NextLocationRequest, RecommendRequest, RequestModels, bounded
+from app.schemas import EventsRequest, RequestModels, bounded
 from app.settings import Settings
 from app.store import HistoryStore
 
@@ -85,23 +86,13 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise RequestValidationError(errors) from None
 
 
-# The body dependencies are leaves (they find the schemas through services_of, not ServicesDep):
-# FastAPI solves every node of a route's dependency tree on every request (recursion, a cache key and
-# scope checks per node). A node less is about 10 us a request: the no-op's loop CPU -8% (docs/BENCHMARKS.md).
-async def recommend_body(request: Request) -> RecommendRequest:
-    return await parse_body(request, services_of(request).schemas.recommend)
-
-
-async def next_location_body(request: Request) -> NextLocationRequest:
-    return await parse_body(request, services_of(request).schemas.next_location)
-
-
+# The body dependency is a leaf (it finds the schemas through services_of, not ServicesDep): FastAPI
+# solves every node of a route's dependency tree on every request (recursion, a cache key and scope
+# checks per node); a node less was about 10 us a request (docs/BENCHMARKS.md).
 async def events_body(request: Request) -> EventsRequest:
     return await parse_body(request, services_of(request).schemas.events)
 
 
-RecommendBody = Annotated[RecommendRequest, Depends(recommend_body)]
-NextLocationBody = Annotated[NextLocationRequest, Depends(next_location_body)]
 EventsBody = Annotated[EventsRequest, Depends(events_body)]
 
 

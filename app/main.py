@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         services.registry = ModelRegistry(
             options=EngineOptions(device=device, half=settings.half_precision and device.type == "cuda",
                                   live_events=settings.live_events),
-            policy=settings.batch_policy,
+            policy=settings.batch_policy(device.type),
             store=services.store, on_batch=services.metrics.on_batch,
         )
         services.registry.load_all(settings.artifacts_dir)
@@ -65,12 +65,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.services = services
     install_error_handlers(app, services.metrics)
-    # FastAPI tries included routers in order (and matches twice: the router, then its route), so
-    # the request path's routers come first: /bench/noop last was 28% of its in-process cost
-    # (docs/BENCHMARKS.md). The no-op sits right behind /recommend, so it pays the same walk.
-    hot = [recommend.router, *([bench.router] if settings.bench_endpoints else []), next_location.router,
-           events.router]
-    for r in (*hot, models.router, health.router, metrics.router, admin.router):
+    # Routes are tried in order: the request path's come first (/bench/noop last was 28% of its
+    # in-process cost, docs/BENCHMARKS.md), and the no-op sits right behind /recommend, so it pays
+    # the same walk. They are plain Starlette routes (app/routers/lean.py).
+    lean = [recommend.router, *([bench.router] if settings.bench_endpoints else []), next_location.router]
+    for hot in lean:
+        app.router.routes.extend(hot.routes)
+    for r in (events.router, models.router, health.router, metrics.router, admin.router):
         app.include_router(r)
     # FastAPI adds its docs routes first: behind the API they no longer cost every request four path
     # matches (3% of a no-op's in-process CPU, docs/BENCHMARKS.md). The sort is stable.
@@ -83,7 +84,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def openapi() -> dict[str, Any]:
         """The generated document plus the request bodies the dependencies parse, with this app's bounds."""
         if app.openapi_schema is None:
-            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            documented = [route for hot in lean for route in hot.documented.routes]
+            doc = get_openapi(title=app.title, version=app.version, routes=[*documented, *app.routes])
             doc.setdefault("components", {}).setdefault("schemas", {}).update(components(services.schemas))
             app.openapi_schema = doc
         return app.openapi_schema

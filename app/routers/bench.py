@@ -4,19 +4,21 @@ SEQSERVE_BENCH_ENDPOINTS is set."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from starlette.requests import Request
 from starlette.responses import Response
 
-from app.deps import RecommendBody
+from app.deps import parse_body, services_of
 from app.handlers import json_response
+from app.routers.lean import LeanRouter
 from app.routers.recommend import result_json, to_query
 from models.tasks.recommend import RecResult
 
-router = APIRouter(tags=["bench"], include_in_schema=False)
+router = LeanRouter(tags=["bench"], include_in_schema=False)
 
 
 @router.post("/bench/noop")
-async def noop(body: RecommendBody) -> Response:
+async def noop(request: Request) -> Response:
+    body = await parse_body(request, services_of(request).schemas.recommend)
     results = []
     for q in map(to_query, body.queries):
         items = [(str(i), 0.0) for i in range(q.k)]

@@ -1,17 +1,18 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from app import serving
-from app.deps import NextLocationBody, ServicesDep
+from app.deps import parse_body, services_of
 from app.handlers import json_response
 from app.routers.docs import body_doc, errors
+from app.routers.lean import LeanRouter
 from app.schemas import NextLocationResponse, StayStep
 from models.features import from_times
 from models.tasks.next_location import LocQuery, LocStep
 
-router = APIRouter(tags=["next-location"])
+router = LeanRouter(tags=["next-location"])
 
 
 def to_step(s: StayStep) -> LocStep:
@@ -26,8 +27,10 @@ def to_step(s: StayStep) -> LocStep:
     "/next-location", response_model=NextLocationResponse, openapi_extra=body_doc("NextLocationRequest"),
     responses=errors(404, 422, 503, 504),
 )
-async def next_location(body: NextLocationBody, services: ServicesDep, request: Request) -> Response:
+async def next_location(request: Request) -> Response:
     """Top-K next locations with probabilities; the unknown class is `location_id: null`."""
+    services = services_of(request)
+    body = await parse_body(request, services.schemas.next_location)
     with services.registry.lease(body.model, "next_location", services.settings.default_model) as served:
         request.state.model = served.name
         queries = [LocQuery(q.user_id, [to_step(s) for s in q.history], q.k) for q in body.queries]

@@ -1,16 +1,17 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from app import serving
-from app.deps import RecommendBody, ServicesDep
+from app.deps import parse_body, services_of
 from app.handlers import json_response
 from app.routers.docs import body_doc, errors
+from app.routers.lean import LeanRouter
 from app.schemas import RecommendQuery, RecommendResponse
 from models.tasks.recommend import RecQuery, RecResult
 
-router = APIRouter(tags=["recommend"])
+router = LeanRouter(tags=["recommend"])
 
 
 def to_query(q: RecommendQuery) -> RecQuery:
@@ -30,8 +31,10 @@ def result_json(r: RecResult) -> dict[str, object]:
     "/recommend", response_model=RecommendResponse, openapi_extra=body_doc("RecommendRequest"),
     responses=errors(401, 403, 404, 422, 503, 504),
 )
-async def recommend(body: RecommendBody, services: ServicesDep, request: Request) -> Response:
+async def recommend(request: Request) -> Response:
     """Top-K next items (or, from a social model, next users) for each query, in one forward pass."""
+    services = services_of(request)
+    body = await parse_body(request, services.schemas.recommend)
     with services.registry.lease(body.model, "recommend", services.settings.default_model) as served:
         request.state.model = served.name
         results = await serving.answer(served, [to_query(q) for q in body.queries], store=services.store,

@@ -202,3 +202,42 @@ def test_request_totals_are_bounded_naming_the_field(tiny_location_artifact: Pat
             assert r.status_code == 422, r.text
             detail = r.json()["error"]["details"][0]
             assert detail["loc"] == ["body", "queries"] and msg in detail["msg"]
+
+
+def test_request_path_routes_are_documented(client: TestClient) -> None:
+    """/recommend and /next-location are served by plain Starlette routes (app/routers/lean.py): the
+    document still names their body, their answer and their errors, from the app's bounded models."""
+    doc = client.get("/openapi.json").json()
+    for path, body, answer in (("/recommend", "RecommendRequest", "RecommendResponse"),
+                               ("/next-location", "NextLocationRequest", "NextLocationResponse")):
+        op = doc["paths"][path]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"] == f"#/components/schemas/{body}"
+        assert op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(answer)
+        assert {"404", "422", "503"} <= set(op["responses"])
+        assert set(doc["paths"][path]) == {"post"}
+    # The bounds are the app's settings (max_queries=8 in this client).
+    assert doc["components"]["schemas"]["RecommendRequest"]["properties"]["queries"]["maxItems"] == 8
+    assert "/bench/noop" not in doc["paths"]
+    assert client.post("/bench/noop", json={"queries": [{"user_id": "u1"}]}).status_code == 404
+
+
+def test_noop_parses_and_answers_like_recommend(tiny_artifacts: Path) -> None:
+    """The load bench's no-op validates the same body and answers the same shape, without a model."""
+    with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", bench_endpoints=True,
+                                        max_queries=8))) as c:
+        r = c.post("/bench/noop", json={"queries": [{"user_id": "u1", "k": 3}, {"history": [{"item_id": "12"}]}]})
+        assert r.status_code == 200 and r.headers["x-request-id"]
+        real = c.post("/recommend", json={"queries": [{"user_id": "u1", "k": 3}]}).json()
+        got = r.json()
+        assert set(got) == set(real) and set(got["results"][0]) == set(real["results"][0])
+        assert [len(res["items"]) for res in got["results"]] == [3, 10]
+        r = c.post("/bench/noop", json={"queries": [{"user_id": "u1"}] * 9})
+        assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["body", "queries"]
+        assert "/bench/noop" not in c.get("/openapi.json").json()["paths"]
+        metrics = c.get("/metrics").text
+        assert 'seqserve_requests_total{endpoint="/bench/noop",model="-",status="422"} 1.0' in metrics
+
+
+def test_models_on_the_cpu_batch_up_to_32_queries(client: TestClient) -> None:
+    batchers = {name: served.batcher for name, served in client.app.state.services.registry.models.items()}
+    assert batchers and all(b.max_batch_size == 32 for b in batchers.values())
