@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.engine.batcher import BatchPolicy
+from app.engine.batcher import CPU_MAX_BATCH, BatchPolicy
 from app.schemas import Limits
 
 _BATCH = BatchPolicy()
@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     bench_endpoints: bool = False  # POST /bench/noop: the framework's ceiling, for bench/load.py
     # Dynamic micro-batching of concurrent requests (per model); defaults in BatchPolicy.
     batching: bool = _BATCH.enabled
-    max_batch_size: int = Field(default=_BATCH.max_batch_size, ge=1)
+    max_batch_size: int | None = Field(default=None, ge=1)  # queries per model call; None: 32 on the CPU, 256 on CUDA
     max_wait_ms: float = Field(default=_BATCH.max_wait_ms, ge=0)
     max_queue: int = Field(default=_BATCH.max_queue, ge=1)  # waiting requests per model before 503
     request_timeout_s: float = Field(default=10.0, gt=0)  # 504 after this
@@ -58,9 +58,10 @@ class Settings(BaseSettings):
     def _blank_key_is_no_key(cls, v: SecretStr | None) -> SecretStr | None:
         return None if v is None or not v.get_secret_value().strip() else v
 
-    @property
-    def batch_policy(self) -> BatchPolicy:
-        return BatchPolicy(self.batching, self.max_batch_size, self.max_wait_ms, self.max_queue)
+    def batch_policy(self, device_type: str) -> BatchPolicy:
+        """The batchers' policy for models on `device_type` ("cpu", "cuda")."""
+        size = self.max_batch_size or (CPU_MAX_BATCH if device_type == "cpu" else _BATCH.max_batch_size)
+        return BatchPolicy(self.batching, size, self.max_wait_ms, self.max_queue)
 
     @property
     def limits(self) -> Limits:

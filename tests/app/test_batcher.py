@@ -169,3 +169,16 @@ def test_a_dead_worker_is_restarted() -> None:
         return b
 
     assert run(go()).restarts == 1
+
+
+def test_default_cap_follows_the_device() -> None:
+    """Unset, a model call takes up to 32 queries on the CPU (cohorts that alternate with the event
+    loop) and 256 on CUDA; a value that is set holds on both."""
+    from app.engine.batcher import CPU_MAX_BATCH
+    from app.settings import Settings
+
+    assert Settings().batch_policy("cpu").max_batch_size == CPU_MAX_BATCH == 32
+    assert Settings().batch_policy("cuda").max_batch_size == BatchPolicy().max_batch_size == 256
+    for device in ("cpu", "cuda"):
+        policy = Settings(max_batch_size=100, max_wait_ms=7).batch_policy(device)
+        assert (policy.max_batch_size, policy.max_wait_ms) == (100, 7)
