@@ -46,7 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         device = resolve_device(settings.device)
         services.registry = ModelRegistry(
             options=EngineOptions(device=device, half=settings.half_precision and device.type == "cuda",
-                                  live_events=settings.live_events),
+                                  live_events=settings.live_events, trace=settings.trace_models),
             policy=settings.batch_policy(device.type),
             store=services.store, on_batch=services.metrics.on_batch,
         )

@@ -290,6 +290,7 @@ class ModelInfo(BaseModel):
     created_at: str | None
     catalog_size: int
     device: str
+    scoring: str = Field(description="how the model's scores run: 'traced' (one graph), or 'eager' and why")
     actions: list[str] | None = Field(None, description=(
         "a social model's actions, one of which each step carries; '<-' forms are steps received from others"))
     metrics: dict[str, object]

@@ -23,6 +23,8 @@ class Settings(BaseSettings):
     artifacts_dir: Path = Path("artifacts")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     half_precision: bool = False  # float16 weights on a CUDA device; ignored on the CPU
+    # scores() as one traced graph (models/traced.py); a model that does not trace exactly stays eager
+    trace_models: bool = True
     default_model: str | None = None  # None = the first model by name
     torch_threads: int = Field(default=0, ge=0)  # 0 = leave torch's default
     # Request bounds: the OpenAPI document states these, and validation enforces exactly these.

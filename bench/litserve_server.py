@@ -4,7 +4,7 @@
     .venv/bin/python bench/litserve_server.py --artifacts artifacts --model sasrec-ml100k --port 8765
 
 Only the framework differs: the LitAPI answers POST /recommend through the project's own engine
-(models.tasks.recommend.RecEngine: id mapping, models.ranking.recommend with the same exclusions,
+(models.tasks.recommend.RecEngine: id mapping, its traced scores, models.ranking.recommend with the same exclusions,
 result building), batched by LitServe (max batch 64, 2 ms window by default). It reads the artifact's
 stored histories only (no live history store), so it does a little less work per request than the service.
 """

@@ -95,7 +95,8 @@ class BERT4Rec(SequentialRecommender):
     def scores(self, seq: torch.Tensor) -> torch.Tensor:
         """Next-item scores: append [MASK] after each history and read it. (B, L) -> (B, V)."""
         lengths = (seq != PAD).sum(1)  # (B,)
-        if int(lengths.max()) >= self.config.max_len:
+        # A trace (models/traced.py) keeps no Python check; pack_histories clips to max_history first.
+        if not torch.jit.is_tracing() and int(lengths.max()) >= self.config.max_len:
             raise ValueError(f"history longer than {self.max_history} items")
         x = torch.cat([seq, torch.zeros_like(seq[:, :1])], dim=1)  # (B, L+1)
         rows = torch.arange(seq.size(0), device=seq.device)

@@ -174,7 +174,9 @@ class SequenceEncoder(nn.Module):
     def _embed(self, seq: torch.Tensor) -> torch.Tensor:
         """Embedded input (B, L, D): token + position, LayerNorm, dropout."""
         length = seq.size(1)
-        if length > self.max_len:
+        # A trace (models/traced.py) keeps no Python check: it would fix the comparison's outcome as a
+        # constant. Its callers clip histories to max_len first (pack_histories).
+        if not torch.jit.is_tracing() and length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len {self.max_len}")
         x = self.token_emb(seq) + self.pos_emb.weight[:length]  # (B, L, D)
         return self.dropout(self.emb_norm(x))

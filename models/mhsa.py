@@ -64,14 +64,18 @@ class MHSA(nn.Module):
     def encode(self, b: StayBatch) -> torch.Tensor:
         """-> hidden states (B, L, D) under causal and padding masks."""
         length = b.loc.size(1)
-        if length > self.config.max_len:
+        # A trace (models/traced.py) keeps no Python check; collate_staypoints clips to max_len first.
+        if not torch.jit.is_tracing() and length > self.config.max_len:
             raise ValueError(f"history of {length} staypoints exceeds max_len {self.config.max_len}")
         temporal = self.hour_emb(b.hour) + self.quarter_emb(b.quarter) + self.weekday_emb(b.weekday)
         x = (self.loc_emb(b.loc) + temporal + self.duration_emb(b.duration)) * math.sqrt(self.config.d_model)
         x = self.dropout(x + self.pos[:length][None])  # (B, L, D)
         pad = b.loc == PAD
         pad = pad & ~pad.all(1, keepdim=True)
-        return self.encoder(x, mask=causal_mask(length, b.loc.device), src_key_padding_mask=pad)  # (B, L, D)
+        # is_causal says what the mask is: torch would otherwise compare it with a causal one on every
+        # call (a value-dependent step a trace cannot keep).
+        return self.encoder(x, mask=causal_mask(length, b.loc.device), src_key_padding_mask=pad,
+                            is_causal=True)  # (B, L, D)
 
     def forward(self, b: StayBatch) -> torch.Tensor:
         """-> log-probabilities over all locations (B, V); padding is -inf."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -171,14 +171,16 @@ def recommend(
     release: torch.Tensor | None = None,
     reference: list[float | None] | None = None,
     device: torch.device | str = "cpu",
+    scores: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Ranked:
     """One forward pass for a batch of histories, then exclusions and top-k.
 
     histories: item indices, oldest first (unknown items already dropped). reference: per row, the
     time in the release unit after which items count as future; None = no future exclusion.
+    scores: what computes model.scores (a served engine's trace, models/traced.py); None = the model.
     """
     seq = pack_histories(histories, model.max_history).to(device)
-    scores = model.scores(seq).float()
+    scored = (scores or model.scores)(seq).float()
     # Rows that keep their seen items list nothing (PAD only).
     seen = index_rows([h if ex else [] for h, ex in zip(histories, exclude_seen, strict=True)], device)
     req = index_rows(requested, device)
@@ -186,5 +188,5 @@ def recommend(
     if release is not None and reference is not None:
         ref = torch.tensor([float("inf") if r is None else r for r in reference], device=device)
         fut = future_mask(release.to(device), ref)
-    return rank_sparse(scores, k, seen=seen, future=fut, requested=req)
+    return rank_sparse(scored, k, seen=seen, future=fut, requested=req)
 

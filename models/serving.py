@@ -60,6 +60,7 @@ class EngineOptions:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     half: bool = False  # float16 weights (CUDA only)
     live_events: int = 1000  # newest live events per user read for a query (seen exclusion included)
+    trace: bool = True  # serve scores() as one traced graph where it traces exactly (models/traced.py)
 
 
 def optional_time(t: float | None) -> float | None:
@@ -72,6 +73,7 @@ class Engine(ABC, Generic[Q, P, R]):
 
     manifest: Manifest
     device: torch.device
+    scoring: str = "eager"  # how scores() runs: "traced", or "eager" and why (models/traced.py)
 
     @property
     @abstractmethod

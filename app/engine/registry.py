@@ -228,5 +228,6 @@ class ModelRegistry:
         old = self.models.get(served.name)
         self.models[served.name] = served
         m = served.engine.manifest
-        log.info("serving %s (%s, version %s) on %s", served.name, m.kind, served.version, served.engine.device)
+        log.info("serving %s (%s, version %s) on %s, scores %s", served.name, m.kind, served.version,
+                 served.engine.device, served.engine.scoring)
         return old

@@ -20,7 +20,7 @@ async def list_models(services: ServicesDep) -> ModelsResponse:
         m, engine = served.engine.manifest, served.engine
         infos.append(ModelInfo(
             name=name, kind=m.kind, task=m.task, version=served.version, created_at=m.created_at or None,
-            catalog_size=engine.catalog_size, device=str(engine.device), actions=engine.actions,
+            catalog_size=engine.catalog_size, device=str(engine.device), scoring=engine.scoring, actions=engine.actions,
             metrics={k: m.metrics[k] for k in SHOWN_METRICS if k in m.metrics},
         ))
     return ModelsResponse(default=reg.default("recommend", preferred),

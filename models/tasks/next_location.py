@@ -14,7 +14,8 @@ from models.ids import N_SPECIAL, PAD, UNK, IdMap
 from models.manifest import Manifest
 from models.mhsa import MHSA
 from models.serving import Engine, EngineOptions, QueryError, Timeline
-from models.staypoints import collate_staypoints
+from models.staypoints import StayBatch, collate_staypoints
+from models.traced import example_rows, serving_scores
 
 
 @dataclass
@@ -78,6 +79,17 @@ class LocEngine(Engine[LocQuery, LocPrepared, LocResult]):
         self.manifest = art.manifest
         self.device = options.device
         self.model = (art.model.half() if options.half else art.model).to(self.device).eval()
+        self.scores, self.scoring = serving_scores(self.model, self._examples, enabled=options.trace)
+
+    def _examples(self) -> list[StayBatch]:
+        c = self.model.config
+        # Histories of up to 64 steps: checking the full 512 took 6.4 s at load, and a trace fixes no
+        # length (tests/models/test_traced.py checks lengths it never saw).
+        rows = example_rows(N_SPECIAL, c.n_locations, max_len=min(c.max_len, 64))
+        # A place every 97 minutes of the week, staying 0-299 minutes: the batches span every bucket.
+        return [collate_staypoints([[(x, 97 * i % 1440, i % 7, 37 * i % 300) for i, x in enumerate(r)] for r in batch],
+                                   [n % c.n_users for n in range(len(batch))], max_len=c.max_len).to(self.device)
+                for batch in rows]
 
     @property
     def catalog_size(self) -> int:
@@ -110,7 +122,7 @@ class LocEngine(Engine[LocQuery, LocPrepared, LocResult]):
         tensors = collate_staypoints([p.steps for p in batch], [p.user for p in batch],
                                      max_len=self.model.config.max_len)
         k = min(max(p.query.k for p in batch), self.catalog_size + 1)
-        return self.model.scores(tensors.to(self.device)).topk(k, dim=1)
+        return self.scores(tensors.to(self.device)).topk(k, dim=1)
 
     def results(self, batch: list[LocPrepared], output: torch.return_types.topk) -> list[LocResult]:
         probs, idx = output.values.float().exp().cpu().tolist(), output.indices.cpu().tolist()

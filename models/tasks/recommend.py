@@ -14,8 +14,9 @@ from models import artifact as A
 from models.base import SequentialRecommender
 from models.ids import N_SPECIAL, IdMap
 from models.manifest import Manifest
-from models.ranking import RELEASE_UNITS, Ranked, recommend, reference_value, release_tensor
+from models.ranking import RELEASE_UNITS, Ranked, pack_histories, recommend, reference_value, release_tensor
 from models.serving import Engine, EngineOptions, QueryError, Timeline, UnknownUserError, optional_time
+from models.traced import example_rows, serving_scores
 
 # An interaction as requests and histories carry it: (raw id, unix time or None, action or None).
 Step = tuple[str, float | None, str | None]
@@ -124,6 +125,7 @@ class RecEngine(UserQueryEngine):
         self.device = options.device
         self.live_events = options.live_events
         self.model = (art.model.half() if options.half else art.model).to(self.device).eval()
+        self.scores, self.scoring = serving_scores(self.model, self._examples, enabled=options.trace)
         self.release = (
             release_tensor(art.items.raws(), art.release).to(self.device) if art.release_unit else None
         )
@@ -176,12 +178,16 @@ class RecEngine(UserQueryEngine):
             reference=ref,
         )
 
+    def _examples(self) -> list[torch.Tensor]:
+        rows = example_rows(N_SPECIAL, N_SPECIAL + self.art.items.n_entities, max_len=self.model.max_history)
+        return [pack_histories(r, self.model.max_history).to(self.device) for r in rows]
+
     def run(self, batch: list[Prepared]) -> Ranked:
         """All prepared queries go through one forward pass."""
         return recommend(
             self.model, [p.history for p in batch], k=max(p.query.k for p in batch),
             exclude_seen=[p.exclude_seen for p in batch], requested=[p.requested for p in batch],
-            release=self.release, reference=[p.reference for p in batch], device=self.device,
+            release=self.release, reference=[p.reference for p in batch], device=self.device, scores=self.scores,
         )
 
     def results(self, batch: list[Prepared], output: Ranked) -> list[RecResult]:

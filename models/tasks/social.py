@@ -25,8 +25,9 @@ from models.ids import N_SPECIAL, UNK, IdMap
 from models.manifest import Manifest
 from models.ranking import Ranked, future_mask, index_rows, rank_sparse, release_tensor
 from models.serving import EngineOptions, QueryError, Timeline, UnknownUserError, optional_time
-from models.social import SocialModel, incoming, is_incoming, pack_steps
+from models.social import SocialBatch, SocialModel, incoming, is_incoming, pack_steps
 from models.tasks.recommend import Prepared, RecQuery, RecResult, UserQueryEngine, check_k, ranked_results
+from models.traced import example_rows, serving_scores
 
 _HISTORIES: TypeAdapter[dict[str, list[tuple[str, float, str]]]] = TypeAdapter(dict[str, list[tuple[str, float, str]]])
 _FIRST: TypeAdapter[dict[str, float]] = TypeAdapter(dict[str, float])
@@ -74,6 +75,7 @@ class SocialEngine(UserQueryEngine):
         self.device = options.device
         self.live_events = options.live_events
         self.model = (art.model.half() if options.half else art.model).to(self.device).eval()
+        self.scores, self.scoring = serving_scores(self.model, self._examples, enabled=options.trace)
         self.first = release_tensor(art.users.raws(), art.first_activity).to(self.device)
         c = self.model.config
         self.two_way = any(is_incoming(a) for a in art.actions.raws())
@@ -162,6 +164,15 @@ class SocialEngine(UserQueryEngine):
             extra=SocialExtra(steps, query_time),
         )
 
+    def _examples(self) -> list[SocialBatch]:
+        c, now = self.model.config, 1.7e9
+        rows = example_rows(N_SPECIAL, N_SPECIAL + self.art.users.n_entities, max_len=c.max_history)
+        # Steps an hour apart before the query, so the batches span the time buckets.
+        return [pack_steps([[(x, N_SPECIAL + x % max(1, c.n_actions - N_SPECIAL), now - 3600.0 * (len(r) - i))
+                             for i, x in enumerate(r)] for r in batch],
+                           query_times=[now] * len(batch), max_history=c.max_history,
+                           n_buckets=c.n_time_buckets).to(self.device) for batch in rows]
+
     def run(self, batch: list[Prepared]) -> Ranked:
         c = self.model.config
         extras = [p.extra for p in batch]
@@ -169,7 +180,7 @@ class SocialEngine(UserQueryEngine):
         b = pack_steps([e.steps for e in extras if isinstance(e, SocialExtra)],
                        query_times=[e.query_time for e in extras if isinstance(e, SocialExtra)],
                        max_history=c.max_history, n_buckets=c.n_time_buckets).to(self.device)
-        scores = self.model.scores(b).float()
+        scores = self.scores(b).float()
         seen = index_rows([p.history if p.exclude_seen else [] for p in batch], self.device)
         ref = torch.tensor([math.inf if p.reference is None else p.reference for p in batch], device=self.device)
         return rank_sparse(scores, max(p.query.k for p in batch), seen=seen, future=future_mask(self.first, ref),

@@ -37,6 +37,7 @@ def test_health_ready_models(client: TestClient) -> None:
     assert models["default"] == "sasrec-tiny"
     assert {m["kind"] for m in models["models"]} == {"sasrec", "bert4rec"}
     assert all(m["catalog_size"] == 30 and m["device"] == "cpu" for m in models["models"])
+    assert all(m["scoring"] == "traced" for m in models["models"])  # models/traced.py, checked at load
     # Operators see whether each model beats the best simple baseline of its own training run.
     assert all(m["metrics"]["full_ndcg10_vs_best_baseline"]["baseline"] in {"popularity", "transitions", "item_knn"}
                for m in models["models"])
@@ -236,6 +237,20 @@ def test_noop_parses_and_answers_like_recommend(tiny_artifacts: Path) -> None:
         assert "/bench/noop" not in c.get("/openapi.json").json()["paths"]
         metrics = c.get("/metrics").text
         assert 'seqserve_requests_total{endpoint="/bench/noop",model="-",status="422"} 1.0' in metrics
+
+
+def test_traced_and_eager_models_answer_alike(client: TestClient, tiny_artifacts: Path) -> None:
+    settings = Settings(artifacts_dir=tiny_artifacts, device="cpu", trace_models=False)
+    queries = [{"user_id": f"u{n}", "k": 8} for n in range(6)] + [{"history": [{"item_id": "i3"}], "k": 8}]
+    with TestClient(create_app(settings)) as eager:
+        assert {m["scoring"] for m in eager.get("/models").json()["models"]} == {"eager (tracing off)"}
+        for model in ("sasrec-tiny", "bert4rec-tiny"):
+            body = {"model": model, "queries": queries}
+            want, got = eager.post("/recommend", json=body).json(), client.post("/recommend", json=body).json()
+            for w, g in zip(want["results"], got["results"], strict=True):
+                assert [i["item_id"] for i in g["items"]] == [i["item_id"] for i in w["items"]]
+                assert [i["score"] for i in g["items"]] == pytest.approx([i["score"] for i in w["items"]], abs=1e-5)
+                assert g["excluded"] == w["excluded"]
 
 
 def test_models_on_the_cpu_batch_up_to_32_queries(client: TestClient) -> None:

@@ -30,7 +30,7 @@ def _rec(client: TestClient, query: dict) -> dict:
 
 def test_listed_with_its_task(client: TestClient) -> None:
     info = next(m for m in client.get("/models").json()["models"] if m["name"] == MODEL)
-    assert info["task"] == "social" and info["kind"] == "social"
+    assert info["task"] == "social" and info["kind"] == "social" and info["scoring"] == "traced"
     assert MODEL in client.get("/readyz").json()["models"]
 
 
