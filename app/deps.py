@@ -11,14 +11,16 @@ validation and the OpenAPI document share one set of limits.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Header, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import BaseModel, SecretStr
 
+from app import bodies
 from app.engine.registry import ModelRegistry
 from app.errors import Forbidden, Unauthorized
 from app.observability import Metrics
@@ -74,16 +76,16 @@ StoreDep = Annotated[HistoryStore | None, Depends(get_store)]
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
-    """The body validated by `model` in one pass; a 422 naming each bad field (loc starts with "body")."""
+    """The body validated by `model`; a 422 naming each bad field (loc starts with "body"), at most
+    bodies.MAX_DETAILS of them. A large body is parsed in a worker thread at a bounded cost (app/bodies.py)."""
     ctype = request.headers.get("content-type", "")
-    if ctype and "json" not in ctype:
+    if ctype and not bodies.is_json(ctype):
         raise RequestValidationError([{"loc": ("body",), "msg": "the body must be JSON", "type": "content_type"}])
     raw = await request.body()
-    try:
-        return model.model_validate_json(raw or b"null")
-    except ValidationError as exc:
-        errors: list[Any] = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-        raise RequestValidationError(errors) from None
+    if len(raw) <= bodies.INLINE_BYTES:
+        return bodies.parse(raw, model)
+    budget = services_of(request).schemas.budget(model)
+    return await asyncio.to_thread(bodies.parse_large, raw, model, budget=budget)
 
 
 # The body dependency is a leaf (it finds the schemas through services_of, not ServicesDep): FastAPI

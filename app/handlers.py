@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from app.bodies import MAX_DETAILS, BodyError, is_json
 from app.errors import ERROR_TABLE, DomainError
 from app.observability import Metrics
 from models.serving import QueryError
@@ -62,17 +63,26 @@ def install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
         app.add_exception_handler(kind, make(status, code, fixed, headers))
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        details = validation_details(exc.errors())
+    def invalid_reply(request: Request, details: list[dict[str, Any]], total: int) -> Response:
         first = details[0] if details else {"loc": [], "msg": "invalid request"}
         where = ".".join(str(p) for p in first["loc"])
         message = f"{where}: {first['msg']}"
+        if total > len(details):
+            message += f" ({total - len(details)} more problems not listed)"
         ctype = request.headers.get("content-type", "")
-        if ctype and "json" not in ctype:
+        if ctype and not is_json(ctype):
             # curl -d sends a form content type: the JSON body was never parsed.
             message += f" (the body was sent as {ctype.split(';')[0]}; send Content-Type: application/json)"
         return reply(422, "invalid_request", message, details)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        return invalid_reply(request, validation_details(errors[:MAX_DETAILS]), len(errors))
+
+    @app.exception_handler(BodyError)
+    async def invalid_body(request: Request, exc: BodyError) -> Response:
+        return invalid_reply(request, exc.details, exc.total)
 
     @app.exception_handler(StarletteHTTPException)
     async def http(request: Request, exc: StarletteHTTPException) -> Response:

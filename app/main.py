@@ -61,7 +61,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # FastAPI's native OpenTelemetry looks up the global providers on every request (4% of the event
     # loop in the serving profile, docs/BENCHMARKS.md) and this service configures none: its
     # metrics are Prometheus (/metrics), its traces the request id in the JSON logs.
-    app = FastAPI(title="seqserve", version="0.2.0", lifespan=lifespan,
+    # No slash redirects: Starlette builds the Location from the Host header, so `POST /events/` with a
+    # forged Host would send a client that follows it (body and API key) to another host.
+    app = FastAPI(title="seqserve", version="0.2.0", lifespan=lifespan, redirect_slashes=False,
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.services = services
     install_error_handlers(app, services.metrics)

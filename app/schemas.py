@@ -24,6 +24,8 @@ from pydantic import (
 )
 from pydantic.json_schema import WithJsonSchema
 
+from app.bodies import token_budget
+
 
 def _utf8(s: str) -> str:
     # JSON can carry lone surrogates, which no store or response can encode.
@@ -240,7 +242,9 @@ class EventIn(Strict):
     """One interaction. An event later than the server's clock plus SEQSERVE_EVENT_SKEW_S is rejected
     alone (status "rejected" in the response), the others stored."""
 
-    event_id: RawId = Field(description="replaying an event_id already stored with the same payload is a no-op")
+    event_id: RawId = Field(description=(
+        "replaying an event_id already stored with the same payload is a no-op; ids starting with '<-' are the "
+        "service's (422)"))
     user_id: RawId
     item_id: RawId = Field(description="the item; for a social model, the target user")
     timestamp: UnixTime
@@ -265,7 +269,9 @@ class ErrorDetail(BaseModel):
 class EventResult(BaseModel):
     index: int
     event_id: str | None
-    status: Literal["stored", "duplicate", "rejected"]
+    status: Literal["stored", "duplicate", "dropped_old", "rejected"] = Field(description=(
+        "dropped_old: taken (a replay is a duplicate) but older than the newest SEQSERVE_LIVE_EVENTS events "
+        "its user keeps, so it is not in the user's live history"))
     unknown_item: bool = Field(False, description="stored, but the served model does not know the item yet")
     errors: list[ErrorDetail] = Field(default_factory=list)
 
@@ -275,6 +281,7 @@ class EventsResponse(BaseModel):
     namespace: str
     stored: int
     duplicates: int
+    dropped_old: int
     rejected: int
     results: list[EventResult]
 
@@ -335,6 +342,18 @@ class RequestModels:
     recommend: type[RecommendRequest]
     next_location: type[NextLocationRequest]
     events: type[EventsRequest]
+    limits: Limits = Limits()
+
+    def budget(self, model: type[BaseModel]) -> int:
+        """The most JSON values (',' + '{' + '[') a body of `model` within the limits can hold."""
+        lim = self.limits
+        counts = {
+            self.recommend: {"queries": lim.max_queries, "history": lim.max_total_items,
+                             "exclude_items": lim.max_total_items},
+            self.next_location: {"queries": lim.max_queries, "history": lim.max_total_items},
+            self.events: {"events": lim.max_events},
+        }[model]
+        return token_budget(model, counts)
 
 
 def bounded(limits: Limits) -> RequestModels:
@@ -364,7 +383,7 @@ def bounded(limits: Limits) -> RequestModels:
     )
     recommend.limits = next_location.limits = limits
     return RequestModels(cast(type[RecommendRequest], recommend), cast(type[NextLocationRequest], next_location),
-                         cast(type[EventsRequest], events))
+                         cast(type[EventsRequest], events), limits)
 
 
 def components(models: RequestModels) -> dict[str, Any]:

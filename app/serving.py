@@ -61,6 +61,7 @@ class EventsOutcome:
     results: list[dict[str, Any]]  # per event, in request order
     stored: int
     duplicates: int
+    dropped_old: int
     rejected: int
 
 
@@ -76,10 +77,11 @@ def validate_events(engine: Engine[Any, Any, Any], events: Sequence[EventIn], *,
         raise InvalidEvents(f"{len(wrong)} event(s) without an action this model takes; nothing was stored",
                             details=[{"loc": ["body", "events", n, "action"], "type": "invalid_action", "msg": p}
                                      for n, p in wrong])
-    reserved = [n for n, e in enumerate(events) if e.event_id.startswith(MIRROR_ID)
-                and engine.mirror(e.user_id, e.item_id, e.action) is not None]
+    # Refused whatever the event: one that adds no step (a self-loop, a model without mirrors) could
+    # otherwise take the id that a later event's received step needs.
+    reserved = [n for n, e in enumerate(events) if e.event_id.startswith(MIRROR_ID)]
     if reserved:
-        raise InvalidEvents(f"{len(reserved)} event id(s) starting with {MIRROR_ID!r}, which this model keeps for the "
+        raise InvalidEvents(f"{len(reserved)} event id(s) starting with {MIRROR_ID!r}, which the service keeps for the "
                             "steps an event adds to its target's timeline; nothing was stored",
                             details=[{"loc": ["body", "events", n, "event_id"], "type": "reserved_event_id",
                                       "msg": f"must not start with {MIRROR_ID!r}"} for n in reserved])
@@ -106,7 +108,7 @@ async def post_events(served: Served, events: Sequence[EventIn], *, store: Histo
     valid, rejected = validate_events(engine, events, skew_s=skew_s)
     stored_events = [e for _, e in valid]
     # Mirrored steps go in the same durable write as their events: both are stored or neither.
-    mirrors = [(n, e, Event(MIRROR_ID + e.event_id, m[0], m[1], e.timestamp, m[2]))
+    mirrors = [(n, e, Event(MIRROR_ID + e.event_id, m[0], m[1], e.timestamp, m[2], received=True))
                for n, e in valid if (m := engine.mirror(e.user_id, e.item_id, e.action)) is not None]
     written = stored_events + [m for _, _, m in mirrors]
     outcomes_all = await asyncio.to_thread(st.append, engine.namespace, written) if written else []
@@ -126,7 +128,9 @@ async def post_events(served: Served, events: Sequence[EventIn], *, store: Histo
     ]
     results.sort(key=lambda r: r["index"])
     stored = sum(o == "stored" for o in outcomes)
-    return EventsOutcome(engine.namespace, results, stored, len(outcomes) - stored, len(rejected))
+    dropped = sum(o == "dropped_old" for o in outcomes)
+    return EventsOutcome(engine.namespace, results, stored=stored, duplicates=len(outcomes) - stored - dropped,
+                         dropped_old=dropped, rejected=len(rejected))
 
 
 def finite(x: float) -> float | None:

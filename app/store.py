@@ -7,8 +7,11 @@ namespace, the data set a model was trained on, so every model of one data set s
 - `append` returns only after the events are durably stored. An event id is remembered with a digest
   of its payload: the same id and payload again is a no-op ("duplicate"), the same id with another
   payload is refused ("conflict"), whatever happened to the event since.
-- Each user keeps at most `keep` live events, the newest by time; older ones are dropped on write
-  (their ids stay known). Reads return at most `limit` newest events per user.
+- Each user keeps at most `keep` live events of its own and, separately, at most `keep` received
+  steps (what other users did to it, `Event.received`), the newest by time: what others do to a user
+  never pushes out what it did. Older ones are dropped on write (their ids stay known); an event that
+  is older than everything kept is dropped in its own write and reported "dropped_old". Reads return
+  at most `limit` newest events of each kind per user, merged by time.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from models.serving import Timeline
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 # "conflict": the id was stored with another payload. When any event of a call conflicts, the call
-# stores nothing: the conflicting ones say "conflict", the others "skipped".
-Outcome = Literal["stored", "duplicate", "conflict", "skipped"]
+# stores nothing: the conflicting ones say "conflict", the others "skipped". "dropped_old": taken (its
+# id is known from now on) but older than the `keep` newest of its user, so not kept.
+Outcome = Literal["stored", "duplicate", "conflict", "skipped", "dropped_old"]
 BaseHistories = Mapping[str, Sequence[tuple[str, float, str | None]]]
 
 
@@ -45,6 +49,7 @@ class Event:
     item_id: str
     timestamp: float  # unix seconds; NaN when the data has no times
     action: str | None = None
+    received: bool = False  # a step another user's event adds to this user's timeline (capped apart)
 
     @property
     def digest(self) -> str:
@@ -60,14 +65,26 @@ class StoreError(RuntimeError):
     """
 
 
+# Query parameters of a Redis URL that carry no secret; every other value (password=..., which
+# redis-py accepts, or anything a later client version reads) is masked in logs.
+_PLAIN_PARAMS = frozenset({"db", "socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry_on_timeout",
+                           "health_check_interval", "protocol", "decode_responses", "ssl_cert_reqs", "client_name"})
+
+
 def redact(url: str) -> str:
-    """A URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """A URL without its password (in the user part or the query string), for logs."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{port}" if port else "")
+    query = "&".join(
+        p if p.split("=", 1)[0].lower() in _PLAIN_PARAMS or "=" not in p else f"{p.split('=', 1)[0]}=***"
+        for p in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def _ts(t: float | None) -> float:
@@ -117,8 +134,8 @@ class HistoryStore(ABC):
 
     @abstractmethod
     def events(self, namespace: str, users: Sequence[str], limit: int | None = None) -> dict[str, Timeline]:
-        """The newest `limit` (default: all kept) live events of each user that has any, oldest first
-        (by timestamp, then arrival)."""
+        """The newest `limit` (default: all kept) live events of each kind (own, received) of each user
+        that has any, merged, oldest first (by timestamp, then arrival)."""
 
     @abstractmethod
     def base(self, namespace: str, user: str) -> Timeline: ...
@@ -148,7 +165,7 @@ class SQLiteStore(HistoryStore):
 
     kind = "sqlite"
     local_reads = True
-    SCHEMA_VERSION = 2
+    SCHEMA_VERSION = 3
     _SCHEMA = """
     CREATE TABLE IF NOT EXISTS seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
     CREATE TABLE IF NOT EXISTS base (ns TEXT, user TEXT, items TEXT NOT NULL, PRIMARY KEY (ns, user))
@@ -158,6 +175,7 @@ class SQLiteStore(HistoryStore):
         item TEXT NOT NULL, ts REAL, recorded_at REAL NOT NULL,
         folded INTEGER NOT NULL DEFAULT 0,  -- 1: a later base held it (files of the first version)
         action TEXT,
+        received INTEGER NOT NULL DEFAULT 0,  -- 1: a step another user's event added (capped apart)
         UNIQUE (ns, event_id));
     CREATE INDEX IF NOT EXISTS events_by_user ON events (ns, user, ts, seq);
     -- Every id ever stored, with its payload's digest: kept when an event is folded or trimmed.
@@ -191,8 +209,14 @@ class SQLiteStore(HistoryStore):
         had_events = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone() is not None
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if had_events and "action" not in {r[1] for r in conn.execute("PRAGMA table_info(events)")}:
+            columns = {r[1] for r in conn.execute("PRAGMA table_info(events)")} if had_events else set()
+            if had_events and "action" not in columns:
                 conn.execute("ALTER TABLE events ADD COLUMN action TEXT")
+            if had_events and "received" not in columns:
+                conn.execute("ALTER TABLE events ADD COLUMN received INTEGER NOT NULL DEFAULT 0")
+                # Before this column, the service wrote received steps under ids '<-' + the event's id
+                # (app.serving.MIRROR_ID), an id prefix clients may not use.
+                conn.execute("UPDATE events SET received = 1 WHERE substr(event_id, 1, 2) = '<-'")
             # One statement at a time: executescript() would commit the open transaction first.
             for statement in self._SCHEMA.split(";"):
                 if statement.strip():
@@ -293,14 +317,24 @@ class SQLiteStore(HistoryStore):
             conn.executemany("INSERT INTO event_ids (ns, event_id, digest) VALUES (?, ?, ?)",
                              ((namespace, e.event_id, e.digest) for e in new))
             conn.executemany(
-                "INSERT OR IGNORE INTO events (ns, event_id, user, item, ts, action, recorded_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                ((namespace, e.event_id, e.user_id, e.item_id, _json_ts(e.timestamp), e.action, now) for e in new))
-            for user in {e.user_id for e in new}:  # keep the newest `keep` live events of each user
+                "INSERT OR IGNORE INTO events (ns, event_id, user, item, ts, action, received, recorded_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                ((namespace, e.event_id, e.user_id, e.item_id, _json_ts(e.timestamp), e.action, int(e.received), now)
+                 for e in new))
+            for user, received in {(e.user_id, int(e.received)) for e in new}:  # the newest `keep` of each kind
                 conn.execute(
-                    "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE ns = ? AND user = ? AND folded = 0"
-                    " ORDER BY ts DESC, seq DESC LIMIT -1 OFFSET ?)", (namespace, user, self.keep))
-            return out
+                    "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE ns = ? AND user = ? AND received = ?"
+                    " AND folded = 0 ORDER BY ts DESC, seq DESC LIMIT -1 OFFSET ?)",
+                    (namespace, user, received, self.keep))
+            kept: set[str] = set()
+            ids = [e.event_id for e in new]
+            for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+                chunk = ids[start : start + 500]
+                kept |= {r[0] for r in conn.execute(
+                    f"SELECT event_id FROM events WHERE ns = ? AND event_id IN ({','.join('?' * len(chunk))})",
+                    (namespace, *chunk))}
+            return [o if o != "stored" or e.event_id in kept else "dropped_old"
+                    for e, o in zip(events, out, strict=True)]
 
         return self._write(do)
 
@@ -317,7 +351,7 @@ class SQLiteStore(HistoryStore):
                 marks = ",".join("?" * len(chunk))
                 rows = conn.execute(
                     "SELECT user, item, ts, action FROM (SELECT user, item, ts, action, seq, ROW_NUMBER() OVER"
-                    " (PARTITION BY user ORDER BY ts DESC, seq DESC) AS newest FROM events"
+                    " (PARTITION BY user, received ORDER BY ts DESC, seq DESC) AS newest FROM events"
                     f" WHERE ns = ? AND user IN ({marks}) AND folded = 0) WHERE newest <= ? ORDER BY user, ts, seq",
                     (namespace, *chunk, n),
                 ).fetchall()
@@ -361,13 +395,14 @@ class SQLiteStore(HistoryStore):
 
 
 # One call appends many events atomically. First every id's digest is checked (new, same payload, or
-# another payload: then nothing is written); then each new event joins the user's sorted set (score =
-# time; member = a zero-padded arrival number + payload, so equal times keep arrival order), and the
-# set is trimmed to `keep`.
+# another payload: then nothing is written); then each new event joins its user's sorted set of its
+# kind (own events, or received steps; score = time; member = a zero-padded arrival number + payload,
+# so equal times keep arrival order), the set is trimmed to `keep`, and an event trimmed at once is
+# reported (4: dropped_old).
 _APPEND_LUA = """
-local prefix, keep = ARGV[1], tonumber(ARGV[2])
-local out, known, conflict = {}, {}, false
-for n = 3, #ARGV, 5 do
+local prefix, keep, rprefix = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local out, known, conflict, written = {}, {}, false, {}
+for n = 4, #ARGV, 6 do
   local id, digest = ARGV[n], ARGV[n + 2]
   local prev = known[id]
   if prev == nil then prev = redis.call('HGET', KEYS[1], id) end
@@ -385,27 +420,33 @@ if conflict then
   for i = 1, #out do if out[i] ~= 2 then out[i] = 3 end end
   return out
 end
-for n = 3, #ARGV, 5 do
-  local i = (n - 3) / 5 + 1
+for n = 4, #ARGV, 6 do
+  local i = (n - 4) / 6 + 1
   if out[i] == 1 then
     local id, user, digest, score, payload = ARGV[n], ARGV[n + 1], ARGV[n + 2], ARGV[n + 3], ARGV[n + 4]
     redis.call('HSET', KEYS[1], id, digest)
     local seq = redis.call('INCR', KEYS[3])
-    local key = prefix .. user
-    redis.call('ZADD', key, score, string.format('%020d', seq) .. payload)
+    local key = (ARGV[n + 5] == '1' and rprefix or prefix) .. user
+    local member = string.format('%020d', seq) .. payload
+    redis.call('ZADD', key, score, member)
     redis.call('ZREMRANGEBYRANK', key, 0, -(keep + 1))
+    written[i] = {key, member}
     redis.call('SADD', KEYS[2], user)
   end
 end
+for i, km in pairs(written) do
+  if not redis.call('ZSCORE', km[1], km[2]) then out[i] = 4 end
+end
 return out
 """
-_OUTCOMES: dict[int, Outcome] = {1: "stored", 0: "duplicate", 2: "conflict", 3: "skipped"}
+_OUTCOMES: dict[int, Outcome] = {1: "stored", 0: "duplicate", 2: "conflict", 3: "skipped", 4: "dropped_old"}
 _SEQ_WIDTH = 20
 
 
 class RedisStore(HistoryStore):
     """Redis store for several instances. Keys, under <prefix><ns>: `seeded`, `base` (hash user -> JSON),
-    `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of events).
+    `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of the user's
+    own events), `r:<user>` (sorted set of the steps it received).
 
     The append script derives the per-user keys inside it, so this needs one Redis server, not a cluster.
     """
@@ -421,7 +462,7 @@ class RedisStore(HistoryStore):
         try:
             self.r = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                                           decode_responses=True)
-        except (ValueError, *self._redis_errors) as exc:
+        except (ValueError, TypeError, *self._redis_errors) as exc:  # TypeError: an unknown URL parameter
             raise StoreError(f"redis {self.where}: {type(exc).__name__}") from None
         self.prefix = prefix
         self._append = self.r.register_script(_APPEND_LUA)
@@ -479,12 +520,12 @@ class RedisStore(HistoryStore):
                 held = _held(histories.get(user, []))
                 if not held:
                     continue
-                key = self._k(namespace, f"z:{user}")
-                members: list[str] = self.r.zrange(key, 0, -1)  # type: ignore[assignment]
-                folded = [m for m in members if _member_key(m) in held]
-                if folded:
-                    # Removing these members only: events appended meanwhile are untouched.
-                    self.r.zrem(key, *folded)
+                for key in (self._k(namespace, f"z:{user}"), self._k(namespace, f"r:{user}")):
+                    members: list[str] = self.r.zrange(key, 0, -1)  # type: ignore[assignment]
+                    folded = [m for m in members if _member_key(m) in held]
+                    if folded:
+                        # Removing these members only: events appended meanwhile are untouched.
+                        self.r.zrem(key, *folded)
             self.r.set(self._k(namespace, "seeded"), token)
             return True
 
@@ -493,10 +534,10 @@ class RedisStore(HistoryStore):
     def append(self, namespace: str, events: Sequence[Event]) -> list[Outcome]:
         if not events:
             return []
-        args: list[str | int | float] = [self._k(namespace, "z:"), self.keep]
+        args: list[str | int | float] = [self._k(namespace, "z:"), self.keep, self._k(namespace, "r:")]
         for e in events:
             args += [e.event_id, e.user_id, e.digest, _score(e.timestamp),
-                     json.dumps([e.item_id, _json_ts(e.timestamp), e.action])]
+                     json.dumps([e.item_id, _json_ts(e.timestamp), e.action]), int(e.received)]
         keys = [self._k(namespace, "eids"), self._k(namespace, "live"), self._k(namespace, "seq")]
         codes = self._call(lambda: self._append(keys=keys, args=args))
         return [_OUTCOMES[int(c)] for c in codes]
@@ -510,13 +551,17 @@ class RedisStore(HistoryStore):
         def do() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
             for u in wanted:
-                pipe.zrange(self._k(namespace, f"z:{u}"), -n, -1)
+                pipe.zrange(self._k(namespace, f"z:{u}"), -n, -1, withscores=True)
+                pipe.zrange(self._k(namespace, f"r:{u}"), -n, -1, withscores=True)
             return pipe.execute()
 
+        found = self._call(do)
         out: dict[str, Timeline] = {}
-        for u, members in zip(wanted, self._call(do), strict=True):
+        for k, u in enumerate(wanted):
+            members = found[2 * k] + found[2 * k + 1]
             if members:
-                out[u] = [_decode(m) for m in members]
+                members.sort(key=lambda ms: (ms[1], ms[0][:_SEQ_WIDTH]))  # time, then arrival
+                out[u] = [_decode(m) for m, _ in members]
         return out
 
     def base(self, namespace: str, user: str) -> Timeline:

@@ -31,4 +31,5 @@ async def post_events(body: EventsBody, services: ServicesDep, request: Request)
         out = await serving.post_events(served, body.events, store=services.store,
                                         skew_s=services.settings.event_skew_s)
         return json_response({"model": served.name, "namespace": out.namespace, "stored": out.stored,
-                              "duplicates": out.duplicates, "rejected": out.rejected, "results": out.results})
+                              "duplicates": out.duplicates, "dropped_old": out.dropped_old,
+                              "rejected": out.rejected, "results": out.results})

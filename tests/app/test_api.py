@@ -256,3 +256,32 @@ def test_traced_and_eager_models_answer_alike(client: TestClient, tiny_artifacts
 def test_models_on_the_cpu_batch_up_to_32_queries(client: TestClient) -> None:
     batchers = {name: served.batcher for name, served in client.app.state.services.registry.models.items()}
     assert batchers and all(b.max_batch_size == 32 for b in batchers.values())
+
+
+@pytest.mark.parametrize(("ctype", "status"), [
+    ("APPLICATION/JSON", 200), ("application/json; charset=utf-8", 200), ("Application/Json ; charset=UTF-8", 200),
+    ("application/vnd.api+json", 200), ("application/jsonx", 422), ("text/plain; charset=json", 422),
+    ("text/json-ish", 422),
+])
+def test_media_type_is_parsed_not_matched_as_a_substring(client: TestClient, ctype: str, status: int) -> None:
+    r = client.post("/recommend", content=b'{"queries":[{"user_id":"u1"}]}', headers={"content-type": ctype})
+    assert r.status_code == status, r.text
+    if status == 422:
+        assert r.json()["error"]["details"][0]["type"] == "content_type"
+
+
+def test_api_paths_never_redirect(client: TestClient) -> None:
+    """A trailing slash is a 404 on the same host, never a redirect a client would follow elsewhere."""
+    for path in ("/events/", "/recommend/", "/healthz/"):
+        r = client.post(path, json={}, headers={"host": "evil.example"}, follow_redirects=False)
+        assert r.status_code in (404, 405) and "location" not in r.headers, (path, r.status_code)
+        assert r.json()["error"]["code"] in ("not_found", "method_not_allowed")
+
+
+def test_error_details_are_capped_with_the_count_of_the_rest(client: TestClient) -> None:
+    query: dict[str, object] = {"user_id": "u1", **{f"x{n}": 0 for n in range(5000)}}
+    r = client.post("/recommend", json={"queries": [query]})
+    assert r.status_code == 422
+    err = r.json()["error"]
+    assert len(err["details"]) == 50 and err["details"][0]["loc"][:3] == ["body", "queries", 0]
+    assert "4950 more" in err["message"] and len(r.content) < 20_000

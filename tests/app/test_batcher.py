@@ -182,3 +182,30 @@ def test_default_cap_follows_the_device() -> None:
     for device in ("cpu", "cuda"):
         policy = Settings(max_batch_size=100, max_wait_ms=7).batch_policy(device)
         assert (policy.max_batch_size, policy.max_wait_ms) == (100, 7)
+
+
+def test_a_failing_request_in_a_full_batch_costs_a_bounded_number_of_calls() -> None:
+    """31 good requests and one bad: found by halving, not by retrying each of the 32 alone."""
+    attempts: list[int] = []
+
+    def model(items: list[int]) -> list[int]:
+        attempts.append(len(items))
+        if any(i < 0 for i in items):
+            raise ValueError("negative")
+        return [i * 10 for i in items]
+
+    async def go() -> list[object]:
+        gate = asyncio.Event()
+        b = MicroBatcher(model, BatchPolicy(max_batch_size=32, max_wait_ms=200))
+        block = asyncio.get_running_loop().run_in_executor(b._executor, lambda: time.sleep(0.2))  # model busy
+        tasks = [asyncio.create_task(b.submit([-1] if n == 17 else [n])) for n in range(32)]
+        await block
+        gate.set()
+        res = await asyncio.gather(*tasks, return_exceptions=True)
+        await b.stop()
+        return res
+
+    res = run(go())
+    assert isinstance(res[17], ValueError) and [r for n, r in enumerate(res) if n != 17] == [
+        [n * 10] for n in range(32) if n != 17]
+    assert attempts[0] == 32 and len(attempts) <= 11, attempts

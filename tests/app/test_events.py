@@ -168,3 +168,16 @@ def test_namespace_is_the_model_name_without_a_data_set_name(tiny_artifacts: Pat
         assert c.post("/events", json={"model": "sasrec-tiny", **client_events}).json()["namespace"] == "sasrec-tiny"
         b = c.post("/events", json={"model": "bert4rec-tiny", **client_events}).json()
         assert b["namespace"] == "bert4rec-tiny" and b["stored"] == 1
+
+
+def test_an_event_older_than_the_kept_window_is_reported_dropped(tiny_artifacts: Path) -> None:
+    app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", default_model="sasrec-tiny", live_events=5))
+    with TestClient(app) as c:
+        recent = [{"event_id": f"n{n}", "user_id": "w1", "item_id": "12", "timestamp": Y2005 + n} for n in range(5)]
+        assert c.post("/events", json={"events": recent}).json()["stored"] == 5
+        old = {"event_id": "old", "user_id": "w1", "item_id": "13", "timestamp": 1}
+        out = c.post("/events", json={"events": [old, {**old, "event_id": "new", "timestamp": Y2005 + 9}]}).json()
+        assert [r["status"] for r in out["results"]] == ["dropped_old", "stored"]
+        assert out["stored"] == 1 and out["dropped_old"] == 1
+        again = c.post("/events", json={"events": [old]}).json()  # its id is still known
+        assert again["results"][0]["status"] == "duplicate"

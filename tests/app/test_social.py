@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,3 +132,33 @@ def test_received_forms_are_the_service_s_not_the_client_s(client: TestClient, e
     assert r.status_code == 422, r.text
     detail = r.json()["error"]["details"][0]
     assert detail["loc"] == ["body", "events", 0, field] and detail["type"] == type_
+
+
+def test_a_reserved_id_cannot_be_squatted_with_a_self_loop(client: TestClient) -> None:
+    """A '<-' id is refused even on an event that writes no received step (actor == target)."""
+    loop = {"event_id": "<-E1", "user_id": "s5", "item_id": "s5", "action": "a2q", "timestamp": 1e9}
+    r = client.post("/events", json={"model": MODEL, "events": [loop]})
+    assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["body", "events", 0, "event_id"]
+    legit = {"event_id": "E1", "user_id": "s6", "item_id": "s9", "action": "a2q", "timestamp": 1e9}
+    r = client.post("/events", json={"model": MODEL, "events": [legit]})
+    assert r.status_code == 200 and r.json()["stored"] == 1
+
+
+def test_what_others_do_to_a_user_never_pushes_out_its_own_events(tiny_social_artifact: Path) -> None:
+    settings = Settings(artifacts_dir=tiny_social_artifact, device="cpu", live_events=10)
+    t0 = time.time() - 10_000
+    with TestClient(create_app(settings)) as c:
+        own = [{"event_id": f"v{n}", "user_id": "victim", "item_id": f"s{n}", "action": "a2q", "timestamp": t0 + n}
+               for n in range(5)]
+        assert c.post("/events", json={"model": MODEL, "events": own}).json()["stored"] == 5
+        flood = [{"event_id": f"x{n}", "user_id": "attacker", "item_id": "victim", "action": "c2q",
+                  "timestamp": t0 + 100 + n} for n in range(40)]
+        out = c.post("/events", json={"model": MODEL, "events": flood}).json()
+        # The attacker keeps its own newest 10 (the rest is reported dropped); the victim receives 40 steps.
+        assert (out["stored"], out["dropped_old"]) == (10, 30)
+        r = c.post("/recommend", json={"model": MODEL, "queries": [{"user_id": "victim", "k": 30,
+                                                                    "exclude_seen": True}]})
+        assert r.status_code == 200, r.text
+        res = r.json()["results"][0]
+        # Whom the victim acted on is still its own history: excluded as seen, all five.
+        assert res["excluded"]["seen"] == 5 and not {f"s{n}" for n in range(5)} & {i["item_id"] for i in res["items"]}

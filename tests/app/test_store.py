@@ -113,6 +113,19 @@ def test_unreachable_redis_raises_store_error_without_the_password() -> None:
     assert redact("redis://h:6379/0") == "redis://h:6379/0"
 
 
+def test_a_password_in_the_query_string_is_redacted() -> None:
+    """redis-py takes ?password=...; no log line or error may show it."""
+    from tests.servers import free_port
+
+    for url in (f"redis://127.0.0.1:{free_port()}/0?password=hunter2", f"redis://127.0.0.1:{free_port()}/0?db=0&password=hunter2&socket_timeout=1"):
+        assert "hunter2" not in redact(url) and "***" in redact(url)
+        s = RedisStore(url, timeout_s=0.5)
+        with pytest.raises(StoreError) as err:
+            s.ping()
+        assert "hunter2" not in str(err.value)
+    assert redact("redis://h:6379/0?db=2&socket_timeout=3") == "redis://h:6379/0?db=2&socket_timeout=3"
+
+
 def test_unknown_store_kind(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown history store"):
         open_store("mongo", sqlite_path=tmp_path / "x", redis_url="redis://127.0.0.1:1/0")
@@ -192,3 +205,23 @@ def test_redis_layout_of_the_first_version_is_migrated(redis_server: object) -> 
     assert y == "y" and math.isnan(ty) and x == ("x", 5.0, None)  # no time sorts first
     assert s.append("ml", [Event("old1", "u1", "anything", 9.0)]) == ["duplicate"]  # digest unknown: a no-op
     s.close()
+
+
+def test_received_steps_are_capped_apart_from_own_events(store: HistoryStore) -> None:
+    own = [Event(f"o{n}", "v", f"i{n}", 100.0 + n) for n in range(3)]
+    assert store.append("soc", own) == ["stored"] * 3
+    flood = [Event(f"<-x{n}", "v", "attacker", 200.0 + n, "<-c2q", received=True) for n in range(12)]
+    assert store.append("soc", flood) == ["dropped_old"] * 7 + ["stored"] * 5  # what the call's end keeps
+    got = store.events("soc", ["v"])["v"]
+    assert [i for i, _, _ in got[:3]] == ["i0", "i1", "i2"]  # all own events kept (keep=5 each kind)
+    assert [t for _, t, _ in got[3:]] == [207.0, 208.0, 209.0, 210.0, 211.0]  # newest 5 received, in time order
+    assert [t for _, t, _ in store.events("soc", ["v"], limit=2)["v"]] == [101.0, 102.0, 210.0, 211.0]
+
+
+def test_an_event_trimmed_in_its_own_write_is_dropped_old(store: HistoryStore) -> None:
+    store.append("ml", [Event(f"e{n}", "u", "i", 100.0 + n) for n in range(5)])
+    out = store.append("ml", [Event("old", "u", "j", 1.0), Event("new", "u", "k", 500.0)])
+    assert out == ["dropped_old", "stored"]
+    assert [i for i, _, _ in store.events("ml", ["u"])["u"]] == ["i", "i", "i", "i", "k"]
+    assert store.append("ml", [Event("old", "u", "j", 1.0)]) == ["duplicate"]  # its id is known
+    assert store.stored_ids("ml", ["old", "new"]) == {"old", "new"}
