@@ -347,13 +347,13 @@ class RequestModels:
     def budget(self, model: type[BaseModel]) -> int:
         """The most JSON values (',' + '{' + '[') a body of `model` within the limits can hold."""
         lim = self.limits
-        counts: dict[type[BaseModel], dict[str, int]] = {
+        table: dict[type[BaseModel], dict[str, int]] = {
             self.recommend: {"queries": lim.max_queries, "history": lim.max_total_items,
                              "exclude_items": lim.max_total_items},
             self.next_location: {"queries": lim.max_queries, "history": lim.max_total_items},
             self.events: {"events": lim.max_events},
-        }[model]
-        return token_budget(model, counts)
+        }
+        return token_budget(model, table[model])
 
 
 def bounded(limits: Limits) -> RequestModels:
