@@ -27,6 +27,7 @@ from app.observability import Metrics
 from app.schemas import EventsRequest, RequestModels, bounded
 from app.settings import Settings
 from app.store import HistoryStore
+from app.workers import Coordinator
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -41,6 +42,7 @@ class Services:
     schemas: RequestModels = field(init=False)
     store: HistoryStore | None = None
     store_problem: str | None = None  # why the store could not be opened (logged; clients see "unavailable")
+    coordinator: Coordinator | None = None  # reloads across this host's workers; None: this process alone
 
     def __post_init__(self) -> None:
         self.schemas = bounded(self.settings.limits)

@@ -11,6 +11,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from app.bodies import MAX_DETAILS, BodyError, is_json
@@ -20,6 +21,7 @@ from models.serving import QueryError
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
+CLIENT_CLOSED = 499
 
 
 def json_response(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -89,6 +91,14 @@ def install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
         codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         code = codes.get(exc.status_code, "http_error")
         return reply(exc.status_code, code, str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(request: Request, exc: ClientDisconnect) -> Response:
+        # The client hung up (mid-body, or while its answer was computed): its own outcome, never a 500.
+        # 499 is nginx's "client closed request"; nobody receives it, the metrics and access log do.
+        log.info("client disconnected before its answer: %s %s", request.method, request.url.path)
+        metrics.rejected.labels("client_disconnected").inc()
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:

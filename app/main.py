@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from app.routers import admin, bench, events, health, metrics, models, next_loca
 from app.schemas import components
 from app.settings import Settings, get_settings
 from app.store import StoreError, open_store
+from app.workers import Coordinator, WorkerSync
 from models.serving import EngineOptions
 
 log = logging.getLogger("app")
@@ -37,7 +39,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             services.store = open_store(
                 settings.history_store, sqlite_path=settings.history_path,
                 redis_url=settings.redis_url.get_secret_value(), redis_prefix=settings.redis_prefix,
-                keep=settings.live_events)
+                keep=settings.live_events,
+                redis_password=settings.redis_password.get_secret_value() if settings.redis_password else None)
         except (StoreError, OSError, ValueError) as exc:
             # The service still starts: queries that carry their own history are answered; the
             # ones by user_id, and /events, answer 503 and /readyz says the store is unavailable.
@@ -53,7 +56,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         services.registry.load_all(settings.artifacts_dir)
         if not services.registry.names:
             log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)
+        try:
+            sync = WorkerSync(settings.shared_dir / "workers")
+            services.coordinator = Coordinator(services.registry, sync, settings.artifacts_dir)
+            services.coordinator.announce()
+        except OSError as exc:
+            log.error("no shared folder for the workers (%s): POST /admin/reload reaches this process only", exc)
+        keeper = asyncio.create_task(_housekeeping(services))
         yield
+        keeper.cancel()
+        with suppress(asyncio.CancelledError):
+            await keeper
+        if services.coordinator is not None:
+            services.coordinator.sync.withdraw()
         await services.registry.close()
         if services.store is not None:
             services.store.close()
@@ -94,6 +109,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+async def _housekeeping(services: Services) -> None:
+    """Each worker, every SEQSERVE_HOUSEKEEPING_S: follows a reload another worker was asked for, and
+    sets its own queue-depth gauges (with several workers, /metrics sums every worker's)."""
+    while True:
+        await asyncio.sleep(services.settings.housekeeping_s)
+        try:
+            services.metrics.set_queue_depths({n: s.batcher.depth for n, s in services.registry.models.items()})
+            services.metrics.forget_dead_workers()
+            if services.coordinator is not None:
+                await services.coordinator.follow()
+        except Exception:  # a bad file or a failed reload must not end the loop
+            log.exception("housekeeping failed; trying again in %.1f s", services.settings.housekeeping_s)
 
 
 def app_from_env() -> FastAPI:

@@ -93,6 +93,10 @@ class BodyLimit:
         chunks, size = [], 0
         while True:
             msg = await receive()
+            if msg["type"] == "http.disconnect":  # gone mid-body: never hand the app a truncated body
+                await send({"type": "http.response.start", "status": 499, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
             if msg["type"] != "http.request":
                 break
             chunks.append(msg.get("body", b""))

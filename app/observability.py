@@ -6,10 +6,14 @@ import contextvars
 import json
 import logging
 import os
+import re
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from app.workers import alive
+
+_LIVE_GAUGE = re.compile(r"^gauge_live\w*_(\d+)\.db$")
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -55,10 +59,26 @@ class Metrics:
 
         return record
 
+    def set_queue_depths(self, depths: dict[str, int]) -> None:
+        for model, depth in depths.items():
+            self.queue_depth.labels(model).set(depth)
+
+    @staticmethod
+    def forget_dead_workers() -> None:
+        """Drop the live gauges of worker processes that are gone (their counters stay in the sums):
+        uvicorn restarts a dead worker but tells prometheus-client nothing."""
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not folder:
+            return
+        for pid in {int(m.group(1)) for f in os.listdir(folder) if (m := _LIVE_GAUGE.match(f))}:
+            if not alive(pid):
+                multiprocess.mark_process_dead(pid, folder)
+
     def render(self) -> bytes:
         """This process's metrics; with several workers (PROMETHEUS_MULTIPROC_DIR set, as
         scripts/serve.sh does for SEQSERVE_WORKERS > 1) every worker's, summed."""
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            self.forget_dead_workers()
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
             return generate_latest(registry)

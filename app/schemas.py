@@ -322,6 +322,8 @@ class ReloadReport(BaseModel):
     loaded: dict[str, str] = Field(description="model name -> version swapped in")
     unchanged: dict[str, str]
     failed: dict[str, str] = Field(description="name/version -> why; the current version keeps serving")
+    workers: dict[str, dict[str, str]] = Field(description="each worker process (by pid) -> model -> version it serves")
+    all_workers: bool = Field(description="every worker reached this reload before the answer (SEQSERVE_RELOAD_WAIT_S)")
 
 
 class ErrorBody(BaseModel):

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.engine.batcher import CPU_MAX_BATCH, BatchPolicy
 from app.schemas import Limits
 
 _BATCH = BatchPolicy()
+# Settings that may also come from a file named by SEQSERVE_<NAME>_FILE.
+SECRETS = ("admin_api_key", "events_api_key", "redis_url", "redis_password")
 
 
 class Settings(BaseSettings):
@@ -51,14 +54,51 @@ class Settings(BaseSettings):
     history_store: Literal["sqlite", "redis"] = "sqlite"
     history_path: Path = Path("state/history.sqlite3")  # the SQLite store's file (not under the artifacts)
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")  # may hold a password: never shown
+    redis_password: SecretStr | None = None  # Redis AUTH password, when not in the URL (e.g. from a _FILE)
     redis_prefix: str = "seqserve:"  # key prefix, so several deployments can share one Redis
-    live_events: int = Field(default=1000, ge=1)  # newest live events kept and read per user
+    live_events: int = Field(default=1000, ge=1)  # newest live events kept and read per user, and apart
+    # from them the newest steps received from others (a social model's targets): neither pushes out the other
     event_skew_s: float = Field(default=300.0, ge=0)  # events later than now + this are rejected
+    # The process (python -m app.server): where it listens, how many workers, what a connection may do.
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    workers: int = Field(default=1, ge=1)  # processes on one port, each with its own models and batchers
+    drain_s: float = Field(default=20.0, ge=0)  # on SIGTERM, answer what is in flight for up to this long
+    keep_alive_s: float = Field(default=5.0, ge=1)  # an idle kept-alive connection is closed after this
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)  # request line + headers; 431 above
+    request_read_timeout_s: float = Field(default=15.0, gt=0)  # whole request (headers, body) within; else 408
+    max_connections: int = Field(default=1024, ge=1)  # open connections per worker; a new one past it: 503
+    # Workers of one host agree through files here (the reload generation, each worker's versions);
+    # None: beside the SQLite history file.
+    state_dir: Path | None = None
+    reload_wait_s: float = Field(default=60.0, ge=0)  # POST /admin/reload waits this long for every worker
+    housekeeping_s: float = Field(default=1.0, gt=0)  # how often a worker looks for a reload, sets its gauges
 
-    @field_validator("admin_api_key", "events_api_key")
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        """SEQSERVE_<NAME>_FILE: a secret read from a file (compose and Kubernetes secrets), so it never sits
+        in an environment variable; a value given directly wins."""
+        if not isinstance(data, dict):
+            return data
+        for name in SECRETS:
+            path = os.environ.get(f"SEQSERVE_{name.upper()}_FILE", "").strip()
+            if path and not data.get(name):
+                try:
+                    data[name] = Path(path).read_text().strip()
+                except OSError as exc:
+                    raise ValueError(f"SEQSERVE_{name.upper()}_FILE: cannot read the file ({exc.strerror})") from None
+        return data
+
+    @field_validator("admin_api_key", "events_api_key", "redis_password")
     @classmethod
     def _blank_key_is_no_key(cls, v: SecretStr | None) -> SecretStr | None:
         return None if v is None or not v.get_secret_value().strip() else v
+
+    @property
+    def shared_dir(self) -> Path:
+        """The folder the workers of one host share (state_dir, else the SQLite file's folder)."""
+        return self.state_dir or self.history_path.parent
 
     def batch_policy(self, device_type: str) -> BatchPolicy:
         """The batchers' policy for models on `device_type` ("cpu", "cuda")."""

@@ -453,15 +453,17 @@ class RedisStore(HistoryStore):
 
     kind = "redis"
 
-    def __init__(self, url: str, prefix: str = "seqserve:", timeout_s: float = 5.0, keep: int = 1000) -> None:
+    def __init__(self, url: str, prefix: str = "seqserve:", timeout_s: float = 5.0, keep: int = 1000,
+                 password: str | None = None) -> None:
         import redis
 
         super().__init__(keep)
         self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self.where = redact(url)
+        auth = {"password": password} if password else {}
         try:
             self.r = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                          decode_responses=True)
+                                          decode_responses=True, **auth)
         except (ValueError, TypeError, *self._redis_errors) as exc:  # TypeError: an unknown URL parameter
             raise StoreError(f"redis {self.where}: {type(exc).__name__}") from None
         self.prefix = prefix
@@ -605,10 +607,10 @@ def _member_key(member: str) -> tuple[str, float | None]:
 
 
 def open_store(kind: str, *, sqlite_path: Path, redis_url: str, redis_prefix: str = "seqserve:",
-               keep: int = 1000) -> HistoryStore:
+               keep: int = 1000, redis_password: str | None = None) -> HistoryStore:
     if kind == "sqlite":
         return SQLiteStore(sqlite_path, keep=keep)
     if kind == "redis":
         # Not pinged here: the client reconnects by itself, and /readyz reports while Redis is away.
-        return RedisStore(redis_url, redis_prefix, keep=keep)
+        return RedisStore(redis_url, redis_prefix, keep=keep, password=redis_password)
     raise ValueError(f"unknown history store {kind!r} (sqlite or redis)")

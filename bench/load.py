@@ -56,8 +56,14 @@ def start_server(artifacts: Path, port: int, env_extra: dict[str, str], *, loop:
     # MALLOC_ARENA_MAX as scripts/serve.sh sets it.
     env = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(artifacts), "SEQSERVE_BENCH_ENDPOINTS": "true",
            "SEQSERVE_LOG_LEVEL": "WARNING", "MALLOC_ARENA_MAX": "2", **env_extra}
-    proc = _uvicorn(["--factory", "app.main:app_from_env"], port, loop=loop, http=http, workers=workers,
-                    root=root, env=env)
+    if (root / "app" / "server.py").exists() and loop == http == "auto":
+        # The service's own process (its connection limits included), as scripts/serve.sh runs it.
+        env.update({"SEQSERVE_HOST": "127.0.0.1", "SEQSERVE_PORT": str(port), "SEQSERVE_WORKERS": str(workers)})
+        proc = subprocess.Popen([str(root / ".venv/bin/python"), "-m", "app.server"], cwd=root, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    else:  # a checkout from before app/server.py, or a loop/parser ablation
+        proc = _uvicorn(["--factory", "app.main:app_from_env"], port, loop=loop, http=http, workers=workers,
+                        root=root, env=env)
     return wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -25,15 +27,14 @@ def free_port() -> int:
 
 def start_api(artifacts: Path, env: Mapping[str, str] | None = None, port: int | None = None,
               timeout_s: float = 60) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `uvicorn app.main:app_from_env` and wait until /readyz answers 200."""
+    """Start the service's process (`python -m app.server`) and wait until /readyz answers 200."""
     port = port or free_port()
     full = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(artifacts), "SEQSERVE_LOG_LEVEL": "WARNING",
-            "SEQSERVE_TORCH_THREADS": "1", **(env or {})}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--factory", "app.main:app_from_env", "--host", "127.0.0.1",
-         "--port", str(port), "--no-access-log", "--timeout-graceful-shutdown", "20"],
-        cwd=ROOT, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
+            "SEQSERVE_TORCH_THREADS": "1", "SEQSERVE_HOST": "127.0.0.1", "SEQSERVE_PORT": str(port),
+            "SEQSERVE_DRAIN_S": "20", **(env or {})}
+    # Its own process group: with several workers, stop() ends the supervisor and its workers together.
+    proc = subprocess.Popen([sys.executable, "-m", "app.server"], cwd=ROOT, env=full, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while True:
@@ -50,8 +51,12 @@ def start_api(artifacts: Path, env: Mapping[str, str] | None = None, port: int |
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.kill()
+    """SIGKILL, to the whole group where `proc` leads one (the service with its workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
     proc.wait(timeout=10)
 
 

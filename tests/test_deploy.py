@@ -105,7 +105,64 @@ def _seconds(text: str) -> float:
 def test_compose_waits_longer_than_the_service_drains(compose: dict[str, Any]) -> None:
     api = compose["services"]["api"]
     drain = float(api["environment"]["SEQSERVE_DRAIN_S"])
-    default = re.search(r"SEQSERVE_DRAIN_S:-(\d+)", (ROOT / "scripts" / "serve.sh").read_text())
-    assert default is not None and float(default.group(1)) == drain
+    from app.settings import Settings
+
+    assert Settings().drain_s == drain
     # Compose SIGKILLs after stop_grace_period (10 s when unset): in-flight requests would be cut.
     assert _seconds(str(api.get("stop_grace_period", "10s"))) >= drain + 5
+
+
+def _default(text: str) -> str:
+    """A compose value with every ${VAR:-default} at its default."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
+
+
+def test_one_shot_services_have_no_healthcheck(compose: dict[str, Any]) -> None:
+    """The image's HEALTHCHECK polls the api's /readyz: a trainer would be shown 'unhealthy' while it trains."""
+    one_shot = [n for n, s in compose["services"].items() if s.get("restart") == "no"]
+    assert {"trainer", "retrain", "secrets"} <= set(one_shot)
+    for name in one_shot:
+        assert compose["services"][name].get("healthcheck") == {"disable": True}, name
+
+
+def test_api_listens_on_loopback_unless_told(compose: dict[str, Any]) -> None:
+    [port] = compose["services"]["api"]["ports"]
+    assert _default(port) == "127.0.0.1:8000:8000"
+    assert "${SEQSERVE_BIND" in port
+
+
+def test_redis_needs_a_password_and_never_evicts(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    cmd = services["redis"]["command"]
+    assert cmd[1] == "/secrets/redis.conf"
+    assert cmd[cmd.index("--maxmemory-policy") + 1] == "noeviction" and _default(cmd[cmd.index("--maxmemory") + 1])
+    assert services["api"]["environment"]["SEQSERVE_REDIS_PASSWORD_FILE"] == "/secrets/redis-password"
+    assert "password" not in services["api"]["environment"]["SEQSERVE_REDIS_URL"]
+    assert "REDISCLI_AUTH" in services["redis"]["healthcheck"]["test"][1]
+
+
+def test_secrets_script_makes_one_password_and_keeps_it(compose: dict[str, Any], tmp_path: Path) -> None:
+    """The one-shot `secrets` service's own script, run here with its folder under tmp_path."""
+    svc = compose["services"]["secrets"]
+    script = svc["command"][0].replace("$$", "$").replace("/secrets", str(tmp_path))
+    script = script.replace("chown 999 redis.conf && chown 10001 redis-password", "true")  # not root everywhere
+    env = {"PATH": os.environ["PATH"], "SEQSERVE_REDIS_PASSWORD": ""}
+    subprocess.run(["sh", "-c", script], env=env, check=True)
+    password = (tmp_path / "redis-password").read_text()
+    assert len(password) == 48 and (tmp_path / "redis.conf").read_text() == f"requirepass {password}\n"
+    assert oct((tmp_path / "redis-password").stat().st_mode & 0o777) == "0o600"
+    subprocess.run(["sh", "-c", script], env={**env, "SEQSERVE_REDIS_PASSWORD": "other"}, check=True)
+    assert (tmp_path / "redis-password").read_text() == password  # kept across starts
+    given = tmp_path / "given"
+    given.mkdir()
+    subprocess.run(["sh", "-c", script.replace(str(tmp_path), str(given))],
+                   env={**env, "SEQSERVE_REDIS_PASSWORD": "chosen"}, check=True)
+    assert (given / "redis-password").read_text() == "chosen"
+
+
+def test_api_keys_can_come_from_compose_secrets() -> None:
+    override = yaml.safe_load((ROOT / "docker-compose.secrets.yml").read_text())
+    env = override["services"]["api"]["environment"]
+    assert env == {"SEQSERVE_ADMIN_API_KEY_FILE": "/run/secrets/admin_key",
+                   "SEQSERVE_EVENTS_API_KEY_FILE": "/run/secrets/events_key"}
+    assert set(override["secrets"]) == {"admin_key", "events_key"}

@@ -11,6 +11,5 @@ router = APIRouter(tags=["health"])
 
 @router.get("/metrics", include_in_schema=False)
 async def prometheus(services: ServicesDep) -> Response:
-    for name, served in services.registry.models.items():
-        services.metrics.queue_depth.labels(name).set(served.batcher.depth)
+    services.metrics.set_queue_depths({n: s.batcher.depth for n, s in services.registry.models.items()})
     return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)

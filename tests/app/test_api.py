@@ -285,3 +285,58 @@ def test_error_details_are_capped_with_the_count_of_the_rest(client: TestClient)
     err = r.json()["error"]
     assert len(err["details"]) == 50 and err["details"][0]["loc"][:3] == ["body", "queries", 0]
     assert "4950 more" in err["message"] and len(r.content) < 20_000
+
+
+def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts: Path) -> None:
+    """A request queued behind a busy model whose client hangs up is dropped: 499, no model call."""
+    import asyncio
+    import json
+    import threading
+    import time
+
+    from tests.app.test_observability import _blocked_model
+
+    app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", max_batch_size=1))
+    with TestClient(app) as c:
+        gate, entered, sizes = _blocked_model(app, "sasrec-tiny")
+        first = threading.Thread(target=c.post, args=("/recommend",),
+                                 kwargs={"json": {"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]}})
+        first.start()
+        assert entered.wait(10)
+        body = json.dumps({"model": "sasrec-tiny", "queries": [{"user_id": "u2"}]}).encode()
+        sent: list[dict] = []
+
+        async def queued_then_gone() -> None:
+            hang_up = asyncio.Event()
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive() -> dict:
+                if messages:
+                    return messages.pop()
+                await hang_up.wait()
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict) -> None:
+                sent.append(message)
+
+            async def later() -> None:
+                batcher = app.state.services.registry.models["sasrec-tiny"].batcher
+                while batcher.depth == 0:  # queued behind the busy model
+                    await asyncio.sleep(0.01)
+                hang_up.set()
+
+            scope = {"type": "http", "method": "POST", "path": "/recommend", "raw_path": b"/recommend",
+                     "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
+                     "server": ("test", 80), "client": ("c", 1), "state": {},
+                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+            waiter = asyncio.ensure_future(later())
+            await asyncio.wait_for(app(scope, receive, send), 10)
+            await waiter
+
+        assert c.portal is not None
+        c.portal.call(queued_then_gone)
+        assert sent[0]["status"] == 499
+        gate.set()
+        first.join()
+        time.sleep(0.2)
+        assert sizes == [1]  # the first request alone: the second never reached the model

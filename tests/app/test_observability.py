@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 from pathlib import Path
 
 import httpx2 as httpx
@@ -91,3 +93,52 @@ def test_metrics_of_several_workers_are_summed(tmp_path: Path) -> None:
                          env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("seqserve_requests_total{"))
     assert float(line.split()[-1]) == 7.0
+
+
+def _blocked_model(app: object, name: str) -> tuple[threading.Event, threading.Event, list[int]]:
+    """Make `name`'s model calls wait on a gate: (gate, entered, sizes of the batches it ran)."""
+    served = app.state.services.registry.models[name]  # type: ignore[attr-defined]
+    gate, entered, sizes = threading.Event(), threading.Event(), []
+    real = served.batcher.fn
+
+    def blocked(items: list) -> list:  # type: ignore[type-arg]
+        entered.set()
+        gate.wait(20)
+        sizes.append(len(items))
+        return real(items)  # type: ignore[no-any-return]
+
+    served.batcher.fn = blocked
+    return gate, entered, sizes
+
+
+def test_each_worker_sets_its_own_queue_depth_gauge(tiny_artifacts: Path) -> None:
+    """Without a scrape: the gauge follows the queue (with several workers, each one's counts in the sum)."""
+    app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", housekeeping_s=0.05, max_batch_size=1))
+    with TestClient(app) as c:
+        gate, entered, _ = _blocked_model(app, "sasrec-tiny")
+        body = {"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]}
+        threads = [threading.Thread(target=c.post, args=("/recommend",), kwargs={"json": body}) for _ in range(4)]
+        for t in threads:
+            t.start()
+        registry = app.state.services.metrics.registry
+        deadline = time.monotonic() + 10
+        while registry.get_sample_value("seqserve_queue_depth", {"model": "sasrec-tiny"}) != 3.0:
+            assert time.monotonic() < deadline, "the gauge never showed the 3 waiting requests"
+            time.sleep(0.02)
+        gate.set()
+        for t in threads:
+            t.join()
+        assert entered.is_set()
+
+
+def test_a_dead_worker_s_gauges_leave_the_sum(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", "from app.observability import Metrics; "
+                    "Metrics().queue_depth.labels('m').set(5)"], env=env, check=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", "from app.observability import Metrics; import sys; m = Metrics(); "
+                          "m.queue_depth.labels('m').set(2); sys.stdout.write(m.render().decode())"],
+                         env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    assert 'seqserve_queue_depth{model="m"} 2.0' in out  # the live worker's 2, not 7

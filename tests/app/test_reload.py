@@ -163,3 +163,33 @@ def test_a_request_keeps_its_model_version_through_a_reload(tiny_artifacts: Path
                 assert rr.json()["loaded"] == {"sasrec-tiny": "29990101T000000Z"} and old.batcher.stopped
 
     asyncio.run(go())
+
+
+def test_one_reload_reaches_every_worker(tiny_artifacts: Path, tmp_path: Path) -> None:
+    """SEQSERVE_WORKERS=2: one POST /admin/reload, then every answer, whichever worker gives it, is new."""
+    from tests.servers import start_api, stop
+
+    root = _root(tiny_artifacts, tmp_path)
+    env = {"SEQSERVE_WORKERS": "2", "SEQSERVE_ADMIN_API_KEY": "s3cret", "SEQSERVE_STATE_DIR": str(tmp_path / "state"),
+           "SEQSERVE_HOUSEKEEPING_S": "0.2"}
+    proc, url = start_api(root, env)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as c:
+            workers = set()
+            for _ in range(200):  # until both workers have reported (each writes its file once loaded)
+                workers = set(c.post("/admin/reload", headers=KEY).json()["workers"])
+                if len(workers) == 2:
+                    break
+            assert len(workers) == 2, workers
+            _new_version(root, "sasrec-tiny", "29990101T000000Z", nudge=0.5)
+            r = c.post("/admin/reload", headers=KEY).json()
+            assert r["all_workers"] and len(r["workers"]) == 2
+            assert {w["sasrec-tiny"] for w in r["workers"].values()} == {"29990101T000000Z"}
+        versions = set()
+        for _ in range(20):  # new connections: the kernel spreads them over both workers
+            with httpx.Client(base_url=url, timeout=30) as c:
+                versions.add(c.post("/recommend", json={"model": "sasrec-tiny",
+                                                        "queries": [{"user_id": "u1"}]}).json()["version"])
+        assert versions == {"29990101T000000Z"}
+    finally:
+        stop(proc)

@@ -6,6 +6,7 @@ import asyncio
 import os
 import random
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -110,3 +111,108 @@ def test_requests_in_flight_at_sigterm_are_answered(tiny_artifacts: Path) -> Non
         t.join(timeout=60)
     assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
     assert results == [200] * 16, results
+
+
+# --- what a client can do to a connection ------------------------------------------------------------
+
+LIMITS = {"SEQSERVE_MAX_HEADER_BYTES": "4096", "SEQSERVE_REQUEST_READ_TIMEOUT_S": "1.5",
+          "SEQSERVE_MAX_CONNECTIONS": "6", "SEQSERVE_LOG_LEVEL": "INFO"}
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_artifacts: Path):  # type: ignore[no-untyped-def]
+    proc, url = start_api(tiny_artifacts, LIMITS)
+    yield proc, url
+    stop(proc)
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _answer(sock: socket.socket) -> tuple[int, bytes]:
+    """(status, whole answer) read until the server closes."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return (int(data.split(b" ", 2)[1]) if data else 0), data
+
+
+def orjson_padded(body: dict, size: int) -> bytes:
+    """`body` as JSON, padded with whitespace to `size` bytes."""
+    import json
+
+    raw = json.dumps(body).encode()
+    return raw + b" " * (size - len(raw))
+
+
+def test_a_header_over_the_limit_is_431_and_closed(guarded) -> None:  # type: ignore[no-untyped-def]
+    _, url = guarded
+    with _connect(url) as s:  # a complete 64 KB header
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 65536 + b"\r\n\r\n")
+        status, data = _answer(s)
+    assert status == 431 and b'"code":"headers_too_large"' in data
+    with _connect(url) as s:  # a header that never ends is refused once it passes the limit
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8192)
+        t0 = time.monotonic()
+        status, _ = _answer(s)
+    assert status == 431 and time.monotonic() - t0 < 1.0  # not left to the read deadline
+    assert httpx.get(f"{url}/healthz", headers={"X-Ok": "a" * 2000}).status_code == 200
+    big_body = {"queries": [{"user_id": f"u{i % 40}", "k": 1} for i in range(8)], "model": "sasrec-tiny"}
+    r = httpx.post(f"{url}/recommend", content=orjson_padded(big_body, 60_000),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text  # a large body is no header
+
+
+@pytest.mark.parametrize("sent", [
+    b"",  # connected, nothing sent
+    b"POST /recommend HTTP/1.1\r\nHost: x\r\n",  # headers never finished
+    b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+    b"POST /recommend HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",  # chunked, unfinished
+])
+def test_a_request_not_received_in_time_is_408_and_closed(guarded, sent: bytes) -> None:  # type: ignore[no-untyped-def]
+    _, url = guarded
+    with _connect(url) as s:
+        s.sendall(sent)
+        t0 = time.monotonic()
+        status, data = _answer(s)
+        waited = time.monotonic() - t0
+    assert waited < 5 and (status == 408 or (status == 0 and sent)), (status, data[:200], waited)
+
+
+def test_connections_past_the_cap_get_503(guarded) -> None:  # type: ignore[no-untyped-def]
+    _, url = guarded
+    held = [_connect(url) for _ in range(6)]
+    try:
+        time.sleep(0.2)
+        with _connect(url) as s:
+            status, data = _answer(s)
+        assert status == 503 and b"retry-after: 1" in data.lower()
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.3)
+    assert httpx.get(f"{url}/healthz").status_code == 200  # room again once they are gone
+
+
+def test_a_client_that_hangs_up_mid_body_is_not_a_server_error(guarded) -> None:  # type: ignore[no-untyped-def]
+    _, url = guarded
+
+    def counts() -> dict[str, float]:
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{url}/metrics").text
+                .splitlines() if line.startswith(("seqserve_requests_total{", "seqserve_rejected_total{"))}
+
+    before = counts()
+    for path in ("/recommend", "/next-location", "/events"):
+        with _connect(url) as s:
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 100\r\n\r\n{".encode())
+    time.sleep(0.5)
+    after = counts()
+    grew = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    assert not any('status="5' in k or "internal_error" in k for k in after)
+    assert grew == {'seqserve_rejected_total{reason="client_disconnected"}': 3, **{
+        f'seqserve_requests_total{{endpoint="{p}",model="-",status="499"}}': 1
+        for p in ("/recommend", "/next-location", "/events")}, 'seqserve_requests_total{endpoint="/metrics",'
+        'model="-",status="200"}': 1}

@@ -1,0 +1,164 @@
+"""The service's process: uvicorn with connection limits it lacks (`python -m app.server`).
+
+uvicorn's httptools parser has no header size limit and uvicorn no deadline to receive a request, so
+one client could hold a descriptor forever or grow a header without bound. `GuardedHttpTools` is
+uvicorn's httptools protocol (passed as `Config(http=...)`, uvicorn's way to choose a protocol class)
+with three limits, each a setting (docs/decisions/connection-limits.md):
+  - a header larger than SEQSERVE_MAX_HEADER_BYTES: 431, closed;
+  - a request (headers and body) not received within SEQSERVE_REQUEST_READ_TIMEOUT_S of its first byte
+    (of the connection, for its first request): 408, closed;
+  - more than SEQSERVE_MAX_CONNECTIONS open connections in one process: the new one gets 503, closed.
+Idle keep-alive connections are closed after SEQSERVE_KEEP_ALIVE_S, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.handlers import error_json
+from app.settings import get_settings
+
+log = logging.getLogger("app.server")
+REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_header_bytes: int = 16 * 1024
+    read_timeout_s: float = 15.0
+    max_connections: int = 1024
+
+
+class GuardedHttpTools(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a header size limit, a request deadline and a connection cap."""
+
+    def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._head_bytes = 0
+        self._heads = 0  # header blocks completed on this connection
+        self._parsed_head, self._refused = 0, False
+        self._in_head = True  # receiving a request's start line and headers
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(503, "overloaded", "too many open connections; retry shortly", retry=True)
+            return
+        self._arm()  # an idle new connection is a request that has not arrived in time
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and self._in_head:
+            self._arm()  # the first byte of a kept-alive connection's next request
+        was_head, heads = self._in_head, self._heads
+        super().data_received(data)
+        if not self._in_head or self.transport.is_closing():
+            return
+        if not was_head or self._heads != heads:  # a request ended in this chunk and the next began in it
+            self._head_bytes = 0
+            return
+        # The whole chunk was start line and headers (of a request still missing its blank line).
+        self._head_bytes += len(data)
+        if self._head_bytes > self.limits.max_header_bytes:
+            self._refuse(431, "headers_too_large",
+                         f"request line and headers exceed {self.limits.max_header_bytes} bytes")
+
+    # Exact header bytes of a block that arrives whole (one chunk holding all of it is never counted above).
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._parsed_head, self._refused = 0, False
+
+    def on_url(self, url: bytes) -> None:
+        self._parsed_head += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._parsed_head += len(name) + len(value) + 4
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._heads += 1
+        if self._parsed_head > self.limits.max_header_bytes:
+            self._refused = True  # never reaches the app; the parser's later callbacks are ignored
+            self._refuse(431, "headers_too_large",
+                         f"request line and headers exceed {self.limits.max_header_bytes} bytes")
+            return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
+        self._disarm()
+        self._in_head, self._head_bytes = True, 0
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(self.limits.read_timeout_s, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and self.cycle.response_started:
+            self.transport.close()  # the app answered early (a 413, say) and the body never came
+            return
+        self._refuse(408, "request_timeout",
+                     f"the request was not received within {self.limits.read_timeout_s:g} s")
+
+    def _refuse(self, status: int, code: str, message: str, *, retry: bool = False) -> None:
+        log.info("closing a connection from %s: %d %s", self.client, status, code)
+        body = error_json(code, message)
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS[status]), b"content-type: application/json\r\n",
+                b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
+        if retry:
+            head.append(b"retry-after: 1\r\n")
+        self.transport.write(b"".join([*head, b"\r\n", body]))
+        self.transport.close()
+        self._disarm()
+
+
+def main() -> None:
+    s = get_settings()
+    if s.workers > 1:
+        # Every worker counts into this folder and /metrics sums them (prometheus-client's multiprocess
+        # mode); emptied at each start, so a previous run's counts never add in.
+        metrics_dir = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(s.shared_dir / "metrics")))
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+    limits = ConnectionLimits(s.max_header_bytes, s.request_read_timeout_s, s.max_connections)
+    uvicorn.run(
+        "app.main:app_from_env", factory=True, host=s.host, port=s.port, workers=s.workers,
+        http=partial(GuardedHttpTools, limits=limits),  # type: ignore[arg-type]
+        timeout_keep_alive=int(s.keep_alive_s), timeout_graceful_shutdown=int(s.drain_s),
+        access_log=False,  # the service writes its own access log, with request ids (app/middleware.py)
+        log_level=s.log_level.lower(),
+    )
+
+
+if __name__ == "__main__":
+    main()

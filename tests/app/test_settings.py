@@ -1,0 +1,31 @@
+"""Settings: secrets from files (SEQSERVE_<NAME>_FILE), as compose and Kubernetes secrets mount them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from app.settings import Settings
+
+
+def test_secrets_come_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "admin").write_text("from-a-file\n")
+    (tmp_path / "redis").write_text("pw")
+    monkeypatch.setenv("SEQSERVE_ADMIN_API_KEY_FILE", str(tmp_path / "admin"))
+    monkeypatch.setenv("SEQSERVE_REDIS_PASSWORD_FILE", str(tmp_path / "redis"))
+    s = Settings()
+    assert s.admin_api_key is not None and s.admin_api_key.get_secret_value() == "from-a-file"
+    assert s.redis_password is not None and s.redis_password.get_secret_value() == "pw"
+    assert "from-a-file" not in repr(s) and "pw'" not in repr(s)
+    assert Settings(admin_api_key="direct").admin_api_key.get_secret_value() == "direct"  # type: ignore[union-attr]
+
+
+def test_an_unreadable_secret_file_names_the_variable_not_the_content(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEQSERVE_EVENTS_API_KEY_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ValidationError, match="SEQSERVE_EVENTS_API_KEY_FILE: cannot read the file"):
+        Settings()
+    monkeypatch.setenv("SEQSERVE_EVENTS_API_KEY_FILE", "")
+    assert Settings().events_api_key is None
