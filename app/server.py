@@ -29,6 +29,7 @@ from app.handlers import error_json
 from app.settings import get_settings
 
 log = logging.getLogger("app.server")
+LINGER_S = 1.0  # how long a refused connection's remaining input is read and dropped before it is closed
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
@@ -47,7 +48,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self.limits = limits
         self._head_bytes = 0
         self._heads = 0  # header blocks completed on this connection
-        self._parsed_head, self._refused = 0, False
+        self._parsed_head, self._refused, self._lingering = 0, False, False
         self._in_head = True  # receiving a request's start line and headers
         self._deadline: asyncio.TimerHandle | None = None
 
@@ -63,6 +64,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # the rest of a refused request: read and dropped
         if self._deadline is None and self._in_head:
             self._arm()  # the first byte of a kept-alive connection's next request
         was_head, heads = self._in_head, self._heads
@@ -138,8 +141,13 @@ class GuardedHttpTools(HttpToolsProtocol):
         if retry:
             head.append(b"retry-after: 1\r\n")
         self.transport.write(b"".join([*head, b"\r\n", body]))
-        self.transport.close()
         self._disarm()
+        # A lingering close: closing with the client's unread bytes in our buffer sends a reset, which
+        # can destroy the answer before the client reads it. Stop writing, drop what still comes, then close.
+        self._lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
 
 def main() -> None:

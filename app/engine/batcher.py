@@ -1,7 +1,9 @@
 """Dynamic micro-batching, framework-free: concurrent requests share one model call.
 
-Requests wait in a bounded queue. The worker takes the oldest, adds whatever else is already
-queued, and flushes at once when nothing else waits (so a lone request pays no batching delay);
+Requests wait in a bounded queue; one larger than a batch waits as chunks of at most a batch each
+(its unstarted chunks are dropped if its caller goes). The worker takes the oldest, adds whatever
+else is already queued, and flushes at once when nothing else waits (so a lone request pays no
+batching delay);
 when more is queued but the batch is not full, it waits up to `max_wait_ms` for more. The model
 call runs in one worker thread, off the event loop. A failing batch is split in halves until the
 failing request is alone, so a bad request fails alone at a bounded cost.
@@ -48,7 +50,7 @@ class BatchPolicy:
     enabled: bool = True
     max_batch_size: int = 256  # queries per model call; the service's default on the CPU is CPU_MAX_BATCH
     max_wait_ms: float = 2.0  # longest wait for more when others are queued
-    max_queue: int = 1024  # waiting requests before QueueFullError
+    max_queue: int = 1024  # waiting requests (or chunks of a large one) before QueueFullError
 
 
 @dataclass
@@ -137,21 +139,46 @@ class MicroBatcher(Generic[Q, R]):
         loop = asyncio.get_running_loop()
         if not self.enabled:
             return await asyncio.wait_for(self._call(loop, list(items)), timeout)
-        pending: _Pending[Q, R] = _Pending(items, loop.create_future())
-        try:
-            self._queue.put_nowait(pending)
-        except asyncio.QueueFull:
-            raise QueueFullError(f"{self._queue.maxsize} requests already queued") from None
+        if len(items) <= self.max_batch_size:
+            pending: _Pending[Q, R] = _Pending(items, loop.create_future())
+            try:
+                self._queue.put_nowait(pending)
+            except asyncio.QueueFull:
+                raise QueueFullError(f"{self._queue.maxsize} requests already queued") from None
+            self.start()
+            if timeout is None:
+                return await pending.future
+            # A timer on the future, not asyncio.wait_for: that wraps every request in a new task,
+            # a measurable cost at hundreds of requests a second. The worker skips a timed-out request.
+            timer = loop.call_later(timeout, _expire, pending.future, timeout)
+            try:
+                return await pending.future
+            finally:
+                timer.cancel()
+        return await self._submit_chunks(loop, items, timeout)
+
+    async def _submit_chunks(self, loop: asyncio.AbstractEventLoop, items: Sequence[Q],
+                             timeout: float | None) -> list[R]:
+        """A request larger than a batch, queued as chunks of at most max_batch_size queries: when its
+        client goes (the caller is cancelled) or it times out, the chunks the model has not run yet
+        are dropped, instead of one model call over all of it that nothing can stop."""
+        size = self.max_batch_size
+        chunks = [_Pending(items[i : i + size], loop.create_future()) for i in range(0, len(items), size)]
+        if self._queue.maxsize - self._queue.qsize() < len(chunks):
+            raise QueueFullError(f"no room for {len(chunks)} chunks of {size} queries in the queue")
+        for chunk in chunks:
+            self._queue.put_nowait(chunk)
         self.start()
-        if timeout is None:
-            return await pending.future
-        # A timer on the future, not asyncio.wait_for: that wraps every request in a new task,
-        # a measurable cost at hundreds of requests a second. The worker skips a timed-out request.
-        timer = loop.call_later(timeout, _expire, pending.future, timeout)
+        timers = [loop.call_later(timeout, _expire, c.future, timeout) for c in chunks] if timeout else []
         try:
-            return await pending.future
+            parts = await asyncio.gather(*(c.future for c in chunks))
+            return [r for part in parts for r in part]
         finally:
-            timer.cancel()
+            for t in timers:
+                t.cancel()
+            for c in chunks:  # after a failure, a timeout or a cancellation: the rest is never run
+                if not c.future.done():
+                    c.future.cancel()
 
     async def _call(self, loop: asyncio.AbstractEventLoop, items: list[Q]) -> list[R]:
         t0 = time.perf_counter()

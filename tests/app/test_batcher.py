@@ -209,3 +209,37 @@ def test_a_failing_request_in_a_full_batch_costs_a_bounded_number_of_calls() -> 
     assert isinstance(res[17], ValueError) and [r for n, r in enumerate(res) if n != 17] == [
         [n * 10] for n in range(32) if n != 17]
     assert attempts[0] == 32 and len(attempts) <= 11, attempts
+
+
+def test_a_request_larger_than_a_batch_runs_in_chunks_and_stops_when_its_caller_goes() -> None:
+    async def go() -> tuple[list[int], list[list[int]], list[list[int]]]:
+        m = Model()
+        b = MicroBatcher(m, BatchPolicy(max_batch_size=8, max_wait_ms=1))
+        whole = await b.submit(list(range(20)))
+        calls = list(m.calls)
+        m.calls.clear()
+        m.gate.clear()
+        task = asyncio.create_task(b.submit(list(range(100, 140))))  # 5 chunks
+        await asyncio.sleep(0.05)  # the first chunk is in the model, behind the gate
+        task.cancel()
+        m.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.05)
+        await b.stop()
+        return whole, calls, m.calls
+
+    whole, calls, after_cancel = run(go())
+    assert whole == [i * 10 for i in range(20)] and [len(c) for c in calls] == [8, 8, 4]
+    assert after_cancel == [list(range(100, 108))]  # only the chunk already running
+
+
+def test_chunks_need_room_in_the_queue() -> None:
+    async def go() -> None:
+        b = MicroBatcher(Model(), BatchPolicy(max_batch_size=2, max_queue=3))
+        with pytest.raises(QueueFullError):
+            await b.submit(list(range(8)))  # 4 chunks, 3 places
+        assert await b.submit([1, 2, 3, 4, 5]) == [10, 20, 30, 40, 50]
+        await b.stop()
+
+    run(go())

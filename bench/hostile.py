@@ -1,0 +1,251 @@
+"""Hostile clients against a running service: how long /healthz waits, and what the server holds.
+
+    git worktree add ../head <commit> && ln -s "$PWD/.venv" ../head/.venv     # the code before a change
+    .venv/bin/python bench/hostile.py --model sasrec-ml100k --root ../head --out runs/hostile-head.json
+    .venv/bin/python bench/hostile.py --model sasrec-ml100k --out runs/hostile.json
+
+Each attack runs alone against one server (started from --root's checkout and .venv) while a probe
+sends GET /healthz every 10 ms on its own connection; the probe's longest wait is the event loop's
+longest stall. Resident memory of the server is sampled every 50 ms (peak during, and 2 s after).
+  keys       a /recommend body of 16.5 MB: one query with 1.6 million unknown keys
+  steps      a /recommend body of 16.7 MB: 1,024 queries x 1,020 history steps (1,044,480 in all)
+  big-header two connections each sending a never-ending header, up to 256 MB each
+  64mb-header one complete 64 MB header on GET /healthz
+  slow       idle, partial-header, partial-body and unfinished-chunked connections: still open at --slow-s?
+  many       3,000 connections each holding a half-sent header: descriptors held after 1 s and at --slow-s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import orjson
+from load import ROOT, rss_mb, start_server, stop
+
+
+class Probe:
+    """GET /healthz every `every` s on one kept-alive connection; the longest answer while running."""
+
+    def __init__(self, url: str, every: float = 0.01) -> None:
+        self.url, self.every = url, every
+        self.worst = 0.0
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=60) as c:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    c.get(f"{self.url}/healthz")
+                except httpx.HTTPError:
+                    self.failed += 1
+                self.worst = max(self.worst, time.perf_counter() - t0)
+                time.sleep(self.every)
+
+    def __enter__(self) -> Probe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Memory:
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self.before = pid, 0.0, rss_mb(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_mb(self.pid))
+            time.sleep(0.05)
+
+    def __enter__(self) -> Memory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=120)
+
+
+def _read_status(s: socket.socket) -> tuple[int, int]:
+    """(status, bytes of the answer) read until the server closes or a whole answer has come."""
+    data = b""
+    try:
+        while chunk := s.recv(1 << 20):
+            data += chunk
+            head, sep, body = data.partition(b"\r\n\r\n")
+            if sep and b"content-length:" in head.lower():
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                if len(body) >= length:
+                    break
+    except OSError:
+        pass
+    return (int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else 0), len(data)
+
+
+def post_body(port: int, body: bytes) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    with _connect(port) as s:
+        s.sendall(b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        status, size = _read_status(s)
+    return {"status": status, "answer_bytes": size, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def keys_body() -> bytes:
+    query: dict[str, Any] = {"user_id": "1"}
+    query.update({str(i): 0 for i in range(1_600_000)})
+    return orjson.dumps({"queries": [query]})
+
+
+def steps_body() -> bytes:
+    return orjson.dumps({"queries": [{"history": [{"item_id": "1"}] * 1020} for _ in range(1024)]})
+
+
+def big_header(port: int, size: int = 256 << 20) -> dict[str, Any]:
+    """Two connections, each sending a header that never ends; how much each got in before it was closed."""
+    sent = [0, 0]
+
+    def one(n: int) -> None:
+        try:
+            with _connect(port) as s:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+                block = b"a" * (1 << 20)
+                while sent[n] < size:
+                    s.sendall(block)
+                    sent[n] += len(block)
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(2)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"mb_sent_before_close": [round(x / 2**20) for x in sent], "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def complete_header(port: int) -> dict[str, Any]:
+    with _connect(port) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 << 20) + b"\r\n\r\n")
+        status, _ = _read_status(s)
+    return {"status": status}
+
+
+SLOW = {
+    "idle": b"",
+    "partial-header": b"POST /recommend HTTP/1.1\r\nHost: x\r\n",
+    "partial-body": b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 100\r\n\r\n{",
+    "unfinished-chunked": b"POST /recommend HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",
+}
+
+
+def slow(port: int, wait_s: float) -> dict[str, Any]:
+    socks = {}
+    for name, data in SLOW.items():
+        socks[name] = _connect(port)
+        socks[name].sendall(data)
+    time.sleep(wait_s)
+    out = {}
+    for name, s in socks.items():
+        s.setblocking(False)
+        try:
+            got = s.recv(65536)
+            out[name] = "closed" if got == b"" or got.startswith(b"HTTP/") else "open"
+            if got.startswith(b"HTTP/"):
+                out[name] = f"answered {int(got.split(b' ', 2)[1])}, closed"
+        except BlockingIOError:
+            out[name] = "open"
+        s.close()
+    return out
+
+
+def many(port: int, pid: int, n: int, wait_s: float) -> dict[str, Any]:
+    def fds() -> int:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+
+    base = fds()
+    socks = []
+    for _ in range(n):
+        try:
+            s = _connect(port)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            socks.append(s)
+        except OSError:
+            break
+    time.sleep(1)
+    after_1s = fds() - base
+    time.sleep(max(0.0, wait_s - 1))
+    after_wait = fds() - base
+    for s in socks:
+        s.close()
+    return {"opened": len(socks), "descriptors_held_after_1s": after_1s, f"after_{wait_s:g}s": after_wait}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    p.add_argument("--model", required=True)
+    p.add_argument("--root", type=Path, default=ROOT, help="the checkout whose code and .venv serve")
+    p.add_argument("--attacks", nargs="+", default=["keys", "steps", "big-header", "64mb-header", "slow", "many"])
+    p.add_argument("--slow-s", type=float, default=20.0)
+    p.add_argument("--many", type=int, default=3000)
+    p.add_argument("--port", type=int, default=8950)
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "hostile.json")
+    args = p.parse_args()
+    env = {"SEQSERVE_TORCH_THREADS": "1", "SEQSERVE_DEFAULT_MODEL": args.model,
+           "SEQSERVE_HISTORY_PATH": f"{tempfile.mkdtemp(prefix='seqserve-hostile-')}/h.sqlite3"}
+    results: dict[str, Any] = {"root": str(args.root.resolve()), "model": args.model}
+    bodies = {"keys": keys_body, "steps": steps_body}
+    for attack in args.attacks:
+        proc = start_server(args.artifacts, args.port, env, root=args.root.resolve())
+        try:
+            body = bodies[attack]() if attack in bodies else b""
+            with Probe(f"http://127.0.0.1:{args.port}") as probe, Memory(proc.pid) as mem:
+                time.sleep(0.3)
+                if attack in bodies:
+                    out = post_body(args.port, body) | {"body_mb": round(len(body) / 1e6, 1)}
+                elif attack == "big-header":
+                    out = big_header(args.port)
+                elif attack == "64mb-header":
+                    out = complete_header(args.port)
+                elif attack == "slow":
+                    out = slow(args.port, args.slow_s)
+                else:
+                    out = many(args.port, proc.pid, args.many, args.slow_s)
+                time.sleep(0.3)
+            time.sleep(2)
+            out |= {"healthz_worst_ms": round(probe.worst * 1000, 1), "healthz_failed": probe.failed,
+                    "rss_mb_before": round(mem.before), "rss_mb_peak": round(mem.peak),
+                    "rss_mb_2s_after": round(rss_mb(proc.pid))}
+        finally:
+            stop(proc)
+        results[attack] = out
+        print(attack, json.dumps(out), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
