@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.batcher import BatcherStoppedError, BatchTimeoutError, QueueFullError
+from app.engine.batcher import AbandonedError, BatcherStoppedError, BatchTimeoutError, QueueFullError
 from app.store import StoreError
 
 RETRY = {"Retry-After": "1"}
@@ -66,4 +66,5 @@ ERROR_TABLE: dict[type[Exception], tuple[int, str, str | None, dict[str, str] | 
     BatchTimeoutError: (504, "timeout", None, None),
     BatcherStoppedError: (503, "model_reloading", "the model was just swapped out; retry", RETRY),
     StoreError: (503, "store_unavailable", "history store unavailable; retry shortly", RETRY),
+    AbandonedError: (499, "client_disconnected", None, None),  # nobody receives it; the metrics count it
 }

@@ -16,6 +16,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.observability import Metrics, request_id
 
 QUIET = frozenset({"/metrics", "/healthz", "/readyz"})
+# An ASGI scope extension the service's server (app/server.py) sets on every request: a callable that
+# is true once the client's connection is closed. The batcher asks it before running a request.
+CONNECTION_CLOSED = "seqserve.connection_closed"
 # Made-up request ids: a random prefix per process and a counter, unique across workers and
 # restarts without uuid4's cost on every request (2.4% of a no-op request in the profile).
 _PREFIX = os.urandom(8).hex()

@@ -350,8 +350,9 @@ class RequestModels:
         """The most JSON values (',' + '{' + '[') a body of `model` within the limits can hold."""
         lim = self.limits
         table: dict[type[BaseModel], dict[str, int]] = {
-            self.recommend: {"queries": lim.max_queries, "history": lim.max_total_items,
-                             "exclude_items": lim.max_total_items},
+            # History steps and excluded ids share MAX_TOTAL_ITEMS; a step holds more values than an
+            # id, so a body of steps alone holds the most.
+            self.recommend: {"queries": lim.max_queries, "history": lim.max_total_items, "exclude_items": 0},
             self.next_location: {"queries": lim.max_queries, "history": lim.max_total_items},
             self.events: {"events": lim.max_events},
         }

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import shutil
+import weakref
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -26,6 +27,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.handlers import error_json
+from app.middleware import CONNECTION_CLOSED
 from app.settings import get_settings
 
 log = logging.getLogger("app.server")
@@ -41,34 +43,40 @@ class ConnectionLimits:
 
 
 class GuardedHttpTools(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a header size limit, a request deadline and a connection cap."""
+    """uvicorn's httptools protocol with a header size limit, a request deadline and a connection cap.
+
+    Per request it only notes when the request began: one sweep per process and loop, every quarter
+    of the deadline (at most 1 s), closes the connections whose request is late. A timer armed and
+    cancelled per request cost the no-op about 5% (docs/BENCHMARKS.md, "Hostile clients").
+    """
 
     def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits
-        self._head_bytes = 0
+        self._head_bytes = 0  # bytes of chunks that held nothing but an unfinished header block
         self._heads = 0  # header blocks completed on this connection
-        self._parsed_head, self._refused, self._lingering = 0, False, False
+        self._chunk = 0  # length of the chunk being parsed
+        self._refused = self._lingering = False
         self._in_head = True  # receiving a request's start line and headers
-        self._deadline: asyncio.TimerHandle | None = None
+        self.since: float | None = None  # when the request being received began (loop time)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, "overloaded", "too many open connections; retry shortly", retry=True)
             return
-        self._arm()  # an idle new connection is a request that has not arrived in time
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
+        self.since = self.loop.time()  # an idle new connection is a request that has not arrived in time
+        if self.loop not in _SWEPT:
+            _SWEPT.add(self.loop)
+            interval = min(1.0, self.limits.read_timeout_s / 4)
+            self.loop.call_later(interval, _sweep, self.loop, self.connections, interval)
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
             return  # the rest of a refused request: read and dropped
-        if self._deadline is None and self._in_head:
-            self._arm()  # the first byte of a kept-alive connection's next request
-        was_head, heads = self._in_head, self._heads
+        if self.since is None and self._in_head:
+            self.since = self.loop.time()  # the first byte of a kept-alive connection's next request
+        was_head, heads, self._chunk = self._in_head, self._heads, len(data)
         super().data_received(data)
         if not self._in_head or self.transport.is_closing():
             return
@@ -81,26 +89,21 @@ class GuardedHttpTools(HttpToolsProtocol):
             self._refuse(431, "headers_too_large",
                          f"request line and headers exceed {self.limits.max_header_bytes} bytes")
 
-    # Exact header bytes of a block that arrives whole (one chunk holding all of it is never counted above).
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._parsed_head, self._refused = 0, False
-
-    def on_url(self, url: bytes) -> None:
-        self._parsed_head += len(url)
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._parsed_head += len(name) + len(value) + 4
-        super().on_header(name, value)
+        self._refused = False
+        self.scope["extensions"] = {CONNECTION_CLOSED: self.transport.is_closing}  # type: ignore[dict-item]
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._heads += 1
-        if self._parsed_head > self.limits.max_header_bytes:
+        # A block that ended in this chunk was not counted above; it can only be too large if the
+        # chunk (with what came before it) is, and then it is counted exactly.
+        limit = self.limits.max_header_bytes
+        if self._head_bytes + self._chunk > limit and (
+                len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers) > limit):
             self._refused = True  # never reaches the app; the parser's later callbacks are ignored
-            self._refuse(431, "headers_too_large",
-                         f"request line and headers exceed {self.limits.max_header_bytes} bytes")
+            self._refuse(431, "headers_too_large", f"request line and headers exceed {limit} bytes")
             return
         super().on_headers_complete()
 
@@ -111,20 +114,14 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         if not self._refused:
             super().on_message_complete()
-        self._disarm()
+        self.since = None
         self._in_head, self._head_bytes = True, 0
 
-    def _arm(self) -> None:
-        self._disarm()
-        self._deadline = self.loop.call_later(self.limits.read_timeout_s, self._expired)
+    def late(self, now: float) -> bool:
+        return self.since is not None and now - self.since > self.limits.read_timeout_s
 
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _expired(self) -> None:
-        self._deadline = None
+    def expire(self) -> None:
+        self.since = None
         if self.transport.is_closing():
             return
         if self.cycle is not None and self.cycle.response_started:
@@ -141,13 +138,24 @@ class GuardedHttpTools(HttpToolsProtocol):
         if retry:
             head.append(b"retry-after: 1\r\n")
         self.transport.write(b"".join([*head, b"\r\n", body]))
-        self._disarm()
+        self.since = None
         # A lingering close: closing with the client's unread bytes in our buffer sends a reset, which
         # can destroy the answer before the client reads it. Stop writing, drop what still comes, then close.
         self._lingering = True
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.loop.call_later(LINGER_S, self.transport.close)
+
+
+_SWEPT: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any], interval: float) -> None:
+    """Close the connections whose request is late; again in `interval` seconds."""
+    now = loop.time()
+    for conn in [c for c in connections if isinstance(c, GuardedHttpTools) and c.late(now)]:
+        conn.expire()
+    loop.call_later(interval, _sweep, loop, connections, interval)
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -47,12 +47,13 @@ async def live_history(engine: Engine[Any, Any, Any], queries: Sequence[Any],
     return await asyncio.to_thread(st.events, engine.namespace, users, engine.live_budget)
 
 
-async def answer(served: Served, queries: Sequence[Any], *, store: HistoryStore | None,
-                 timeout_s: float) -> list[Any]:
-    """Live history -> prepare -> the model's batch queue -> results, in query order."""
+async def answer(served: Served, queries: Sequence[Any], *, store: HistoryStore | None, timeout_s: float,
+                 abandoned: Callable[[], bool] | None = None) -> list[Any]:
+    """Live history -> prepare -> the model's batch queue -> results, in query order. `abandoned`: true
+    once the client has gone; the batcher then drops the request instead of running it."""
     live = await live_history(served.engine, queries, store)
     prepared = served.engine.prepare(queries, live)
-    return await served.batcher.submit(prepared, timeout_s)
+    return await served.batcher.submit(prepared, timeout_s, abandoned=abandoned)
 
 
 @dataclass

@@ -7,12 +7,16 @@
 Each attack runs alone against one server (started from --root's checkout and .venv) while a probe
 sends GET /healthz every 10 ms on its own connection; the probe's longest wait is the event loop's
 longest stall. Resident memory of the server is sampled every 50 ms (peak during, and 2 s after).
-  keys       a /recommend body of 16.5 MB: one query with 1.6 million unknown keys
+  keys       a /recommend body of 14.4 MB: one query with 1.6 million unknown keys
   steps      a /recommend body of 16.7 MB: 1,024 queries x 1,020 history steps (1,044,480 in all)
+  keys-under-budget  one query with 405,000 unknown keys: about the most that passes the value count
+  legit-max  a valid body at the default MAX_TOTAL_ITEMS (1,000 queries x 100 steps), answered 200
   big-header two connections each sending a never-ending header, up to 256 MB each
   64mb-header one complete 64 MB header on GET /healthz
   slow       idle, partial-header, partial-body and unfinished-chunked connections: still open at --slow-s?
   many       3,000 connections each holding a half-sent header: descriptors held after 1 s and at --slow-s
+  abandoned  two 1,024-query /next-location requests whose clients leave after 1 s, then a small request:
+             how long it waits, and how many of the 2,048 queries the model still computed
 """
 
 from __future__ import annotations
@@ -111,10 +115,33 @@ def post_body(port: int, body: bytes) -> dict[str, Any]:
     return {"status": status, "answer_bytes": size, "seconds": round(time.perf_counter() - t0, 3)}
 
 
+def _base36(n: int) -> str:
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = "0123456789abcdefghijklmnopqrstuvwxyz"[r] + out
+        if not n:
+            return out
+
+
 def keys_body() -> bytes:
+    """1.6 million unknown keys, short enough to fit under the default 16 MiB body limit."""
     query: dict[str, Any] = {"user_id": "1"}
-    query.update({str(i): 0 for i in range(1_600_000)})
+    query.update({_base36(i): 0 for i in range(1_600_000)})
     return orjson.dumps({"queries": [query]})
+
+
+def keys_under_budget_body() -> bytes:
+    """The most unknown keys a body can hold and still pass the value count (/recommend, default limits)."""
+    query: dict[str, Any] = {"user_id": "1"}
+    query.update({_base36(i): 0 for i in range(405_000)})
+    return orjson.dumps({"queries": [query]})
+
+
+def legit_max_body() -> bytes:
+    """A valid body at MAX_TOTAL_ITEMS: 1,000 queries of 100 history steps, ids and times on every step."""
+    return orjson.dumps({"queries": [{"history": [{"item_id": str(1 + (q * 7 + n) % 1600), "timestamp": 8.8e8 + n}
+                                                  for n in range(100)], "k": 10} for q in range(1000)]})
 
 
 def steps_body() -> bytes:
@@ -123,18 +150,19 @@ def steps_body() -> bytes:
 
 def big_header(port: int, size: int = 256 << 20) -> dict[str, Any]:
     """Two connections, each sending a header that never ends; how much each got in before it was closed."""
-    sent = [0, 0]
+    sent, answers = [0, 0], [0, 0]
 
     def one(n: int) -> None:
-        try:
-            with _connect(port) as s:
+        with _connect(port) as s:
+            try:
                 s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
                 block = b"a" * (1 << 20)
                 while sent[n] < size:
                     s.sendall(block)
                     sent[n] += len(block)
-        except OSError:
-            pass
+            except OSError:
+                pass
+            answers[n] = _read_status(s)[0]
 
     threads = [threading.Thread(target=one, args=(n,)) for n in range(2)]
     t0 = time.perf_counter()
@@ -142,7 +170,8 @@ def big_header(port: int, size: int = 256 << 20) -> dict[str, Any]:
         t.start()
     for t in threads:
         t.join()
-    return {"mb_sent_before_close": [round(x / 2**20) for x in sent], "seconds": round(time.perf_counter() - t0, 2)}
+    return {"mb_sent": [round(x / 2**20) for x in sent], "statuses": answers,
+            "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def complete_header(port: int) -> dict[str, Any]:
@@ -181,6 +210,43 @@ def slow(port: int, wait_s: float) -> dict[str, Any]:
     return out
 
 
+def _model_queries(port: int) -> float:
+    """Queries the next-location model has computed, from /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("seqserve_batch_size_sum{") and 'model="mhsa' in line)
+
+
+def abandoned(port: int) -> dict[str, Any]:
+    """Two 1,024-query /next-location requests whose clients give up after 1 s, then a small request."""
+    steps = 50
+    big = orjson.dumps({"queries": [{"history": [
+        {"location_id": str(1 + (q + n) % 500), "start_min": (97 * n) % 1440, "weekday": n % 7, "duration_min": 60}
+        for n in range(steps)], "k": 5} for q in range(1024)]})
+    small = {"queries": [{"history": [{"location_id": "1", "start_min": 600, "weekday": 1, "duration_min": 30}]}]}
+    request = (b"POST /next-location HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(big) + big)
+    t0 = time.perf_counter()
+    with _connect(port) as s:  # one big request, waited for: what the model needs for it
+        s.sendall(request)
+        status, _ = _read_status(s)
+    one_big_s = time.perf_counter() - t0
+    before = _model_queries(port)
+    socks = [_connect(port) for _ in range(2)]
+    for s in socks:
+        s.sendall(request)
+    time.sleep(1.0)
+    for s in socks:  # the clients' 1 s timeout
+        s.close()
+    t0 = time.perf_counter()
+    r = httpx.post(f"http://127.0.0.1:{port}/next-location", json=small, timeout=60)
+    small_s = time.perf_counter() - t0
+    time.sleep(max(0.0, 2 * one_big_s - small_s) + 1)  # anything still running has finished
+    return {"one_big_request_s": round(one_big_s, 2), "big_status": status, "small_status": r.status_code,
+            "small_request_s": round(small_s, 3),
+            "queries_computed_for_the_abandoned_two": _model_queries(port) - before}
+
+
 def many(port: int, pid: int, n: int, wait_s: float) -> dict[str, Any]:
     def fds() -> int:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -217,7 +283,8 @@ def main() -> None:
     env = {"SEQSERVE_TORCH_THREADS": "1", "SEQSERVE_DEFAULT_MODEL": args.model,
            "SEQSERVE_HISTORY_PATH": f"{tempfile.mkdtemp(prefix='seqserve-hostile-')}/h.sqlite3"}
     results: dict[str, Any] = {"root": str(args.root.resolve()), "model": args.model}
-    bodies = {"keys": keys_body, "steps": steps_body}
+    bodies = {"keys": keys_body, "steps": steps_body, "keys-under-budget": keys_under_budget_body,
+              "legit-max": legit_max_body}
     for attack in args.attacks:
         proc = start_server(args.artifacts, args.port, env, root=args.root.resolve())
         try:
@@ -230,6 +297,8 @@ def main() -> None:
                     out = big_header(args.port)
                 elif attack == "64mb-header":
                     out = complete_header(args.port)
+                elif attack == "abandoned":
+                    out = abandoned(args.port)
                 elif attack == "slow":
                     out = slow(args.port, args.slow_s)
                 else:

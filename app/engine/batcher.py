@@ -1,7 +1,8 @@
 """Dynamic micro-batching, framework-free: concurrent requests share one model call.
 
-Requests wait in a bounded queue; one larger than a batch waits as chunks of at most a batch each
-(its unstarted chunks are dropped if its caller goes). The worker takes the oldest, adds whatever
+Requests wait in a bounded queue; one larger than a batch waits as chunks of at most a batch each.
+A request (or chunk) whose caller has gone (cancelled, timed out, or its `abandoned()` true: the
+client hung up) is dropped at its turn, never run. The worker takes the oldest, adds whatever
 else is already queued, and flushes at once when nothing else waits (so a lone request pays no
 batching delay);
 when more is queued but the batch is not full, it waits up to `max_wait_ms` for more. The model
@@ -32,6 +33,10 @@ class BatchTimeoutError(TimeoutError):
     """The request was not answered within its timeout."""
 
 
+class AbandonedError(RuntimeError):
+    """The request's caller had gone when its turn came: it was never run."""
+
+
 class BatcherStoppedError(RuntimeError):
     """The batcher was stopped (its model version was swapped out): it takes no more work."""
 
@@ -57,6 +62,7 @@ class BatchPolicy:
 class _Pending(Generic[Q, R]):
     items: Sequence[Q]
     future: asyncio.Future[list[R]]
+    abandoned: Callable[[], bool] | None = None  # true once the caller has gone (its client hung up)
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -132,15 +138,17 @@ class MicroBatcher(Generic[Q, R]):
                 p.future.set_exception(BatcherStoppedError("the batcher stopped before answering"))
         self._executor.shutdown(wait=True)
 
-    async def submit(self, items: Sequence[Q], timeout: float | None = None) -> list[R]:
-        """Queue `items` (one request) and wait for their results, in order."""
+    async def submit(self, items: Sequence[Q], timeout: float | None = None, *,
+                     abandoned: Callable[[], bool] | None = None) -> list[R]:
+        """Queue `items` (one request) and wait for their results, in order. When `abandoned()` is true
+        at the request's turn (or at a chunk's), it is not run: AbandonedError."""
         if self._stopped:
             raise BatcherStoppedError("this batcher was stopped")
         loop = asyncio.get_running_loop()
         if not self.enabled:
             return await asyncio.wait_for(self._call(loop, list(items)), timeout)
         if len(items) <= self.max_batch_size:
-            pending: _Pending[Q, R] = _Pending(items, loop.create_future())
+            pending: _Pending[Q, R] = _Pending(items, loop.create_future(), abandoned)
             try:
                 self._queue.put_nowait(pending)
             except asyncio.QueueFull:
@@ -155,15 +163,15 @@ class MicroBatcher(Generic[Q, R]):
                 return await pending.future
             finally:
                 timer.cancel()
-        return await self._submit_chunks(loop, items, timeout)
+        return await self._submit_chunks(loop, items, timeout, abandoned)
 
-    async def _submit_chunks(self, loop: asyncio.AbstractEventLoop, items: Sequence[Q],
-                             timeout: float | None) -> list[R]:
+    async def _submit_chunks(self, loop: asyncio.AbstractEventLoop, items: Sequence[Q], timeout: float | None,
+                             abandoned: Callable[[], bool] | None) -> list[R]:
         """A request larger than a batch, queued as chunks of at most max_batch_size queries: when its
         client goes (the caller is cancelled) or it times out, the chunks the model has not run yet
         are dropped, instead of one model call over all of it that nothing can stop."""
         size = self.max_batch_size
-        chunks = [_Pending(items[i : i + size], loop.create_future()) for i in range(0, len(items), size)]
+        chunks = [_Pending(items[i : i + size], loop.create_future(), abandoned) for i in range(0, len(items), size)]
         if self._queue.maxsize - self._queue.qsize() < len(chunks):
             raise QueueFullError(f"no room for {len(chunks)} chunks of {size} queries in the queue")
         for chunk in chunks:
@@ -228,6 +236,9 @@ class MicroBatcher(Generic[Q, R]):
                 return
 
     async def _flush(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending[Q, R]]) -> None:
+        for p in batch:
+            if p.abandoned is not None and not p.future.done() and p.abandoned():
+                p.future.set_exception(AbandonedError("the client went away before its turn"))
         live = [p for p in batch if not p.future.done()]
         if not live:
             return

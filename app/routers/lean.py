@@ -11,48 +11,24 @@ endpoints that are never mounted.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import Scope
 
+from app.middleware import CONNECTION_CLOSED
+
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-@asynccontextmanager
-async def dropped_on_disconnect(request: Request) -> AsyncIterator[None]:
-    """Cancel the enclosed work when the client hangs up, and raise ClientDisconnect (a 499).
-
-    A request waiting in a model's queue is then skipped by the batcher (its future is cancelled),
-    so work for a client that has gone never reaches the model. Once the body is read, the server's
-    receive() returns only when the client disconnects (or the answer is sent).
-    """
-    task = asyncio.current_task()
-    assert task is not None
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        gone = True
-        task.cancel()
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        yield
-    except asyncio.CancelledError:
-        if gone and task.uncancel() == 0:
-            raise ClientDisconnect() from None
-        raise
-    finally:
-        watcher.cancel()
+def closed_connection(request: Request) -> Callable[[], bool] | None:
+    """True once the client's connection is closed (set by the service's server, app/server.py)."""
+    found: Callable[[], bool] | None = request.scope.get("extensions", {}).get(CONNECTION_CLOSED)
+    return found
 
 
 class LeanRoute(Route):

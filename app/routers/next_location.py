@@ -7,7 +7,7 @@ from app import serving
 from app.deps import parse_body, services_of
 from app.handlers import json_response
 from app.routers.docs import body_doc, errors
-from app.routers.lean import LeanRouter, dropped_on_disconnect
+from app.routers.lean import LeanRouter, closed_connection
 from app.schemas import NextLocationResponse, StayStep
 from models.features import from_times
 from models.tasks.next_location import LocQuery, LocStep
@@ -34,9 +34,9 @@ async def next_location(request: Request) -> Response:
     with services.registry.lease(body.model, "next_location", services.settings.default_model) as served:
         request.state.model = served.name
         queries = [LocQuery(q.user_id, [to_step(s) for s in q.history], q.k) for q in body.queries]
-        async with dropped_on_disconnect(request):
-            results = await serving.answer(served, queries, store=services.store,
-                                           timeout_s=services.settings.request_timeout_s)
+        results = await serving.answer(served, queries, store=services.store,
+                                       timeout_s=services.settings.request_timeout_s,
+                                       abandoned=closed_connection(request))
         return json_response({"model": served.name, "version": served.version, "results": [
             {"locations": [{"location_id": i, "probability": p} for i, p in r.locations],
              "unknown_locations": r.unknown_locations, "unknown_user": r.unknown_user,

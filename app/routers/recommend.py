@@ -7,7 +7,7 @@ from app import serving
 from app.deps import parse_body, services_of
 from app.handlers import json_response
 from app.routers.docs import body_doc, errors
-from app.routers.lean import LeanRouter, dropped_on_disconnect
+from app.routers.lean import LeanRouter, closed_connection
 from app.schemas import RecommendQuery, RecommendResponse
 from models.tasks.recommend import RecQuery, RecResult
 
@@ -37,8 +37,8 @@ async def recommend(request: Request) -> Response:
     body = await parse_body(request, services.schemas.recommend)
     with services.registry.lease(body.model, "recommend", services.settings.default_model) as served:
         request.state.model = served.name
-        async with dropped_on_disconnect(request):
-            results = await serving.answer(served, [to_query(q) for q in body.queries], store=services.store,
-                                           timeout_s=services.settings.request_timeout_s)
+        results = await serving.answer(served, [to_query(q) for q in body.queries], store=services.store,
+                                       timeout_s=services.settings.request_timeout_s,
+                                       abandoned=closed_connection(request))
         return json_response({"model": served.name, "version": served.version,
                               "results": [result_json(r) for r in results]})

@@ -294,6 +294,7 @@ def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts:
     import threading
     import time
 
+    from app.middleware import CONNECTION_CLOSED
     from tests.app.test_observability import _blocked_model
 
     app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", max_batch_size=1))
@@ -325,18 +326,21 @@ def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts:
                     await asyncio.sleep(0.01)
                 hang_up.set()
 
+            # As the service's server gives it: true once the connection is closed (app/server.py).
             scope = {"type": "http", "method": "POST", "path": "/recommend", "raw_path": b"/recommend",
                      "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
                      "server": ("test", 80), "client": ("c", 1), "state": {},
+                     "extensions": {CONNECTION_CLOSED: hang_up.is_set},
                      "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
             waiter = asyncio.ensure_future(later())
             await asyncio.wait_for(app(scope, receive, send), 10)
             await waiter
 
         assert c.portal is not None
-        c.portal.call(queued_then_gone)
-        assert sent[0]["status"] == 499
-        gate.set()
+        answered = c.portal.start_task_soon(queued_then_gone)
+        time.sleep(0.3)
+        gate.set()  # the busy model finishes; the next turn is the gone client's
+        answered.result(timeout=10)
         first.join()
-        time.sleep(0.2)
+        assert sent[0]["status"] == 499
         assert sizes == [1]  # the first request alone: the second never reached the model

@@ -8,7 +8,14 @@ import time
 
 import pytest
 
-from app.engine.batcher import BatcherStoppedError, BatchPolicy, BatchTimeoutError, MicroBatcher, QueueFullError
+from app.engine.batcher import (
+    AbandonedError,
+    BatcherStoppedError,
+    BatchPolicy,
+    BatchTimeoutError,
+    MicroBatcher,
+    QueueFullError,
+)
 
 
 class Model:
@@ -243,3 +250,24 @@ def test_chunks_need_room_in_the_queue() -> None:
         await b.stop()
 
     run(go())
+
+
+def test_a_request_whose_client_has_gone_is_not_run_at_its_turn() -> None:
+    async def go() -> tuple[object, list[list[int]]]:
+        m = Model()
+        m.gate.clear()
+        b = MicroBatcher(m, BatchPolicy(max_batch_size=4, max_wait_ms=1))
+        gone = False
+        busy = asyncio.create_task(b.submit([1]))
+        await asyncio.sleep(0.05)  # the model is busy with [1]
+        left = asyncio.create_task(b.submit([2, 3, 4, 5, 6, 7], abandoned=lambda: gone))  # two chunks, queued
+        await asyncio.sleep(0.05)
+        gone = True
+        m.gate.set()
+        await busy
+        res = await asyncio.gather(left, return_exceptions=True)
+        await b.stop()
+        return res[0], m.calls
+
+    res, calls = run(go())
+    assert isinstance(res, AbandonedError) and calls == [[1]]
