@@ -114,6 +114,10 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         if not self._refused:
             super().on_message_complete()
+            # uvicorn pauses reading while a body waits for the app, and the last chunk can leave it
+            # paused: then a client that hangs up is never noticed, and the batcher runs its request.
+            # With the message whole, reading on is safe: a pipelined next request pauses it again.
+            self.flow.resume_reading()
         self.since = None
         self._in_head, self._head_bytes = True, 0
 

@@ -24,6 +24,9 @@ R = TypeVar("R")
 # A by-user read of at most this many users runs on the event loop (SQLite: one indexed query of a
 # few hundred rows); larger ones go to a thread so they never stall other requests.
 LOOP_READ_USERS = 8
+# Requests of more queries than this are prepared in a worker thread, where the GIL changes hands
+# every few milliseconds; smaller ones (the request path's) on the loop, without a thread hop.
+PREPARE_INLINE_QUERIES = 64
 # The id of the step an event adds to another user's timeline (Engine.mirror): the event's id behind
 # this prefix, which client ids may therefore not take for such a model.
 MIRROR_ID = "<-"
@@ -52,7 +55,10 @@ async def answer(served: Served, queries: Sequence[Any], *, store: HistoryStore 
     """Live history -> prepare -> the model's batch queue -> results, in query order. `abandoned`: true
     once the client has gone; the batcher then drops the request instead of running it."""
     live = await live_history(served.engine, queries, store)
-    prepared = served.engine.prepare(queries, live)
+    if len(queries) <= PREPARE_INLINE_QUERIES:
+        prepared = served.engine.prepare(queries, live)
+    else:  # ids to indices for a thousand queries is a hundred milliseconds of Python: not on the loop
+        prepared = await asyncio.to_thread(served.engine.prepare, queries, live)
     return await served.batcher.submit(prepared, timeout_s, abandoned=abandoned)
 
 

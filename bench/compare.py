@@ -7,7 +7,8 @@
         --variant w4:workers=4 --paths /recommend
 
 A variant is NAME[:KEY=VALUE,...]: root= a checkout whose .venv and code serve it (default: this one),
-workers= server processes, any other KEY=VALUE an environment setting (SEQSERVE_MAX_WAIT_MS=5, ...).
+workers= server processes, http= uvicorn's own parser (httptools, h11) through its command line instead
+of the service's launcher and its connection limits, any other KEY=VALUE an environment setting.
 Every variant's server is up for the whole run; for each path and concurrency the variants take turns
 in --rounds windows of --seconds/--rounds each (the order flips every round), and a server outside
 its window is paused (SIGSTOP), so slow drift of a shared machine falls on every variant alike.
@@ -24,12 +25,13 @@ from pathlib import Path
 from load import ROOT, alternate, bodies_for, pause, start_server, stop
 
 
-def parse_variant(spec: str) -> tuple[str, Path, int, dict[str, str]]:
+def parse_variant(spec: str) -> tuple[str, Path, int, str, dict[str, str]]:
     name, _, rest = spec.partition(":")
     settings = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
     root = Path(settings.pop("root", ROOT)).resolve()
     workers = int(settings.pop("workers", "1"))
-    return name, root, workers, settings
+    http = settings.pop("http", "auto")
+    return name, root, workers, http, settings
 
 
 def main() -> None:
@@ -50,12 +52,13 @@ def main() -> None:
     procs = {}
     rows = []
     try:
-        for i, (name, root, workers, settings) in enumerate(variants):
+        for i, (name, root, workers, http, settings) in enumerate(variants):
             env = {"SEQSERVE_TORCH_THREADS": str(args.torch_threads),
                    "SEQSERVE_HISTORY_PATH": f"{tempfile.mkdtemp(prefix='seqserve-compare-')}/h.sqlite3", **settings}
             if workers > 1:
                 env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="seqserve-metrics-")
-            procs[name] = (start_server(args.artifacts, args.port + i, env, workers=workers, root=root), args.port + i)
+            procs[name] = (start_server(args.artifacts, args.port + i, env, workers=workers, root=root, http=http),
+                           args.port + i)
             pause(procs[name][0], True)
         names = [v[0] for v in variants]
         for model in args.models:

@@ -344,3 +344,20 @@ def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts:
         first.join()
         assert sent[0]["status"] == 499
         assert sizes == [1]  # the first request alone: the second never reached the model
+
+
+def test_a_large_request_answers_what_its_queries_answer_alone(tiny_artifacts: Path) -> None:
+    """Above serving.PREPARE_INLINE_QUERIES the queries are prepared in a thread: same answers, same order."""
+    from app.serving import PREPARE_INLINE_QUERIES
+
+    queries = [{"user_id": f"u{n % 40}", "k": 3 + n % 4,
+                **({"history": [{"item_id": str(10 + n % 30)}]} if n % 3 else {})}
+               for n in range(PREPARE_INLINE_QUERIES + 36)]
+    with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu"))) as c:
+        together = c.post("/recommend", json={"model": "sasrec-tiny", "queries": queries})
+        assert together.status_code == 200, together.text
+        alone = [c.post("/recommend", json={"model": "sasrec-tiny", "queries": [q]}).json()["results"][0]
+                 for q in queries[:: 7]]
+    got = together.json()["results"][:: 7]
+    assert [[i["item_id"] for i in r["items"]] for r in got] == [[i["item_id"] for i in r["items"]] for r in alone]
+    assert [r["user_id"] for r in together.json()["results"]] == [q["user_id"] for q in queries]

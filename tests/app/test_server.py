@@ -216,3 +216,59 @@ def test_a_client_that_hangs_up_mid_body_is_not_a_server_error(guarded) -> None:
         f'seqserve_requests_total{{endpoint="{p}",model="-",status="499"}}': 1
         for p in ("/recommend", "/next-location", "/events")}, 'seqserve_requests_total{endpoint="/metrics",'
         'model="-",status="200"}': 1}
+
+
+def test_the_connection_closed_flag_sees_a_client_leave_after_a_large_body() -> None:
+    """The flag the batcher asks (app/server.py's scope extension) turns true when a client that sent
+    a large body hangs up while its request waits, although the app reads nothing more from it."""
+    import asyncio
+    import threading
+    from functools import partial
+
+    import uvicorn
+
+    from app.middleware import CONNECTION_CLOSED
+    from app.server import ConnectionLimits, GuardedHttpTools
+    from tests.servers import free_port
+
+    seen: list[bool] = []
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        await asyncio.sleep(0.2)  # a busy loop: the body waits in the socket and comes in full chunks
+        more = True
+        while more:  # the whole body, as the service's parse_body reads it
+            more = (await receive()).get("more_body", False)
+        closed = scope["extensions"][CONNECTION_CLOSED]
+        for _ in range(300):  # "waiting for the model": the app never calls receive() again
+            if closed():
+                break
+            await asyncio.sleep(0.01)
+        seen.append(closed())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                            http=partial(GuardedHttpTools, limits=ConnectionLimits()))  # type: ignore[arg-type]
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        body = b"x" * 3_000_000  # read in chunks far over uvicorn's 64 KB read-pause mark
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while not seen:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert seen == [True]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
