@@ -11,7 +11,6 @@ validation and the OpenAPI document share one set of limits.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from dataclasses import dataclass, field
 from typing import Annotated, TypeVar
@@ -25,6 +24,7 @@ from app.engine.registry import ModelRegistry
 from app.errors import Forbidden, Unauthorized
 from app.observability import Metrics
 from app.schemas import EventsRequest, RequestModels, bounded
+from app.serving import off_loop
 from app.settings import Settings
 from app.store import HistoryStore
 from app.workers import Coordinator
@@ -87,7 +87,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
     if len(raw) <= bodies.INLINE_BYTES:
         return bodies.parse(raw, model)
     budget = services_of(request).schemas.budget(model)
-    return await asyncio.to_thread(bodies.parse_large, raw, model, budget=budget)
+    return await off_loop(bodies.parse_large, raw, model, budget=budget)
 
 
 # The body dependency is a leaf (it finds the schemas through services_of, not ServicesDep): FastAPI

@@ -11,9 +11,12 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
+from app.engine.batcher import AbandonedError
 from app.engine.registry import Served
 from app.errors import EventConflict, InvalidEvents, StoreUnavailable
 from app.schemas import EventIn
@@ -24,9 +27,18 @@ R = TypeVar("R")
 # A by-user read of at most this many users runs on the event loop (SQLite: one indexed query of a
 # few hundred rows); larger ones go to a thread so they never stall other requests.
 LOOP_READ_USERS = 8
-# Requests of more queries than this are prepared in a worker thread, where the GIL changes hands
-# every few milliseconds; smaller ones (the request path's) on the loop, without a thread hop.
+# Requests of more queries than this are prepared off the loop, where the GIL changes hands every
+# few milliseconds; smaller ones (the request path's) on the loop, without a thread hop.
 PREPARE_INLINE_QUERIES = 64
+# The work of large requests (parsing a large body, preparing many queries) runs here, one at a time:
+# each step holds the GIL for tens of milliseconds in C (orjson), and two threads at once made the loop
+# wait for both in a row (126 ms against 46 ms alone; docs/BENCHMARKS.md, "Hostile clients").
+_LARGE_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-request")
+
+
+async def off_loop(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+    """`fn(*args, **kwargs)` in the one thread for large requests' work."""
+    return await asyncio.get_running_loop().run_in_executor(_LARGE_WORK, partial(fn, *args, **kwargs))
 # The id of the step an event adds to another user's timeline (Engine.mirror): the event's id behind
 # this prefix, which client ids may therefore not take for such a model.
 MIRROR_ID = "<-"
@@ -58,7 +70,9 @@ async def answer(served: Served, queries: Sequence[Any], *, store: HistoryStore 
     if len(queries) <= PREPARE_INLINE_QUERIES:
         prepared = served.engine.prepare(queries, live)
     else:  # ids to indices for a thousand queries is a hundred milliseconds of Python: not on the loop
-        prepared = await asyncio.to_thread(served.engine.prepare, queries, live)
+        if abandoned is not None and abandoned():
+            raise AbandonedError("the client went away before its request was prepared")
+        prepared = await off_loop(served.engine.prepare, queries, live)
     return await served.batcher.submit(prepared, timeout_s, abandoned=abandoned)
 
 
