@@ -37,54 +37,64 @@ import orjson
 from load import ROOT, rss_mb, start_server, stop
 
 
-class Probe:
-    """GET /healthz every `every` s on one kept-alive connection; the longest answer while running."""
+class _Sampler:
+    """Calls `tick()` every `every` seconds in a thread, from `with` to its end."""
 
-    def __init__(self, url: str, every: float = 0.01) -> None:
-        self.url, self.every = url, every
-        self.worst = 0.0
-        self.failed = 0
+    every = 0.05
+
+    def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        with httpx.Client(timeout=60) as c:
-            while not self._stop.is_set():
-                t0 = time.perf_counter()
-                try:
-                    c.get(f"{self.url}/healthz")
-                except httpx.HTTPError:
-                    self.failed += 1
-                self.worst = max(self.worst, time.perf_counter() - t0)
-                time.sleep(self.every)
-
-    def __enter__(self) -> Probe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-class Memory:
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak, self.before = pid, 0.0, rss_mb(pid)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    def tick(self) -> None:
+        raise NotImplementedError
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, rss_mb(self.pid))
-            time.sleep(0.05)
+            self.tick()
+            time.sleep(self.every)
 
-    def __enter__(self) -> Memory:
+    def __enter__(self) -> _Sampler:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class Probe(_Sampler):
+    """GET /healthz every 10 ms on one kept-alive connection; the longest answer while running."""
+
+    every = 0.01
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url, self.worst, self.failed = url, 0.0, 0
+        self.client = httpx.Client(timeout=60)
+
+    def tick(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.client.get(f"{self.url}/healthz")
+        except httpx.HTTPError:
+            self.failed += 1
+        self.worst = max(self.worst, time.perf_counter() - t0)
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self.client.close()
+
+
+class Memory(_Sampler):
+    """The server's resident memory every 50 ms: the peak while running."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid, self.peak, self.before = pid, 0.0, rss_mb(pid)
+
+    def tick(self) -> None:
+        self.peak = max(self.peak, rss_mb(self.pid))
 
 
 def _connect(port: int) -> socket.socket:
@@ -291,7 +301,8 @@ def main() -> None:
         proc = start_server(args.artifacts, args.port, env, root=args.root.resolve())
         try:
             body = bodies[attack]() if attack in bodies else b""
-            with Probe(f"http://127.0.0.1:{args.port}") as probe, Memory(proc.pid) as mem:
+            probe, mem = Probe(f"http://127.0.0.1:{args.port}"), Memory(proc.pid)
+            with probe, mem:
                 time.sleep(0.3)
                 if attack in bodies:
                     out = post_body(args.port, body) | {"body_mb": round(len(body) / 1e6, 1)}
