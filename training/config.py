@@ -32,7 +32,7 @@ class LoopConfig:
     weight_decay: float = 0.0
     patience: int = 5  # epochs without a better validation score before stopping
     seed: int = 42
-    max_minutes: float = 30.0  # wall-clock budget; stops after the epoch that crosses it
+    max_minutes: float = 30.0  # wall-clock budget of the training loop: a deadline, checked inside epochs too
     threads: int = 0  # torch threads; 0 = torch's default
     device: str = "auto"  # auto = CUDA when available, else CPU
     precision: str = "auto"  # auto = bf16 autocast on CUDA, fp32 on the CPU (where bf16 matmuls are slower)

@@ -23,6 +23,10 @@ from training.distributed import Dist
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=nn.Module)
 BAR_EVERY = 50  # steps between progress-bar updates: each reads the loss back from the device
+LOG_EVERY_S = 30.0  # without a progress bar (logs, CI), a progress line at least this often
+# Steps between deadline checks under torchrun: every rank takes rank 0's clock (a broadcast), so
+# all stop at the same step. Alone, the clock is read every step (about 50 ns).
+DIST_CHECK_EVERY = 50
 
 
 def seed_everything(seed: int) -> None:
@@ -81,6 +85,16 @@ def _to(batch: Any, device: torch.device) -> Any:
     return batch.to(device, non_blocking=True) if hasattr(batch, "to") else batch
 
 
+def _past(deadline: float, dist: Dist, *, step_no: int) -> bool:
+    """Whether the training budget is spent; under torchrun, rank 0's clock decides for every rank."""
+    if not dist.enabled:
+        return time.monotonic() > deadline
+    if step_no % DIST_CHECK_EVERY:
+        return False
+    (late,) = dist.from_main(float(time.monotonic() > deadline))
+    return late > 0
+
+
 def _score(val: dict[str, float], key: str, train_loss: float) -> float:
     """Higher is better: the validation metric, negated for a "-name" key; without validation, -loss."""
     name, sign = (key[1:], -1.0) if key.startswith("-") else (key, 1.0)
@@ -127,6 +141,7 @@ def train(
     hist = History()
     best_score, best_state, bad = -float("inf"), copy.deepcopy(model.state_dict()), 0
     t0 = time.monotonic()
+    deadline = t0 + cfg.max_minutes * 60
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         total = torch.zeros((), device=device)  # summed on the device: no host sync per step
@@ -134,9 +149,15 @@ def train(
         batches = dist.shard(make_batches(gen))
         if sched is None and (cfg.warmup_steps or cfg.schedule != "constant"):
             sched = lr_schedule(opt, cfg, steps_per_epoch=len(batches))
-        # disable=None: a bar on a terminal, none in logs and CI.
+        # disable=None: a bar on a terminal, none in logs and CI (a log line every LOG_EVERY_S instead).
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
+        last_line, cut = te, ""
         for n, batch in enumerate(bar):
+            if n and _past(deadline, dist, step_no=n):
+                # The budget is a deadline, also inside an epoch: what was trained so far is validated
+                # and kept if it is the best, as after a whole epoch.
+                cut = f" after {n} of {len(batches)} batches"
+                break
             batch = _to(batch, device)
             with autocast(device, cfg.precision):
                 loss = step(batch)
@@ -151,6 +172,11 @@ def train(
             seen += len(batch)
             if not bar.disable and n % BAR_EVERY == 0:
                 bar.set_postfix(loss=f"{total.item() / seen:.4f}", seq_s=f"{seen / (time.monotonic() - te):.0f}")
+            elif bar.disable and time.monotonic() - last_line >= LOG_EVERY_S:
+                last_line = time.monotonic()
+                done, spent = (n + 1) / len(batches), last_line - te
+                log.info("epoch %d: %.0f%% of %d batches, loss %.4f, %.0f rows/s, about %.0fs left in the epoch",
+                         epoch, 100 * done, len(batches), total.item() / seen, seen / spent, spent / done - spent)
         epoch_loss = total.item() / max(seen, 1)
         model.eval()
         val = validate(model) if validate and dist.is_main else {}
@@ -173,8 +199,8 @@ def train(
             if bad >= cfg.patience:
                 hist.stopped = f"early stop: no better validation for {cfg.patience} epochs"
                 break
-        if hist.seconds[-1] > cfg.max_minutes * 60:
-            hist.stopped = f"time budget of {cfg.max_minutes} minutes reached"
+        if cut or hist.seconds[-1] > cfg.max_minutes * 60:
+            hist.stopped = f"time budget of {cfg.max_minutes:g} minutes reached in epoch {epoch}{cut}"
             break
     else:
         hist.stopped = f"all {cfg.epochs} epochs"

@@ -1,0 +1,59 @@
+"""The training loop's clock: the budget is a deadline inside an epoch, and a long epoch reports progress."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from training import loop
+from training.config import LoopConfig
+
+
+class Slow(nn.Module):
+    """A model whose every step takes `seconds`: a stand-in for a large catalog's epoch."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(4))
+        self.seconds, self.steps = seconds, 0
+
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        self.steps += 1
+        return ((batch @ self.w) - 1).pow(2).mean()
+
+
+def batches(n: int) -> Any:
+    return lambda gen: [torch.ones(8, 4) for _ in range(n)]
+
+
+def test_the_budget_stops_training_inside_an_epoch_with_the_best_weights() -> None:
+    model = Slow(0.02)
+    validations: list[int] = []
+
+    def validate(m: nn.Module) -> dict[str, float]:
+        validations.append(model.steps)
+        return {"NDCG@10": float(model.steps)}
+
+    cfg = LoopConfig(epochs=5, max_minutes=0.5 / 60, lr=0.1)  # half a second; an epoch of 400 steps is 8 s
+    t0 = time.monotonic()
+    hist = loop.train(model, batches(400), cfg, validate=validate)
+    assert time.monotonic() - t0 < 3
+    assert 5 <= model.steps < 400 and hist.epoch == [1] and validations == [model.steps]
+    assert hist.stopped.startswith("time budget of 0.00833333 minutes reached in epoch 1 after ")
+    assert hist.best_epoch == 1 and float(model.w.detach().abs().sum()) > 0  # the trained weights were kept
+
+
+def test_a_long_epoch_logs_its_progress_without_a_bar(monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(loop, "LOG_EVERY_S", 0.1)
+    caplog.set_level(logging.INFO, logger="training.loop")
+    loop.train(Slow(0.01), batches(60), LoopConfig(epochs=1, max_minutes=10), validate=None)
+    lines = [r.getMessage() for r in caplog.records if "% of 60 batches" in r.getMessage()]
+    assert len(lines) >= 3, lines  # pytest's stderr is no terminal: no bar, log lines
+    assert all("rows/s" in line and "left in the epoch" in line for line in lines)
