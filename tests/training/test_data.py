@@ -73,6 +73,29 @@ def test_parquet_table(tmp_path: Path) -> None:
     assert load_interactions(tmp_path / "l.parquet").items == [["y", "x"]]
 
 
+def test_a_folder_of_parquet_parts_loads_as_one_table(tmp_path: Path) -> None:
+    """As Spark writes one: part files, partition folders, a _SUCCESS marker and hidden checksum files."""
+    import pandas as pd
+
+    rows = pd.DataFrame({"user_id": ["a", "b", "a", "c", "b", "a"], "item_id": ["x", "y", "z", "x", "x", "y"],
+                         "timestamp": [5, 1, 2, 9, 3, 7]})
+    rows.to_csv(tmp_path / "log.csv", index=False)
+    folder = tmp_path / "log"
+    (folder / "day=1").mkdir(parents=True)
+    (folder / "day=2").mkdir()
+    rows.iloc[:2].to_parquet(folder / "day=1" / "part-00000.parquet", index=False)
+    rows.iloc[2:].to_parquet(folder / "day=2" / "part-00001.parquet", index=False)
+    (folder / "_SUCCESS").write_text("")
+    (folder / "day=1" / ".part-00000.parquet.crc").write_bytes(b"not parquet")
+    got, want = load_interactions(folder), load_interactions(tmp_path / "log.csv")
+    assert (got.users, got.items, got.times) == (want.users, want.items, want.times)
+    assert got.items == [["z", "x", "y"], ["y", "x"], ["x"]]
+    assert got.sha256 and got.sha256 != want.sha256
+    (folder / "day=2" / "part-00001.parquet").write_bytes(b"truncated")
+    with pytest.raises(DataFormatError, match="not a readable Parquet file"):
+        load_interactions(folder)
+
+
 def test_malformed_recbole_line(tmp_path: Path) -> None:
     p = tmp_path / "x.inter"
     p.write_text("user_id:token\titem_id:token\ttimestamp:float\n1\t2\t3\n1\t2\n")

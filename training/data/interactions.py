@@ -21,6 +21,7 @@ from training.data.tables import (
     MISSING,
     DataFormatError,
     numbers,
+    parquet_parts,
     pick,
     read_table,
     read_text_table,
@@ -212,7 +213,7 @@ def load_table(path: Path, item_table: Path | None = None) -> Interactions:
         i = int(np.flatnonzero(np.isnan(times))[0])
         raise DataFormatError(path, int(df["_line"].iloc[i]), "timestamp missing where other rows have one")
     data = group(df[ui], df[ii], times, source=str(path))
-    files = [path]
+    files = parquet_parts(path) if path.is_dir() else [path]
     if item_table is not None:
         files.append(item_table)
         meta = read_table(item_table)
@@ -245,7 +246,10 @@ def load_interactions(path: Path, item_table: Path | None = None) -> Interaction
         if (path / "ratings.csv").exists():
             movies = path / "movies.csv"
             return load_movielens_csv(path / "ratings.csv", movies if movies.exists() else None)
-        raise DataFormatError(path, None, "no known interaction file (*.inter, u.data, ratings.dat, ratings.csv)")
+        if parquet_parts(path):  # a table written as part files (Spark, Dask, DuckDB)
+            return load_table(path, item_table)
+        raise DataFormatError(path, None, "no known interaction file (*.inter, u.data, ratings.dat, ratings.csv, "
+                                          "Parquet part files)")
     if not path.exists():
         raise DataFormatError(path, None, "no such file")
     if path.suffix == ".inter":

@@ -96,14 +96,27 @@ def _read_csv(path: Path) -> pd.DataFrame:
     return df
 
 
+def parquet_parts(folder: Path) -> list[Path]:
+    """The part files of a Parquet folder as Spark, Dask or DuckDB write one (partition folders
+    included; `_SUCCESS`, `.crc` and other hidden files left out, as pyarrow does)."""
+    return sorted(p for p in folder.rglob("*.parquet")
+                  if not any(part.startswith(("_", ".")) for part in p.relative_to(folder).parts))
+
+
 def read_table(path: Path) -> pd.DataFrame:
-    """A CSV (optionally gzip-compressed) or Parquet table, every column as strings, with `_line` numbers
-    as a CSV reader would count them (Parquet rows count from 2 too)."""
-    if not path.is_file():
+    """A CSV (optionally gzip-compressed) or Parquet table, or a folder of Parquet part files, every
+    column as strings, with `_line` numbers as a CSV reader would count them (Parquet rows count from
+    2 too, across a folder's parts in name order)."""
+    if path.is_dir() and parquet_parts(path):
+        path_is_parquet = True
+    elif not path.is_file():
         raise DataFormatError(path, None, "no such file")
-    if path.suffix == ".parquet":
+    else:
+        path_is_parquet = path.suffix == ".parquet"
+    if path_is_parquet:
         try:
-            df = pd.read_parquet(path)
+            df = pd.concat([pd.read_parquet(p) for p in parquet_parts(path)], ignore_index=True) if path.is_dir() \
+                else pd.read_parquet(path)
         except ImportError:  # optional dependency
             raise DataFormatError(path, None, "reading Parquet needs the 'parquet' extra (pyarrow)") from None
         except Exception as exc:  # a corrupt or foreign file
