@@ -158,3 +158,16 @@ def test_shipped_configs_parse_and_recommenders_default_to_the_product_protocol(
         paper = path.stem.endswith("_paper")
         assert (cfg.eval.protocol == "full") != paper, path.name
         assert cfg.name.endswith("-paper") == paper, path.name
+
+
+def test_test_metrics_on_a_seeded_sample_of_users(synthetic_dir: Path, tmp_path: Path) -> None:
+    """eval.test_users: the model and every baseline scored on the same sample, which metrics.json states."""
+    overrides = ["model.kind='sasrec'", "name='sampled'", "model.n_negatives=8", *TINY_REC, "train.epochs=1",
+                 "eval.test_users=10"]
+    metrics = json.loads((run_job(overrides, tmp_path / "a", synthetic_dir) / "metrics.json").read_text())
+    assert metrics["protocol"]["test_users"] == {"scored": 10, "of": 40, "seed": 42}
+    assert {m["n"] for m in metrics["test"].values()} == {10.0}
+    assert {p["n"] for b in metrics["baselines_test"].values() for p in b.values()} == {10.0}
+    assert {m["n"] for m in metrics["valid"].values()} == {10.0}
+    again = json.loads((run_job(overrides, tmp_path / "b", synthetic_dir) / "metrics.json").read_text())
+    assert again["baselines_test"] == metrics["baselines_test"]  # the same users: seeded

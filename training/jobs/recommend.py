@@ -51,6 +51,10 @@ class RecEval:
     n_negatives: int = 100
     exclude_seen: bool = True  # full ranking: remove the user's earlier items from the candidates
     val_users: int = 0  # validate each epoch on this many users (0 = all), for speed
+    # Test (and end-of-training validation) metrics on a seeded sample of this many users when there
+    # are more (0 = all): model and baselines alike; metrics.json states how many. The baselines are
+    # still fitted on every user.
+    test_users: int = 100_000
     batch_size: int = 512
     protocols: list[str] = field(default_factory=lambda: list(PROTOCOLS))  # test protocols
     baselines: list[str] = field(default_factory=lambda: list(BASELINES))  # scored on test beside the model
@@ -200,7 +204,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             return
         if self.dist.is_main:
             with self.untimed():  # measured before a refit has seen the validation items
-                self.valid_metrics = self._all_protocols(model.scores, self.split.valid, self.device)
+                valid = subsample(self.split.valid, self.cfg.eval.test_users, self.cfg.train.seed)
+                self.valid_metrics = self._all_protocols(model.scores, valid, self.device)
         t = self.cfg.train
         if t.refit_epochs:
             # The validation target joins the training data; the test item stays held out.
@@ -223,12 +228,17 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         }}
         if self.cfg.data.full_data:
             return out
-        test = self.split.test
+        test = subsample(self.split.test, e.test_users, self.cfg.train.seed)
+        out["protocol"]["test_users"] = {"scored": len(test.targets), "of": len(self.split.test.targets),
+                                         "seed": self.cfg.train.seed}
+        log.info("test: %d of %d users (eval.test_users %d, seed %d)", len(test.targets),
+                 len(self.split.test.targets), e.test_users, self.cfg.train.seed)
         out["valid"] = self.valid_metrics
         out["baselines_valid_per_epoch_users"] = self.valid_baselines
         out["test"] = self._all_protocols(model.scores, test, self.device)
-        # What is known at test time: every interaction but the held-out test items.
-        known = test.histories + short_sequences(self.split)
+        # What is known at test time: every interaction but the held-out test items (of every user,
+        # sampled or not).
+        known = self.split.test.histories + short_sequences(self.split)
         out["baselines_test"] = {
             name: self._all_protocols(BASELINES[name](known, len(self.items)), test, "cpu") for name in e.baselines
         }
