@@ -3,7 +3,9 @@ simple baselines every recommendation run is measured against, through the same 
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +17,8 @@ from models.layers import last_valid_index
 from models.ranking import index_mask, pack_histories, pad_rows
 from training.splits import EvalSet
 
+log = logging.getLogger(__name__)
+LOG_EVERY_S = 30.0  # a progress line at least this often during a long evaluation
 KS = (1, 5, 10)
 PROTOCOLS = ("full", "popularity", "uniform")
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # (B, L) histories -> (B, V) scores
@@ -108,7 +112,13 @@ def evaluate(
         negatives = draw_negatives(data, vocab_size=vocab_size, protocol=protocol, popularity=popularity)
     all_ranks = []
     bs = protocol.batch_size
+    t0 = last_line = time.monotonic()
     for n, lo in enumerate(range(0, len(data.targets), bs)):
+        if time.monotonic() - last_line >= LOG_EVERY_S:  # a long evaluation (many users) says how far it is
+            last_line = time.monotonic()
+            done, spent = lo / len(data.targets), last_line - t0
+            log.info("evaluating (%s): %.0f%% of %d users, %.0f users/s, about %.0fs left", protocol.negatives,
+                     100 * done, len(data.targets), lo / spent, spent / done - spent)
         hist = data.histories[lo : lo + bs]
         seq = pack_histories(hist, max_history).to(device)
         targets = torch.tensor(data.targets[lo : lo + bs])

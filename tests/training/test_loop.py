@@ -57,3 +57,21 @@ def test_a_long_epoch_logs_its_progress_without_a_bar(monkeypatch: pytest.Monkey
     lines = [r.getMessage() for r in caplog.records if "% of 60 batches" in r.getMessage()]
     assert len(lines) >= 3, lines  # pytest's stderr is no terminal: no bar, log lines
     assert all("rows/s" in line and "left in the epoch" in line for line in lines)
+
+
+def test_a_long_evaluation_logs_its_progress(monkeypatch: pytest.MonkeyPatch,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    from training import evaluate as ev
+    from training.splits import EvalSet
+
+    monkeypatch.setattr(ev, "LOG_EVERY_S", 0.05)
+    caplog.set_level(logging.INFO, logger="training.evaluate")
+    data = EvalSet(users=list(range(40)), histories=[[3, 4]] * 40, targets=[5] * 40, interacted=[[3, 4, 5]] * 40)
+
+    def slow_scores(seq: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.03)
+        return torch.rand(len(seq), 10)
+
+    out = ev.evaluate(slow_scores, data, vocab_size=10, max_history=4, protocol=ev.Protocol(batch_size=4))
+    lines = [r.getMessage() for r in caplog.records if "% of 40 users" in r.getMessage()]
+    assert out["n"] == 40 and len(lines) >= 3 and all("users/s" in line for line in lines), lines
