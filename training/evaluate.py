@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import math
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from models.ids import N_SPECIAL, PAD
@@ -216,31 +216,75 @@ def transitions_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
     return score
 
 
+KNN_BLOCK_PAIRS = 20_000_000  # co-occurring (item, item) pairs formed at once: bounds item-kNN's memory
+
+
+def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each item's `neighbours` most similar items by cosine over users, as (item, neighbour, similarity).
+
+    Built over blocks of items whose co-occurring pairs number at most about KNN_BLOCK_PAIRS, each
+    block cut to its top neighbours before the next: the whole (V, V) co-occurrence (230 million
+    pairs for 5M events, docs/BENCHMARKS.md section 9) never exists at once. Ties go to the lower item id.
+    """
+    per_user = [np.unique(np.asarray(s, dtype=np.int64)) for s in known]  # each user's distinct items
+    sizes = np.array([len(u) for u in per_user], dtype=np.int64)
+    user_items = np.concatenate(per_user) if per_user else np.zeros(0, dtype=np.int64)
+    user_of = np.repeat(np.arange(len(known)), sizes)
+    user_start = np.concatenate([[0], np.cumsum(sizes)])
+    # Users of each item (item -> users CSR), and how many pairs each item forms.
+    by_item = np.argsort(user_items, kind="stable")
+    item_users = user_of[by_item]
+    n = np.bincount(user_items, minlength=vocab_size)
+    item_start = np.concatenate([[0], np.cumsum(n)])
+    pairs_of = np.bincount(user_items, weights=sizes[user_of], minlength=vocab_size)
+    nf = torch.from_numpy(n).float()
+    out_i, out_j, out_s = [], [], []
+    lo = 0
+    while lo < vocab_size:
+        hi = lo + 1 + int(np.searchsorted(np.cumsum(pairs_of[lo + 1 :]), KNN_BLOCK_PAIRS))
+        hi = min(hi, vocab_size)
+        # Every (item in [lo, hi), item of one of its users) pair, then counted.
+        users = item_users[item_start[lo] : item_start[hi]]
+        left = np.repeat(np.arange(lo, hi), n[lo:hi])
+        lens = sizes[users]
+        a = np.repeat(left, lens)
+        offs = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        b = user_items[np.repeat(user_start[users], lens) + offs]
+        keep = a != b  # an item is not its own neighbour
+        pair = (a[keep] - lo) * vocab_size + b[keep]
+        if (hi - lo) * vocab_size <= 4 * len(pair):  # dense enough: count by position, no sort
+            counted = np.bincount(pair, minlength=(hi - lo) * vocab_size)
+            key = np.flatnonzero(counted)
+            counts = counted[key]
+        else:
+            key, counts = np.unique(pair, return_counts=True)
+        key += lo * vocab_size
+        i, j = torch.from_numpy(key // vocab_size), torch.from_numpy(key % vocab_size)
+        sim = torch.from_numpy(counts).float() / torch.sqrt(nf[i] * nf[j]).clamp(min=1.0)
+        # The top `neighbours` of each row: by similarity, ties to the lower neighbour id (keys are sorted).
+        order = torch.argsort(sim, descending=True, stable=True)
+        order = order[torch.argsort(i[order], stable=True)]
+        i, j, sim = i[order], j[order], sim[order]
+        start = torch.zeros(hi - lo + 1, dtype=torch.long)
+        start[1:] = torch.cumsum(torch.bincount(i - lo, minlength=hi - lo), 0)
+        top = (torch.arange(len(i)) - start[i - lo]) < neighbours
+        out_i.append(i[top])
+        out_j.append(j[top])
+        out_s.append(sim[top])
+        lo = hi
+    if not out_i:
+        empty = torch.zeros(0, dtype=torch.long)
+        return empty, empty, torch.zeros(0)
+    return torch.cat(out_i), torch.cat(out_j), torch.cat(out_s)
+
+
 def item_knn_scorer(known: list[list[int]], vocab_size: int, neighbours: int = 100) -> ScoreFn:
     """Item-to-item co-occurrence (item-kNN): each item keeps its `neighbours` most similar items by
     cosine over the users of `known`; a candidate scores its summed similarity to the history's items
     (popularity orders ties)."""
-    users = torch.repeat_interleave(torch.arange(len(known)), torch.tensor([len(s) for s in known]))
-    items = torch.tensor([x for s in known for x in s], dtype=torch.long)
-    ui = _sparse_rows(users, items, torch.ones(len(items)), len(known), vocab_size)
-    rows, cols = ui.indices()
-    ui = _sparse_rows(rows, cols, torch.ones(len(rows)), len(known), vocab_size)  # binary
-    with warnings.catch_warnings():  # sparse x sparse goes through torch's "beta" CSR support
-        warnings.simplefilter("ignore", UserWarning)
-        co = torch.sparse.mm(ui.t().coalesce(), ui).coalesce()  # (V, V) co-occurrence counts
-    n = item_counts([sorted(set(s)) for s in known], vocab_size).float()
-    i, j = co.indices()
-    keep = i != j  # an item is not its own neighbour
-    i, j = i[keep], j[keep]
-    sim = co.values()[keep] / torch.sqrt(n[i] * n[j]).clamp(min=1.0)
-    # The top `neighbours` of each row: sort by similarity, then stably by row; rank within the row.
-    order = torch.argsort(sim, descending=True, stable=True)
-    order = order[torch.argsort(i[order], stable=True)]
-    i, j, sim = i[order], j[order], sim[order]
-    start = torch.zeros(vocab_size + 1, dtype=torch.long)
-    start[1:] = torch.cumsum(torch.bincount(i, minlength=vocab_size), 0)
-    top = (torch.arange(len(i)) - start[i]) < neighbours
-    table = _Rows.of(_sparse_rows(i[top], j[top], sim[top], vocab_size, vocab_size))
+    i, j, sim = _knn_neighbours(known, vocab_size, neighbours)
+    table = _Rows.of(_sparse_rows(i, j, sim, vocab_size, vocab_size))
     width = int((table.crow[1:] - table.crow[:-1]).max()) if len(i) else 0
     # Dense (V, width) neighbour ids and similarities (0 where an item has fewer neighbours).
     nbr = torch.zeros(vocab_size, max(width, 1), dtype=torch.long)

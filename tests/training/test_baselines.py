@@ -1,5 +1,6 @@
 """The simple baselines every recommendation run prints beside the model."""
 
+import pytest
 import torch
 
 from models.ids import N_SPECIAL
@@ -47,3 +48,29 @@ def test_item_knn_sums_similarities_over_the_history() -> None:
     assert ranking(both)[0] == 2 and both[2] > both[5] > both[6]
     few = item_knn_scorer(KNOWN, V, neighbours=1)(pack_histories([[2]], 5))[0]
     assert int((few > 0.01).sum()) == 1  # one neighbour kept; the rest is the popularity fill
+
+
+@pytest.mark.parametrize("block_pairs", [7, 100, 10**9])
+def test_item_knn_built_in_blocks_matches_the_dense_definition(block_pairs: int,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cosine over users, self excluded, top `neighbours` per item with ties to the lower id: the same
+    neighbours however the items are split into blocks."""
+    from training import evaluate as ev
+
+    monkeypatch.setattr(ev, "KNN_BLOCK_PAIRS", block_pairs)
+    gen = torch.Generator().manual_seed(0)
+    vocab = 40
+    known = [torch.randint(3, vocab, (int(torch.randint(1, 12, (1,), generator=gen)),), generator=gen).tolist()
+             for _ in range(60)]
+    ui = torch.zeros(len(known), vocab)
+    for u, seq in enumerate(known):
+        ui[u, seq] = 1.0
+    co = ui.t() @ ui
+    n = ui.sum(0)
+    sim = co / torch.sqrt(n[:, None] * n[None, :]).clamp(min=1.0)
+    want = set()
+    for a in range(vocab):
+        cands = sorted((-float(sim[a, b]), b) for b in range(vocab) if b != a and co[a, b] > 0)[:3]
+        want |= {(a, b, round(-s, 5)) for s, b in cands}
+    i, j, s = ev._knn_neighbours(known, vocab, 3)
+    assert {(int(x), int(y), round(float(z), 5)) for x, y, z in zip(i, j, s, strict=True)} == want
