@@ -132,7 +132,10 @@ class Job(ABC, Generic[D, T, E]):
         if t.threads:
             torch.set_num_threads(t.threads)
         seed_everything(t.seed)
+        t_data = time.monotonic()
         self.prepare_data()
+        data_seconds = time.monotonic() - t_data
+        log.info("data ready in %.1f s", data_seconds)
         model = self.build_model().to(self.device)
         seed_everything(t.seed + self.dist.rank)  # same initial weights everywhere; each rank its own sampling
         self.preflight(model)
@@ -143,7 +146,9 @@ class Job(ABC, Generic[D, T, E]):
         history = train(model, self.train_batches(model), t, validate=validate,
                         key_metric=self.key_metric, dist=self.dist, device=self.device)
         self.history = history
+        loop_seconds = time.monotonic() - t0
         self.after_training(model, history)
+        after_seconds = time.monotonic() - t0 - loop_seconds
         train_seconds = time.monotonic() - t0 - self._untimed
         if not self.dist.is_main:
             return None
@@ -157,7 +162,15 @@ class Job(ABC, Generic[D, T, E]):
         metrics["eval_seconds"] = round(time.monotonic() - t1, 1)
         metrics["history"] = {"epoch": history.epoch, "loss": history.loss, "val": history.val,
                               "seconds": history.seconds}
+        t2 = time.monotonic()
         pieces = self.export(model)
+        # Each phase on its own clock: train.max_minutes bounds the training loop only.
+        metrics["seconds"] = {
+            "data": round(data_seconds, 1), "training_loop": round(loop_seconds, 1),
+            "after_training": round(after_seconds, 1), "evaluation": metrics["eval_seconds"],
+            "export_files": round(time.monotonic() - t2, 1), "budget": t.max_minutes * 60,
+        }
+        log.info("seconds: %s", " | ".join(f"{k} {v:g}" for k, v in metrics["seconds"].items()))
         run_config = self.cfg.to_dict()
         config = getattr(model, "config", None)
         if dataclasses.is_dataclass(config) and not isinstance(config, type):

@@ -169,5 +169,8 @@ def test_test_metrics_on_a_seeded_sample_of_users(synthetic_dir: Path, tmp_path:
     assert {m["n"] for m in metrics["test"].values()} == {10.0}
     assert {p["n"] for b in metrics["baselines_test"].values() for p in b.values()} == {10.0}
     assert {m["n"] for m in metrics["valid"].values()} == {10.0}
+    phases = metrics["seconds"]
+    assert set(phases) == {"data", "training_loop", "after_training", "evaluation", "export_files", "budget"}
+    assert all(v >= 0 for v in phases.values()) and phases["budget"] == 30 * 60
     again = json.loads((run_job(overrides, tmp_path / "b", synthetic_dir) / "metrics.json").read_text())
     assert again["baselines_test"] == metrics["baselines_test"]  # the same users: seeded
