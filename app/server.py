@@ -46,8 +46,9 @@ class GuardedHttpTools(HttpToolsProtocol):
     """uvicorn's httptools protocol with a header size limit, a request deadline and a connection cap.
 
     Per request it only notes when the request began: one sweep per process and loop, every quarter
-    of the deadline (at most 1 s), closes the connections whose request is late. A timer armed and
-    cancelled per request cost the no-op about 5% (docs/BENCHMARKS.md, "Hostile clients").
+    of the deadline (at most 1 s), closes the connections whose request is late, instead of a timer
+    armed and cancelled for every request. What the protocol costs a request is measured in
+    docs/BENCHMARKS.md, section 8.
     """
 
     def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
