@@ -9,8 +9,11 @@ optional item table (item, release time).
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,15 +65,16 @@ class Interactions:
 def group(users: pd.Series, items: pd.Series, times: np.ndarray, *, source: str) -> Interactions:
     """Group rows by user (users in order of first appearance); each user's rows sorted by time,
     file order kept on ties and where there are no times."""
-    frame = pd.DataFrame({"u": pd.factorize(users)[0], "item": items.to_numpy(), "t": times,
-                          "n": np.arange(len(users))})
-    frame["key"] = frame["t"].fillna(-np.inf)
-    frame = frame.sort_values(["u", "key", "n"], kind="stable")
-    order = pd.unique(users)
-    counts = np.bincount(frame["u"].to_numpy(), minlength=len(order))
-    bounds = np.cumsum(counts)[:-1]
-    item_lists = [a.tolist() for a in np.split(frame["item"].to_numpy(), bounds)]
-    time_lists = [a.tolist() for a in np.split(frame["t"].to_numpy(), bounds)]
+    codes, order = pd.factorize(users)
+    key = np.where(np.isnan(times), -np.inf, times)
+    rows = np.lexsort((key, codes))  # by user, then time; lexsort is stable: file order on ties
+    ends = np.cumsum(np.bincount(codes, minlength=len(order))).tolist()
+    # One conversion to Python objects, then a C-level slice per user (a tolist per user was 0.9 s
+    # of a 5M-row load; docs/BENCHMARKS.md section 9).
+    all_items, all_times = items.to_numpy()[rows].tolist(), times[rows].tolist()
+    starts = [0, *ends[:-1]]
+    item_lists = [all_items[a:b] for a, b in zip(starts, ends, strict=True)]
+    time_lists = [all_times[a:b] for a, b in zip(starts, ends, strict=True)]
     return Interactions([str(u) for u in order], item_lists, time_lists, source=source)
 
 
@@ -232,9 +236,26 @@ def load_table(path: Path, item_table: Path | None = None) -> Interactions:
     return data
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Loading builds millions of lists, strings and floats and no reference cycle: the cyclic garbage
+    collector's passes over them were a third of a 5M-row load (docs/BENCHMARKS.md section 9)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def load_interactions(path: Path, item_table: Path | None = None) -> Interactions:
     """Detect the format of `path` (a file or a dataset folder) and load it."""
-    path = Path(path)
+    with _collector_paused():
+        return _load(Path(path), item_table)
+
+
+def _load(path: Path, item_table: Path | None) -> Interactions:
     if path.is_dir():
         inters = sorted(path.glob("*.inter"))
         if inters:
