@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import httpx2 as httpx
@@ -175,11 +176,13 @@ def test_one_reload_reaches_every_worker(tiny_artifacts: Path, tmp_path: Path) -
     proc, url = start_api(root, env)
     try:
         with httpx.Client(base_url=url, timeout=30) as c:
-            workers = set()
-            for _ in range(200):  # until both workers have reported (each writes its file once loaded)
+            # /readyz answered from one worker; the other may still be loading its models. Each worker
+            # reports once loaded, so wait (on a slow machine, seconds) until both have.
+            workers: set[str] = set()
+            deadline = time.monotonic() + 90
+            while len(workers) < 2 and time.monotonic() < deadline:
                 workers = set(c.post("/admin/reload", headers=KEY).json()["workers"])
-                if len(workers) == 2:
-                    break
+                time.sleep(0.2)
             assert len(workers) == 2, workers
             _new_version(root, "sasrec-tiny", "29990101T000000Z", nudge=0.5)
             r = c.post("/admin/reload", headers=KEY).json()
