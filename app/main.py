@@ -117,7 +117,7 @@ async def _housekeeping(services: Services) -> None:
     while True:
         await asyncio.sleep(services.settings.housekeeping_s)
         try:
-            services.metrics.set_queue_depths({n: s.batcher.depth for n, s in services.registry.models.items()})
+            services.metrics.set_queue_depths(services.registry.queue_depths())
             services.metrics.forget_dead_workers()
             if services.coordinator is not None:
                 await services.coordinator.follow()

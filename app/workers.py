@@ -107,11 +107,8 @@ class Coordinator:
         self.registry, self.sync, self.root = registry, sync, root
         self.seen = sync.generation()
 
-    def versions(self) -> dict[str, str]:
-        return {name: served.version for name, served in self.registry.models.items()}
-
     def announce(self) -> None:
-        self.sync.report(self.seen, self.versions())
+        self.sync.report(self.seen, self.registry.versions())
 
     async def follow(self) -> None:
         """Reload when another worker has bumped the generation since this one last looked."""

@@ -159,6 +159,14 @@ class ModelRegistry:
         for served in list(self.models.values()):
             await served.batcher.stop()
 
+    def versions(self) -> dict[str, str]:
+        """Model name -> the version serving it."""
+        return {name: served.version for name, served in self.models.items()}
+
+    def queue_depths(self) -> dict[str, int]:
+        """Model name -> requests waiting in its batcher."""
+        return {name: served.batcher.depth for name, served in self.models.items()}
+
     def health(self) -> dict[str, str]:
         """Models whose batcher cannot run normally, and why (an empty map when all are well)."""
         out = {}

@@ -15,8 +15,7 @@ async def reload(services: ServicesDep) -> ReloadReport:
     several workers, every worker reloads; the answer comes once all have (or after SEQSERVE_RELOAD_WAIT_S)."""
     if services.coordinator is None:
         report = await services.registry.reload(services.settings.artifacts_dir)
-        versions = {n: s.version for n, s in services.registry.models.items()}
-        return ReloadReport(**report, workers={"self": versions}, all_workers=True)
+        return ReloadReport(**report, workers={"self": services.registry.versions()}, all_workers=True)
     report, complete, workers = await services.coordinator.reload_everywhere(services.settings.reload_wait_s)
     return ReloadReport(**report, workers={str(pid): w.versions for pid, w in sorted(workers.items())},
                         all_workers=complete)
