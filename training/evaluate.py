@@ -227,10 +227,12 @@ def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int
     block cut to its top neighbours before the next: the whole (V, V) co-occurrence (230 million
     pairs for 5M events, docs/BENCHMARKS.md section 9) never exists at once. Ties go to the lower item id.
     """
-    per_user = [np.unique(np.asarray(s, dtype=np.int64)) for s in known]  # each user's distinct items
-    sizes = np.array([len(u) for u in per_user], dtype=np.int64)
-    user_items = np.concatenate(per_user) if per_user else np.zeros(0, dtype=np.int64)
-    user_of = np.repeat(np.arange(len(known)), sizes)
+    # Each user's distinct items, sorted: one unique over (user, item) keys for all users at once.
+    lengths = np.fromiter((len(s) for s in known), dtype=np.int64, count=len(known))
+    flat = np.fromiter((x for s in known for x in s), dtype=np.int64, count=int(lengths.sum()))
+    keys = np.unique(np.repeat(np.arange(len(known), dtype=np.int64), lengths) * vocab_size + flat)
+    user_of, user_items = keys // vocab_size, keys % vocab_size
+    sizes = np.bincount(user_of, minlength=len(known))
     user_start = np.concatenate([[0], np.cumsum(sizes)])
     # Users of each item (item -> users CSR), and how many pairs each item forms.
     by_item = np.argsort(user_items, kind="stable")
