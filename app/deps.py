@@ -4,7 +4,7 @@ Routers declare what they need (`SettingsDep`, `RegistryDep`, `StoreDep`, a pars
 touch `app.state`; the request path's endpoints (app/routers/lean.py) call `services_of` and
 `parse_body` themselves, as FastAPI's handling of a route was half of their cost. Every dependency
 is `async def`: FastAPI runs a plain `def` one in a worker thread, and those thread hops were the
-largest cost of a no-op request in the profile (docs/BENCHMARKS.md, "Hot path"). Request bodies are
+largest cost of a no-op request in the profile (docs/BENCHMARKS.md, "Where a request's time goes"). Request bodies are
 parsed here in one pass (`model_validate_json` on the raw bytes) by the app's own bounded models, so
 validation and the OpenAPI document share one set of limits.
 """

@@ -1,4 +1,5 @@
-"""Exploration for issue 14: would a ranking-time blend with item transitions lift a trained model?
+"""Would a ranking-time blend with item transitions lift a trained model? (the whole-catalog quality
+target, docs/BENCHMARKS.md section 6)
 
     .venv/bin/python bench/blend_transitions.py --config training/configs/sasrec_beauty.toml \
         --artifact runs/beauty_b64/sasrec-beauty-b64/<version>

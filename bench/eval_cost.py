@@ -3,7 +3,7 @@
     .venv/bin/python bench/eval_cost.py --config training/configs/sasrec_beauty.toml --users 8000
 
 Scores the three baselines on a subsample of the test users under the two sampled protocols, twice in
-the same run: each scorer drawing its own negatives (what every evaluation did before session 7) and
+the same run: each scorer drawing its own negatives (what every evaluation did before the shared draw) and
 one draw per protocol shared by all (what the training job does now). Both give identical metrics:
 the draws are seeded alike.
 """

@@ -27,7 +27,7 @@ from models.tasks import TASKS  # noqa: E402
 
 
 def previous(rows: list[list[int]]) -> torch.Tensor:
-    """Before session 10: one torch.tensor over right-padded Python lists."""
+    """The earlier way: one torch.tensor over right-padded Python lists."""
     width = max([1, *map(len, rows)])
     return torch.tensor([list(r) + [0] * (width - len(r)) for r in rows], dtype=torch.long).reshape(len(rows), width)
 
