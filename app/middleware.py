@@ -55,9 +55,11 @@ class Observe:
             await send(message)
 
         token = request_id.set(rid)
+        self.metrics.in_progress.inc()
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            self.metrics.in_progress.dec()
             seconds = time.perf_counter() - t0
             route = scope.get("route")
             endpoint = getattr(route, "path", "unmatched")

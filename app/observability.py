@@ -34,6 +34,9 @@ class Metrics:
                                        buckets=LATENCY_BUCKETS, registry=self.registry)
         self.queue_depth = Gauge("seqserve_queue_depth", "Requests waiting for a model call", ["model"],
                                  registry=self.registry, multiprocess_mode="livesum")
+        # Requests the app has started and not yet answered: what a graceful stop still owes.
+        self.in_progress = Gauge("seqserve_requests_in_progress", "HTTP requests being handled",
+                                 registry=self.registry, multiprocess_mode="livesum")
         self.rejected = Counter("seqserve_rejected_total", "Requests refused or failed, by reason", ["reason"],
                                 registry=self.registry)
         # (endpoint, model, status) -> the two children a request updates: labels() hashes its values and

@@ -76,6 +76,7 @@ def test_metrics_show_batches_above_one_under_concurrency(tiny_artifacts: Path) 
                        if ln.startswith('seqserve_batch_size_sum{model="sasrec-tiny"}')))
     assert total == 30 and count < 30  # some model calls carried more than one request
     assert 'seqserve_queue_depth{model="sasrec-tiny"} 0.0' in text
+    assert "seqserve_requests_in_progress 1.0" in text  # the /metrics request itself; the 32 others ended
 
 
 def test_metrics_of_several_workers_are_summed(tmp_path: Path) -> None:
