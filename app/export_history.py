@@ -1,8 +1,9 @@
-"""Write a namespace's histories (artifact base + live events) as a training log.
+"""Write a namespace's histories (the newest artifact's histories + live events) as a training log.
 
     python -m app.export_history --namespace ml-100k --out runs/ml100k_with_events.csv
 
-Uses the same SEQSERVE_* settings as the service (store kind, SQLite path, Redis URL). The log is a
+Uses the same SEQSERVE_* settings as the service (artifacts folder, store kind, SQLite path, Redis URL);
+the base is the newest version, among the artifacts of that namespace, that keeps user histories. The log is a
 CSV with a header, quoted by the csv module so that any id (spaces, commas, quotes, newlines) reads
 back exactly: `user_id,item_id,timestamp[,action]`, the timestamp empty when the data has none (e.g.
 Amazon Beauty, whose order is kept). `python -m training train --data ...` reads it, so items first
@@ -20,37 +21,78 @@ from pathlib import Path
 
 from app.settings import Settings
 from app.store import open_store
+from models.artifact import ArtifactError, latest_versions, read_manifest
+from models.serving import EngineOptions, Timeline, optional_time
 from models.social import is_incoming
+from models.tasks import TASKS
+from models.tasks.recommend import UserQueryEngine
+
+
+def newest_engine(artifacts: Path, namespace: str) -> UserQueryEngine | None:
+    """The newest version (by its time) of the namespace's artifacts that keeps user histories."""
+    found = []
+    for folder in latest_versions(artifacts).values():
+        try:
+            manifest = read_manifest(folder)
+        except ArtifactError:
+            continue
+        task = TASKS.get(manifest.task)
+        if manifest.namespace == namespace and task is not None and task.route == "recommend":
+            found.append((folder.name, folder, task))
+    for _, folder, task in sorted(found, key=lambda f: f[0], reverse=True):
+        try:
+            engine = task.open(folder, EngineOptions(trace=False))
+        except ArtifactError as exc:
+            print(f"skipping {folder}: {exc}", file=sys.stderr)
+            continue
+        assert isinstance(engine, UserQueryEngine)
+        return engine
+    return None
+
+
+def _rows(timeline: Timeline, *, with_actions: bool) -> list[list[str]]:
+    return [[item, "" if math.isnan(t) else (f"{t:.0f}" if t == int(t) else repr(t)),
+             *([action or ""] if with_actions else [])] for item, t, action in timeline if not is_incoming(action)]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m app.export_history", description=__doc__.split("\n")[0])
     p.add_argument("--namespace", required=True, help="the data set's name (POST /events answers it)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--artifacts", type=Path, help="the artifacts folder (default: SEQSERVE_ARTIFACTS_DIR's)")
     args = p.parse_args(argv)
     s = Settings()
+    engine = newest_engine(args.artifacts or s.artifacts_dir, args.namespace)
     store = open_store(s.history_store, sqlite_path=s.history_path, redis_url=s.redis_url.get_secret_value(),
                        redis_prefix=s.redis_prefix, keep=s.live_events)
     try:
-        timelines = {u: [e for e in store.history(args.namespace, u) if not is_incoming(e[2])]
-                     for u in store.users(args.namespace)}
+        live_users = list(store.users(args.namespace))
+        live = {u: tl for start in range(0, len(live_users), 500)
+                for u, tl in store.events(args.namespace, live_users[start : start + 500]).items()}
     finally:
         store.close()
-    timelines = {u: tl for u, tl in timelines.items() if tl}
-    if not timelines:
-        print(f"namespace {args.namespace!r} holds no history in the {s.history_store} store", file=sys.stderr)
+    if engine is None and not live:
+        print(f"namespace {args.namespace!r} holds no history (no artifact of it under the artifacts folder,"
+              f" no live event in the {s.history_store} store)", file=sys.stderr)
         return 1
-    with_actions = any(a is not None for tl in timelines.values() for _, _, a in tl)
+    with_actions = engine is not None and engine.action_ids is not None
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    n, users = 0, set[str]()
     with args.out.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["user_id", "item_id", "timestamp", *(["action"] if with_actions else [])])
-        for user, tl in timelines.items():
-            for item, t, action in tl:
-                ts = "" if math.isnan(t) else (f"{t:.0f}" if t == int(t) else repr(t))
-                w.writerow([user, item, ts, *([action or ""] if with_actions else [])])
-    n = sum(len(tl) for tl in timelines.values())
-    print(f"wrote {n} interactions of {len(timelines)} users to {args.out}", file=sys.stderr)
+        # Base rows first, live rows after: the loader keeps file order within a user (a stable sort).
+        for user in engine.stored_users() if engine is not None else ():
+            rows = _rows(engine.stored_timeline(user), with_actions=with_actions) if engine else []
+            w.writerows([user, *r] for r in rows)
+            n, users = n + len(rows), users | ({user} if rows else set())
+        for user, tl in live.items():
+            # Events the artifact already holds (the service folds them when it loads it) count once.
+            held = engine.stored_events(user) if engine is not None else set()
+            rows = _rows([e for e in tl if (e[0], optional_time(e[1])) not in held], with_actions=with_actions)
+            w.writerows([user, *r] for r in rows)
+            n, users = n + len(rows), users | ({user} if rows else set())
+    print(f"wrote {n} interactions of {len(users)} users to {args.out}", file=sys.stderr)
     return 0
 
 

@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(default=_BATCH.max_wait_ms, ge=0)
     max_queue: int = Field(default=_BATCH.max_queue, ge=1)  # waiting requests per model before 503
     request_timeout_s: float = Field(default=10.0, gt=0)  # 504 after this
-    # User histories: seeded from the artifacts, appended to by POST /events.
+    # Live user events (POST /events), read after the artifacts' own histories.
     history_store: Literal["sqlite", "redis"] = "sqlite"
     history_path: Path = Path("state/history.sqlite3")  # the SQLite store's file (not under the artifacts)
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")  # may hold a password: never shown

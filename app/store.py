@@ -1,8 +1,10 @@
-"""Where user histories live: seeded from an artifact's final histories, appended to by POST /events.
+"""Where live user events live: what POST /events appends after an artifact's final histories.
 
-One interface, two stores: embedded SQLite (the default; WAL, fsync on commit) and Redis (for several
-service instances; durable when the server runs with append-only persistence). Histories are kept per
-namespace, the data set a model was trained on, so every model of one data set sees the same events.
+The artifacts' own histories stay in their memory-mapped tables (models/histories.py); the store holds
+live events only, so a service start copies nothing into it. One interface, two stores: embedded
+SQLite (the default; WAL, fsync on commit) and Redis (for several service instances; durable when the
+server runs with append-only persistence). Events are kept per namespace, the data set a model was
+trained on, so every model of one data set sees the same events.
 
 - `append` returns only after the events are durably stored. An event id is remembered with a digest
   of its payload: the same id and payload again is a no-op ("duplicate"), the same id with another
@@ -23,9 +25,8 @@ import math
 import sqlite3
 import threading
 import time
-import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -39,7 +40,8 @@ T = TypeVar("T")
 # stores nothing: the conflicting ones say "conflict", the others "skipped". "dropped_old": taken (its
 # id is known from now on) but older than the `keep` newest of its user, so not kept.
 Outcome = Literal["stored", "duplicate", "conflict", "skipped", "dropped_old"]
-BaseHistories = Mapping[str, Sequence[tuple[str, float, str | None]]]
+# A user -> the artifact's events of that user as (raw id, time or None) keys.
+StoredEvents = Callable[[str], set[tuple[str | None, float | None]]]
 
 
 @dataclass(frozen=True)
@@ -95,21 +97,12 @@ def _json_ts(t: float) -> float | None:
     return None if math.isnan(t) else t
 
 
-def _held(base: Sequence[tuple[str, float, str | None]]) -> set[tuple[str, float | None]]:
-    """A new base's events as keys: live events it already holds (it was retrained on them) are dropped."""
-    return {(i, _json_ts(t)) for i, t, _ in base}
-
-
-def _base_json(events: Sequence[tuple[str, float, str | None]]) -> str:
-    return json.dumps([[i, _json_ts(t), a] if a is not None else [i, _json_ts(t)] for i, t, a in events])
-
-
-def _parse_base(text: str) -> Timeline:
-    return [(str(e[0]), _ts(e[1]), str(e[2]) if len(e) > 2 and e[2] is not None else None) for e in json.loads(text)]
+def _key(item: str, t: float) -> tuple[str | None, float | None]:
+    return item, _json_ts(t)
 
 
 class HistoryStore(ABC):
-    """Per-namespace user histories: an immutable seeded base plus appended live events."""
+    """Per-namespace live user events, appended after an artifact's final histories."""
 
     kind: str
     # Whether reads are quick local calls (SQLite's WAL readers never wait on a writer) that may run
@@ -120,12 +113,10 @@ class HistoryStore(ABC):
         self.keep = keep  # live events kept per user
 
     @abstractmethod
-    def seed(self, namespace: str, token: str, histories: BaseHistories) -> bool:
-        """Replace the base with `histories` unless `token` (the data's hash) is already seeded.
-
-        Live events that the new base contains are folded (dropped; their ids stay known).
-        Returns whether it wrote.
-        """
+    def fold(self, namespace: str, token: str, stored: StoredEvents) -> int | None:
+        """Drop the live events that `stored` says the artifact of data hash `token` holds, unless that
+        token was folded already (None). Walks the users with live events only; their ids stay known.
+        Returns how many events it dropped."""
 
     @abstractmethod
     def append(self, namespace: str, events: Sequence[Event]) -> list[Outcome]:
@@ -138,15 +129,12 @@ class HistoryStore(ABC):
         that has any, merged, oldest first (by timestamp, then arrival)."""
 
     @abstractmethod
-    def base(self, namespace: str, user: str) -> Timeline: ...
-
-    @abstractmethod
     def stored_ids(self, namespace: str, event_ids: Sequence[str]) -> set[str]:
         """Which of these event ids the store has taken (durably)."""
 
     @abstractmethod
     def users(self, namespace: str) -> Iterator[str]:
-        """Every user with a base history or live events."""
+        """Every user with live events."""
 
     @abstractmethod
     def ping(self) -> None:
@@ -155,9 +143,6 @@ class HistoryStore(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    def history(self, namespace: str, user: str) -> Timeline:
-        """The whole history: base, then live events."""
-        return self.base(namespace, user) + self.events(namespace, [user]).get(user, [])
 
 
 class SQLiteStore(HistoryStore):
@@ -165,11 +150,10 @@ class SQLiteStore(HistoryStore):
 
     kind = "sqlite"
     local_reads = True
-    SCHEMA_VERSION = 3
+    SCHEMA_VERSION = 4
     _SCHEMA = """
+    -- The data hash whose artifact histories were last folded, per namespace.
     CREATE TABLE IF NOT EXISTS seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
-    CREATE TABLE IF NOT EXISTS base (ns TEXT, user TEXT, items TEXT NOT NULL, PRIMARY KEY (ns, user))
-        WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS events (
         seq INTEGER PRIMARY KEY, ns TEXT NOT NULL, event_id TEXT NOT NULL, user TEXT NOT NULL,
         item TEXT NOT NULL, ts REAL, recorded_at REAL NOT NULL,
@@ -217,6 +201,8 @@ class SQLiteStore(HistoryStore):
                 # Before this column, the service wrote received steps under ids '<-' + the event's id
                 # (app.serving.MIRROR_ID), an id prefix clients may not use.
                 conn.execute("UPDATE events SET received = 1 WHERE substr(event_id, 1, 2) = '<-'")
+            # Files before version 4 held a copy of every artifact history ("base"): the tables hold them now.
+            conn.execute("DROP TABLE IF EXISTS base")
             # One statement at a time: executescript() would commit the open transaction first.
             for statement in self._SCHEMA.split(";"):
                 if statement.strip():
@@ -272,26 +258,25 @@ class SQLiteStore(HistoryStore):
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
 
-    def seed(self, namespace: str, token: str, histories: BaseHistories) -> bool:
-        def do(conn: sqlite3.Connection) -> bool:
+    def fold(self, namespace: str, token: str, stored: StoredEvents) -> int | None:
+        def do(conn: sqlite3.Connection) -> int | None:
             row = conn.execute("SELECT token FROM seeded WHERE ns = ?", (namespace,)).fetchone()
             if row is not None and row[0] == token:
-                return False
-            conn.execute("DELETE FROM base WHERE ns = ?", (namespace,))
-            conn.executemany("INSERT INTO base (ns, user, items) VALUES (?, ?, ?)",
-                             ((namespace, u, _base_json(evs)) for u, evs in histories.items()))
+                return None
+            dropped = 0
             live = conn.execute("SELECT DISTINCT user FROM events WHERE ns = ? AND folded = 0",
                                 (namespace,)).fetchall()
             for (user,) in live:
-                held = _held(histories.get(user, []))
+                held = stored(user)
                 if held:
                     rows = conn.execute("SELECT seq, item, ts FROM events WHERE ns = ? AND user = ? AND folded = 0",
                                         (namespace, user)).fetchall()
                     drop = [(seq,) for seq, item, ts in rows if (item, ts) in held]
                     conn.executemany("DELETE FROM events WHERE seq = ?", drop)  # event_ids keeps their ids
+                    dropped += len(drop)
             conn.execute("INSERT OR REPLACE INTO seeded (ns, token, at) VALUES (?, ?, ?)",
                          (namespace, token, time.time()))
-            return True
+            return dropped
 
         return self._write(do)
 
@@ -361,11 +346,6 @@ class SQLiteStore(HistoryStore):
 
         return self._read(do)
 
-    def base(self, namespace: str, user: str) -> Timeline:
-        row = self._read(lambda c: c.execute("SELECT items FROM base WHERE ns = ? AND user = ?",
-                                             (namespace, user)).fetchone())
-        return _parse_base(row[0]) if row else []
-
     def stored_ids(self, namespace: str, event_ids: Sequence[str]) -> set[str]:
         ids = list(dict.fromkeys(event_ids))
         found: set[str] = set()
@@ -379,8 +359,7 @@ class SQLiteStore(HistoryStore):
 
     def users(self, namespace: str) -> Iterator[str]:
         rows = self._read(lambda c: c.execute(
-            "SELECT user FROM base WHERE ns = ? UNION SELECT user FROM events WHERE ns = ? AND folded = 0 ORDER BY 1",
-            (namespace, namespace)).fetchall())
+            "SELECT DISTINCT user FROM events WHERE ns = ? AND folded = 0 ORDER BY 1", (namespace,)).fetchall())
         return (u for (u,) in rows)
 
     def ping(self) -> None:
@@ -444,7 +423,7 @@ _SEQ_WIDTH = 20
 
 
 class RedisStore(HistoryStore):
-    """Redis store for several instances. Keys, under <prefix><ns>: `seeded`, `base` (hash user -> JSON),
+    """Redis store for several instances. Keys, under <prefix><ns>: `seeded` (the data hash last folded),
     `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of the user's
     own events), `r:<user>` (sorted set of the steps it received).
 
@@ -498,38 +477,27 @@ class RedisStore(HistoryStore):
                 self.r.zadd(self._k(namespace, f"z:{user}"),
                             {f"{seq:0{_SEQ_WIDTH}d}{json.dumps([item, ts, None])}": _score(_ts(ts))})
             self.r.delete(old)
+        # Earlier versions kept a copy of every artifact history here; the tables hold them now.
+        self.r.unlink(self._k(namespace, "base"))
 
-    def seed(self, namespace: str, token: str, histories: BaseHistories) -> bool:
-        def do() -> bool:
+    def fold(self, namespace: str, token: str, stored: StoredEvents) -> int | None:
+        def do() -> int | None:
             self._migrate(namespace)
             if self.r.get(self._k(namespace, "seeded")) == token:
-                return False
-            base_key = self._k(namespace, "base")
-            tmp = self._k(namespace, f"base-tmp-{uuid.uuid4().hex}")  # one per writer: instances may seed at once
-            items = list(histories.items())
-            try:
-                for start in range(0, len(items), 5000):
-                    chunk = {u: _base_json(evs) for u, evs in items[start : start + 5000]}
-                    self.r.hset(tmp, mapping=chunk)  # type: ignore[arg-type]
-                if items:
-                    self.r.rename(tmp, base_key)  # readers see the old base or the new one, never half
-                else:
-                    self.r.delete(base_key)
-            finally:
-                self.r.delete(tmp)
-            live: set[str] = self.r.smembers(self._k(namespace, "live"))  # type: ignore[assignment]
-            for user in live:
-                held = _held(histories.get(user, []))
+                return None
+            dropped = 0
+            for user in self.r.sscan_iter(self._k(namespace, "live"), count=1000):
+                held = stored(user)
                 if not held:
                     continue
                 for key in (self._k(namespace, f"z:{user}"), self._k(namespace, f"r:{user}")):
                     members: list[str] = self.r.zrange(key, 0, -1)  # type: ignore[assignment]
-                    folded = [m for m in members if _member_key(m) in held]
+                    folded = [m for m in members if _key(*_decode(m)[:2]) in held]
                     if folded:
                         # Removing these members only: events appended meanwhile are untouched.
-                        self.r.zrem(key, *folded)
+                        dropped += int(self.r.zrem(key, *folded))
             self.r.set(self._k(namespace, "seeded"), token)
-            return True
+            return dropped
 
         return self._call(do)
 
@@ -566,10 +534,6 @@ class RedisStore(HistoryStore):
                 out[u] = [_decode(m) for m, _ in members]
         return out
 
-    def base(self, namespace: str, user: str) -> Timeline:
-        raw = self._call(lambda: self.r.hget(self._k(namespace, "base"), user))
-        return _parse_base(raw) if isinstance(raw, str) else []
-
     def stored_ids(self, namespace: str, event_ids: Sequence[str]) -> set[str]:
         ids = list(dict.fromkeys(event_ids))
         if not ids:
@@ -579,9 +543,7 @@ class RedisStore(HistoryStore):
 
     def users(self, namespace: str) -> Iterator[str]:
         def do() -> list[str]:
-            found: set[str] = set(self.r.hkeys(self._k(namespace, "base")))  # type: ignore[arg-type]
-            found |= set(self.r.smembers(self._k(namespace, "live")))  # type: ignore[arg-type]
-            return sorted(found)
+            return sorted(self.r.smembers(self._k(namespace, "live")))  # type: ignore[arg-type]
 
         return iter(self._call(do))
 
@@ -599,11 +561,6 @@ def _score(t: float) -> str:
 def _decode(member: str) -> tuple[str, float, str | None]:
     item, ts, action = json.loads(member[_SEQ_WIDTH:])
     return str(item), _ts(ts), action
-
-
-def _member_key(member: str) -> tuple[str, float | None]:
-    item, ts, _ = _decode(member)
-    return item, _json_ts(ts)
 
 
 def open_store(kind: str, *, sqlite_path: Path, redis_url: str, redis_prefix: str = "seqserve:",

@@ -40,7 +40,8 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     engine = TASKS["recommend"].open(latest_versions(args.artifacts)[args.model], EngineOptions())
-    histories = [known for known, _ in engine.stored.values()]  # type: ignore[attr-defined]
+    histories = [found[0] for u in engine.stored_users()  # type: ignore[attr-defined]
+                 if (found := engine._stored(u)) is not None]  # type: ignore[attr-defined]
     max_len = engine.model.max_history  # type: ignore[attr-defined]
     rng = random.Random(0)
     lengths = sorted(map(len, histories))

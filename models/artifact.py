@@ -1,7 +1,8 @@
 """The artifact folder contract, written by training and read by serving.
 
 artifacts/<name>/<version>/
-  manifest.json  model.pt  <id maps>.json  <task files>.json  metrics.json  run_config.json  curves.png
+  manifest.json  model.pt  <id maps>.json  <task files>.json  histories/  metrics.json  run_config.json
+  curves.png
 A version folder is published by renaming a complete temporary folder, so a reader never sees a
 half-written one. Version folders are named by the UTC time of the run (20261122T111403Z, with a
 -2, -3 ... suffix when two runs finish in the same second); nothing else under a name is a version.
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 from pydantic import TypeAdapter, ValidationError
 
+from models import histories as history_table
 from models.checkpoint import CheckpointError, load_checkpoint
 from models.ids import IdMap
 from models.manifest import Manifest, ManifestError
@@ -32,7 +34,8 @@ USERS = "users.json"
 ACTIONS = "actions.json"
 ITEM_META = "item_meta.json"
 USER_META = "user_meta.json"  # social: each user's first activity (the "future" exclusion)
-HISTORIES = "histories.json"
+HISTORIES = history_table.FOLDER  # users' final histories, memory-mapped columns (models/histories.py)
+OLD_HISTORIES = "histories.json"  # the earlier layout: one JSON object, parsed into every worker
 METRICS = "metrics.json"
 RUN_CONFIG = "run_config.json"
 CURVES = "curves.png"
@@ -149,6 +152,18 @@ def read_id_map(folder: Path, name: str) -> IdMap:
         if isinstance(exc, ArtifactError):
             raise
         raise ArtifactError(name, f"not an id map ({exc})") from None
+
+
+def read_history_table(folder: Path) -> history_table.HistoryTable:
+    """The version's history table; an artifact of the earlier JSON layout is refused with the command
+    that converts it."""
+    if not (folder / HISTORIES).is_dir() and (folder / OLD_HISTORIES).is_file():
+        raise ArtifactError(OLD_HISTORIES, "histories in the earlier JSON layout; convert the version with "
+                                           "`python -m training convert-histories <version folder>`")
+    try:
+        return history_table.HistoryTable(folder / HISTORIES)
+    except history_table.HistoryTableError as exc:
+        raise ArtifactError(HISTORIES, str(exc)) from None
 
 
 def read_model(folder: Path, manifest: Manifest, expected: type[Any], map_location: str | torch.device = "cpu") -> Any:

@@ -90,12 +90,10 @@ class Engine(ABC, Generic[Q, P, R]):
         """Newest live events per user that prepare() can use (the model's window plus exclusions)."""
         return 0
 
-    def base_histories(self) -> Mapping[str, Sequence[tuple[str, float, str | None]]] | None:
-        """The artifact's final histories to seed the store with (once per data hash); None = nothing."""
-        return None
-
-    def release_base_histories(self) -> None:
-        """Free the raw histories once the store holds them."""
+    def stored_events(self, user: str) -> set[tuple[str | None, float | None]]:
+        """The artifact's own events of `user` as (raw id, time) keys. A live event among them was in
+        the data this artifact was trained on: the store folds it (once per data hash)."""
+        return set()
 
     def users(self, queries: Sequence[Q]) -> list[str]:
         """Users whose live events the queries need."""

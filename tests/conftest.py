@@ -14,6 +14,16 @@ N_ITEMS = 30
 YEAR = 365 * 24 * 3600
 
 
+def stored(art: object, user: str) -> list[tuple[str, float, str | None]]:
+    """An artifact's stored history of `user`: (raw id, time, action), oldest first."""
+    ids = getattr(art, "items", None) or art.users  # type: ignore[attr-defined]
+    return art.histories.timeline(user, ids, getattr(art, "actions", None))  # type: ignore[attr-defined, no-any-return]
+
+
+def stored_users(art: object) -> list[str]:
+    return list(art.histories.users())  # type: ignore[attr-defined]
+
+
 def synthetic_log(n_users: int = 40, seed: int = 0) -> list[tuple[str, str, int]]:
     """(user, item, unix time) rows where each user walks the items in a cycle: learnable."""
     rng = random.Random(seed)

@@ -1,4 +1,4 @@
-"""Offline jobs: `python -m training train|copy-task|predict ...`.
+"""Offline jobs: `python -m training train|copy-task|predict|convert-histories ...`.
 
 `train` reads a run config; the model kind in it names the task, and the task table
 (models.tasks.TASKS) names the job. Every job is one skeleton (training/job.py).
@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--artifact", type=Path, required=True, help="artifact version folder")
     pr.add_argument("--k", type=int, default=10)
     pr.add_argument("--out", type=Path, default=Path("predictions"))
+    cv = sub.add_parser("convert-histories", help="convert a version written with histories.json to the"
+                                                  " memory-mapped table (published as a new version)")
+    cv.add_argument("artifact", type=Path, help="artifact version folder")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -42,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
             from training.predict import predict_all
 
             print(predict_all(args.artifact, k=args.k, out_dir=args.out))
+            return 0
+        if args.command == "convert-histories":
+            from training.convert import convert_histories
+
+            print(convert_histories(args.artifact))
             return 0
         return _train(args)
     except (DataFormatError, ValueError, FileNotFoundError) as exc:

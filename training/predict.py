@@ -18,7 +18,7 @@ def predict_all(artifact_dir: Path, *, k: int, out_dir: Path, batch_size: int = 
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"predictions_{engine.manifest.name or artifact_dir.parent.name}_k{k}_{stamp}.csv"
-    users = list(engine.stored)
+    users = list(engine.stored_users())
     with out.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["user_id", "item_id", "rank", "score"])

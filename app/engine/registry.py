@@ -53,7 +53,7 @@ def public_reason(exc: BaseException) -> str:
     if isinstance(exc, ArtifactError):
         return str(exc)
     if isinstance(exc, StoreError):
-        return "history store refused the artifact's histories (see the service log)"
+        return "history store failed (see the service log)"
     return f"failed to load ({type(exc).__name__}; see the service log)"
 
 
@@ -79,7 +79,7 @@ class Served:
 class ModelRegistry:
     options: EngineOptions = field(default_factory=EngineOptions)
     policy: BatchPolicy = field(default_factory=BatchPolicy)
-    store: HistoryStore | None = None  # seeded with each artifact's final histories
+    store: HistoryStore | None = None  # live events; folded when an artifact trained on them loads
     on_batch: Callable[[str], Callable[[int, float], None]] | None = None  # model name -> batch observer
     models: dict[str, Served] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # "name/version" (or "name") -> public reason
@@ -185,7 +185,7 @@ class ModelRegistry:
         await old.batcher.stop()  # answers what it had accepted
 
     def _first_loadable(self, name: str, folders: list[Path]) -> Served | None:
-        """The newest of `folders` that loads, warms up and seeds; each failure recorded on the way."""
+        """The newest of `folders` that loads, warms up and folds; each failure recorded on the way."""
         for folder in folders:
             key = f"{name}/{folder.name}"
             try:
@@ -201,7 +201,7 @@ class ModelRegistry:
         return None
 
     def _load(self, name: str, folder: Path) -> Served:
-        """Load, warm and seed one version (no shared state touched: safe in a thread)."""
+        """Load, warm and fold one version (no shared state touched: safe in a thread)."""
         manifest = read_manifest(folder)
         task = TASKS.get(manifest.task)
         if task is None or task.route is None:
@@ -210,25 +210,25 @@ class ModelRegistry:
             raise ArtifactError("manifest.json", f"kind {manifest.kind!r} does not belong to task {task.name!r}")
         engine = task.open(folder, self.options)
         engine.warm_up()
-        self._seed(engine)
+        self._fold(engine)
         observer = self.on_batch(name) if self.on_batch else None
         batcher: MicroBatcher[Any, Any] = MicroBatcher(engine.infer, self.policy, on_batch=observer)
         return Served(name=name, task=task, engine=engine, batcher=batcher, folder=folder)
 
-    def _seed(self, engine: Engine[Any, Any, Any]) -> None:
-        """Seed the store with the artifact's histories (once per data hash). A store fault is logged,
-        not fatal: the model still serves, and requests that need the store answer 503."""
-        histories = engine.base_histories()
-        if self.store is None or histories is None or engine.namespace is None:
+    def _fold(self, engine: Engine[Any, Any, Any]) -> None:
+        """Drop the live events this artifact was trained on (once per data hash; walks the users with
+        live events, never the artifact's). A store fault is logged, not fatal: the model still serves,
+        and requests that need the store answer 503."""
+        if self.store is None or engine.namespace is None:
             return
         try:
             t0 = time.perf_counter()
-            if self.store.seed(engine.namespace, engine.manifest.data_hash, histories):
-                log.info("seeded history store namespace %s with %d users in %.1f s", engine.namespace,
-                         len(histories), time.perf_counter() - t0)
+            dropped = self.store.fold(engine.namespace, engine.manifest.data_hash, engine.stored_events)
+            if dropped is not None:
+                log.info("history store namespace %s: %d live events folded into the artifact's histories in"
+                         " %.1f s", engine.namespace, dropped, time.perf_counter() - t0)
         except StoreError as exc:
-            log.error("could not seed history store namespace %s: %s", engine.namespace, exc)
-        engine.release_base_histories()
+            log.error("could not fold live events of namespace %s: %s", engine.namespace, exc)
 
     def _install(self, served: Served) -> Served | None:
         """Swap `served` in under its name; returns the entry it replaced. Runs on the event loop (or

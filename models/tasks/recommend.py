@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +12,7 @@ from pydantic import TypeAdapter
 
 from models import artifact as A
 from models.base import SequentialRecommender
+from models.histories import HistoryTable
 from models.ids import N_SPECIAL, IdMap
 from models.manifest import Manifest
 from models.ranking import RELEASE_UNITS, Ranked, pack_histories, recommend, reference_value, release_tensor
@@ -21,8 +22,6 @@ from models.traced import example_rows, serving_scores
 # An interaction as requests and histories carry it: (raw id, unix time or None, action or None).
 Step = tuple[str, float | None, str | None]
 
-_HISTORIES: TypeAdapter[dict[str, list[tuple[str, float | None]]]] = TypeAdapter(
-    dict[str, list[tuple[str, float | None]]])
 _ITEM_META: TypeAdapter[dict[str, object]] = TypeAdapter(dict[str, object])
 _RELEASE: TypeAdapter[dict[str, float]] = TypeAdapter(dict[str, float])
 
@@ -35,17 +34,16 @@ class RecArtifact:
     manifest: Manifest
     model: SequentialRecommender
     items: IdMap
-    users: IdMap
     release_unit: str | None
     release: dict[str, float]  # raw item id -> release time in release_unit
-    histories: dict[str, list[tuple[str, float]]]  # raw user id -> [(raw item id, unix time or NaN)]
+    histories: HistoryTable  # each user's final items, memory-mapped; its keys are the users
 
 
 def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> RecArtifact:
     """Load and cross-check a recommendation artifact; raises ArtifactError on any defect."""
     manifest = A.read_manifest(folder)
     model: SequentialRecommender = A.read_model(folder, manifest, SequentialRecommender, map_location)
-    items, users = A.read_id_map(folder, A.ITEMS), A.read_id_map(folder, A.USERS)
+    items = A.read_id_map(folder, A.ITEMS)
     A.check(model.config.vocab_size == len(items), A.ITEMS,
             f"{len(items)} ids for a model vocabulary of {model.config.vocab_size}")
     meta = A.read_typed(folder, A.ITEM_META, _ITEM_META)
@@ -55,10 +53,9 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Rec
         release = _RELEASE.validate_python(meta.get("release", {}))
     except ValueError:
         raise A.ArtifactError(A.ITEM_META, "release must map item ids to numbers") from None
-    raw = A.read_typed(folder, A.HISTORIES, _HISTORIES)
-    histories = {u: [(i, math.nan if t is None else t) for i, t in evs] for u, evs in raw.items()}
-    return RecArtifact(folder=folder, manifest=manifest, model=model, items=items, users=users,
-                       release_unit=unit if isinstance(unit, str) else None, release=release, histories=histories)
+    return RecArtifact(folder=folder, manifest=manifest, model=model, items=items,
+                       release_unit=unit if isinstance(unit, str) else None, release=release,
+                       histories=A.read_history_table(folder))
 
 
 @dataclass
@@ -103,6 +100,9 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult]):
     """An engine of the /recommend route: per-user live histories in the manifest's namespace."""
 
     live_events: int
+    histories: HistoryTable  # the artifact's final histories (memory-mapped)
+    entity_ids: IdMap  # what the model ranks, and what the table's steps index
+    action_ids: IdMap | None = None  # what the table's actions index (the social model)
 
     @property
     def namespace(self) -> str:
@@ -115,6 +115,16 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult]):
     def users(self, queries: Sequence[RecQuery]) -> list[str]:
         return [q.user_id for q in queries if q.user_id is not None]
 
+    def stored_users(self) -> Iterator[str]:
+        return self.histories.users()
+
+    def stored_timeline(self, user: str) -> Timeline:
+        """The artifact's history of `user` with raw ids, oldest first (empty when it has none)."""
+        return self.histories.timeline(user, self.entity_ids, self.action_ids)
+
+    def stored_events(self, user: str) -> set[tuple[str | None, float | None]]:
+        return {(r, optional_time(t)) for r, t, _ in self.stored_timeline(user)}
+
 
 class RecEngine(UserQueryEngine):
     """A recommendation artifact placed on a device, answering batches of queries."""
@@ -124,27 +134,24 @@ class RecEngine(UserQueryEngine):
         self.manifest = art.manifest
         self.device = options.device
         self.live_events = options.live_events
+        self.histories, self.entity_ids = art.histories, art.items
         self.model = (art.model.half() if options.half else art.model).to(self.device).eval()
         self.scores, self.scoring = serving_scores(self.model, self._examples, enabled=options.trace)
         self.release = (
             release_tensor(art.items.raws(), art.release).to(self.device) if art.release_unit else None
         )
-        # Stored histories mapped once at load, not per request: (known item indices, last time).
-        self.stored: dict[str, tuple[list[int], float | None]] = {}
-        for user, events in art.histories.items():
-            times = [t for _, t in events if not math.isnan(t)]
-            known = [x for x in art.items.indices([i for i, _ in events]) if x >= N_SPECIAL]
-            self.stored[user] = (known, max(times) if times else None)
 
     @property
     def catalog_size(self) -> int:
         return self.art.items.n_entities
 
-    def base_histories(self) -> Mapping[str, Sequence[tuple[str, float, str | None]]]:
-        return {u: [(i, t, None) for i, t in evs] for u, evs in self.art.histories.items()}
-
-    def release_base_histories(self) -> None:
-        self.art.histories.clear()  # the store and self.stored hold them now
+    def _stored(self, user: str) -> tuple[list[int], float | None] | None:
+        """A user's stored items the model knows, and the newest stored time (read from the mapped table)."""
+        row = self.art.histories.get(user)
+        if row is None:
+            return None
+        x = row.items
+        return x[(x >= N_SPECIAL) & (x < len(self.art.items))].tolist(), row.last_time()
 
     def known(self, raw_ids: Sequence[str]) -> list[bool]:
         return [x >= N_SPECIAL for x in self.art.items.indices(raw_ids)]
@@ -157,7 +164,7 @@ class RecEngine(UserQueryEngine):
         check_k(q, position)
         stored: tuple[list[int], float | None] = ([], None)
         if q.user_id is not None:
-            found = self.stored.get(q.user_id)
+            found = self._stored(q.user_id)
             if found is None and not q.history and not live:
                 raise UnknownUserError(q.user_id, position)
             stored = found or stored

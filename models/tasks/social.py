@@ -17,10 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from pydantic import TypeAdapter
 
 from models import artifact as A
+from models.histories import HistoryTable
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.manifest import Manifest
 from models.ranking import Ranked, future_mask, index_rows, rank_sparse, release_tensor
@@ -29,7 +31,6 @@ from models.social import SocialBatch, SocialModel, incoming, is_incoming, pack_
 from models.tasks.recommend import Prepared, RecQuery, RecResult, UserQueryEngine, check_k, ranked_results
 from models.traced import example_rows, serving_scores
 
-_HISTORIES: TypeAdapter[dict[str, list[tuple[str, float, str]]]] = TypeAdapter(dict[str, list[tuple[str, float, str]]])
 _FIRST: TypeAdapter[dict[str, float]] = TypeAdapter(dict[str, float])
 
 
@@ -41,7 +42,7 @@ class SocialArtifact:
     users: IdMap
     actions: IdMap
     first_activity: dict[str, float]  # raw user id -> unix time of their first event
-    histories: dict[str, list[tuple[str, float, str]]]  # actor -> [(target, unix time, action)], oldest first
+    histories: HistoryTable  # actor -> steps (target, unix time, action), oldest first; memory-mapped
 
 
 def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> SocialArtifact:
@@ -58,7 +59,8 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Soc
         first = _FIRST.validate_python(meta.get("first_activity", {}))
     except ValueError:
         raise A.ArtifactError(A.USER_META, "first_activity must map user ids to unix times") from None
-    histories = A.read_typed(folder, A.HISTORIES, _HISTORIES)
+    histories = A.read_history_table(folder)
+    A.check(histories.actions is not None, A.HISTORIES, "a social model's histories need actions.npy")
     return SocialArtifact(folder, manifest, model, users, actions, first, histories)
 
 
@@ -74,29 +76,28 @@ class SocialEngine(UserQueryEngine):
         self.manifest = art.manifest
         self.device = options.device
         self.live_events = options.live_events
+        self.histories, self.entity_ids, self.action_ids = art.histories, art.users, art.actions
         self.model = (art.model.half() if options.half else art.model).to(self.device).eval()
         self.scores, self.scoring = serving_scores(self.model, self._examples, enabled=options.trace)
         self.first = release_tensor(art.users.raws(), art.first_activity).to(self.device)
-        c = self.model.config
         self.two_way = any(is_incoming(a) for a in art.actions.raws())
-        # Mapped once at load: each user's steps (for the window) and whom they acted on (for exclude_seen).
-        self.stored: dict[str, tuple[list[tuple[int, int, float]], list[int]]] = {}
-        for actor, events in art.histories.items():
-            targets = art.users.indices([t for t, _, _ in events])
-            acts = art.actions.indices([a for _, _, a in events])
-            steps = [(x, a, t) for x, a, (_, t, _) in zip(targets, acts, events, strict=True)]
-            seen = {x for x, (_, _, a) in zip(targets, events, strict=True) if x >= N_SPECIAL and not is_incoming(a)}
-            self.stored[actor] = (steps[-c.max_history :], sorted(seen))
+        # Per action index: whether it is an incoming step (never a user the actor interacted with).
+        self.incoming = np.array([False] * N_SPECIAL + [is_incoming(a) for a in art.actions.raws()], dtype=bool)
 
     @property
     def catalog_size(self) -> int:
         return self.art.users.n_entities
 
-    def base_histories(self) -> Mapping[str, Sequence[tuple[str, float, str | None]]]:
-        return {u: list(evs) for u, evs in self.art.histories.items()}
-
-    def release_base_histories(self) -> None:
-        self.art.histories.clear()
+    def _stored(self, user: str) -> tuple[list[tuple[int, int, float]], list[int]] | None:
+        """A user's newest stored steps (the model's window) and everyone it acted on (read from the table)."""
+        row = self.art.histories.get(user)
+        if row is None or row.actions is None:
+            return None
+        x = np.where(row.items < len(self.art.users), row.items, UNK)
+        acts = np.clip(row.actions, 0, len(self.incoming) - 1)
+        w = slice(max(0, len(x) - self.model.config.max_history), None)
+        steps = list(zip(x[w].tolist(), acts[w].tolist(), row.times[w].tolist(), strict=True))
+        return steps, np.unique(x[~self.incoming[acts] & (x >= N_SPECIAL)]).tolist()
 
     @property
     def actions(self) -> list[str]:
@@ -137,7 +138,7 @@ class SocialEngine(UserQueryEngine):
                 raise QueryError(problem, position=position, field=("history", j, "action"))
         stored: tuple[list[tuple[int, int, float]], list[int]] = ([], [])
         if q.user_id is not None:
-            found = self.stored.get(q.user_id)
+            found = self._stored(q.user_id)
             if found is None and not q.history and not live:
                 raise UnknownUserError(q.user_id, position)
             stored = found or stored

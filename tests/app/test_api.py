@@ -14,6 +14,7 @@ from app.main import create_app
 from app.settings import Settings
 from models.artifact import latest_versions
 from models.tasks.recommend import load_artifact as load_rec_artifact
+from tests.conftest import stored
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +51,8 @@ def test_known_user_gets_unseen_released_items(client: TestClient, tiny_artifact
     assert status == 200 and body["model"] == model and body["version"]
     res = body["results"][0]
     items = [i["item_id"] for i in res["items"]]
-    seen = {i for i, _ in art.histories["u3"]}
-    last_year = dt.datetime.fromtimestamp(max(t for _, t in art.histories["u3"]), dt.UTC).year
+    seen = {i for i, _, _ in stored(art, "u3")}
+    last_year = dt.datetime.fromtimestamp(max(t for _, t, _ in stored(art, "u3")), dt.UTC).year
     assert len(items) == 5 and not seen & set(items)
     assert all(art.release[i] <= last_year for i in items)
     scores = [i["score"] for i in res["items"]]

@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -32,7 +33,12 @@ def _manifest(**change: object) -> Callable[[Path], None]:
 
 CORRUPTIONS: dict[str, Callable[[Path], None]] = {
     "items.json is a list": _json("items.json", []),
-    "histories.json maps a user to a number": _json("histories.json", {"u1": 5}),
+    "a history column missing": lambda f: (f / "histories" / "items.npy").unlink(),
+    "history columns of different lengths": lambda f: np.save(f / "histories" / "times.npy", np.zeros(3)),
+    "a history column of another type": lambda f: np.save(f / "histories" / "ends.npy", np.zeros(40)),
+    "a history column is garbage": lambda f: (f / "histories" / "hashes.npy").write_bytes(b"\x93NUMPY garbage"),
+    "histories in the earlier JSON layout": lambda f: (shutil.rmtree(f / "histories"),
+                                                       _json("histories.json", {"u1": [["1", 5.0]]})(f)),
     "config is not a table": _manifest(config="sasrec"),
     "kind of another task": _manifest(kind="mhsa"),
     "manifest.json not JSON": lambda f: (f / "manifest.json").write_text("{"),

@@ -14,6 +14,7 @@ from app.main import create_app
 from app.settings import Settings
 from models.artifact import latest_versions
 from models.tasks.recommend import load_artifact as load_rec_artifact
+from tests.conftest import stored
 
 Y2005 = dt.datetime(2005, 6, 1, tzinfo=dt.UTC).timestamp()
 
@@ -35,7 +36,7 @@ def test_new_events_are_excluded_as_seen_at_once(client: TestClient, tiny_artifa
     before = _rec(client, "u3")
     top = [i["item_id"] for i in before["items"][:3]]
     art = load_rec_artifact(latest_versions(tiny_artifacts)["sasrec-tiny"])
-    t_last = max(t for _, t in art.histories["u3"])
+    t_last = max(t for _, t, _ in stored(art, "u3"))
     events = [{"event_id": f"u3-{n}", "user_id": "u3", "item_id": i, "timestamp": t_last + 60 * (n + 1)}
               for n, i in enumerate(top)]
     r = client.post("/events", json={"events": events})

@@ -13,6 +13,7 @@ from app.main import create_app
 from app.settings import Settings
 from models.artifact import latest_versions
 from models.tasks.social import load_artifact
+from tests.conftest import stored, stored_users
 
 MODEL = "social-tiny"
 
@@ -39,8 +40,8 @@ def test_returns_users_never_the_actor_and_keeps_seen_by_default(client: TestCli
                                                                  tiny_social_artifact: Path) -> None:
     art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
     users = set(art.users.raws())
-    past = {t for t, _, a in art.histories["s3"] if not a.startswith("<-")}  # whom s3 acted on
-    assert past != {t for t, _, _ in art.histories["s3"]}  # s3 received from others too: not "seen"
+    past = {t for t, _, a in stored(art, "s3") if not a.startswith("<-")}  # whom s3 acted on
+    assert past != {t for t, _, _ in stored(art, "s3")}  # s3 received from others too: not "seen"
     kept = _rec(client, {"user_id": "s3", "k": 25})
     got = [i["item_id"] for i in kept["items"]]
     assert len(got) == 25 and set(got) <= users and "s3" not in got
@@ -70,7 +71,7 @@ def test_history_step_needs_a_known_action(client: TestClient, step: dict, msg: 
 def test_events_carry_the_action_and_condition_the_next_answer(client: TestClient,
                                                                 tiny_social_artifact: Path) -> None:
     art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
-    t = max(t for _, t, _ in art.histories["s5"])
+    t = max(t for _, t, _ in stored(art, "s5"))
     r = client.post("/events", json={"model": MODEL, "events": [
         {"event_id": "e0", "user_id": "s5", "item_id": "s20", "timestamp": t + 60}]})
     assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["body", "events", 0, "action"]
@@ -87,13 +88,13 @@ def test_events_carry_the_action_and_condition_the_next_answer(client: TestClien
     after = _rec(client, {"user_id": "s5", "k": 5, "exclude_seen": True})
     assert "s20" not in {i["item_id"] for i in after["items"]}
     assert after["excluded"]["seen"] == before["excluded"]["seen"] + ("s20" not in {
-        t for t, _, a in art.histories["s5"] if not a.startswith("<-")})
+        t for t, _, a in stored(art, "s5") if not a.startswith("<-")})
     assert after["items"] != before["items"]
 
 
 def test_an_event_reaches_its_target_as_a_received_step(client: TestClient, tiny_social_artifact: Path) -> None:
     art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
-    t = max(t for h in art.histories.values() for _, t, _ in h)
+    t = max(t for u in stored_users(art) for _, t, _ in stored(art, u))
     before = _rec(client, {"user_id": "s20", "k": 10})
     events = [{"event_id": f"m{n}", "user_id": "s7", "item_id": "s20", "action": "a2q", "timestamp": t + n}
               for n in range(1, 9)]
@@ -105,13 +106,13 @@ def test_an_event_reaches_its_target_as_a_received_step(client: TestClient, tiny
     # ...and is what the same history gives when sent by hand, received steps included.
     given = [{"item_id": "s7", "action": "<-a2q", "timestamp": e["timestamp"]} for e in events]
     base_plus = client.post("/recommend", json={"model": MODEL, "queries": [{"k": 10, "history": [
-        {"item_id": x, "action": a, "timestamp": tt} for x, tt, a in art.histories["s20"][-20:]] + given}]})
+        {"item_id": x, "action": a, "timestamp": tt} for x, tt, a in stored(art, "s20")[-20:]] + given}]})
     assert base_plus.status_code == 200
     assert [i["item_id"] for i in base_plus.json()["results"][0]["items"] if i["item_id"] != "s20"][:5] == \
         [i["item_id"] for i in after["items"]][:5]
     # A received step is never "seen": only whom s20 acted on is excluded.
     fresh = _rec(client, {"user_id": "s20", "k": 10, "exclude_seen": True})
-    assert fresh["excluded"]["seen"] == len({x for x, _, a in art.histories["s20"] if not a.startswith("<-")} - {"s20"})
+    assert fresh["excluded"]["seen"] == len({x for x, _, a in stored(art, "s20") if not a.startswith("<-")} - {"s20"})
     # Replaying the events stores nothing twice, the received steps included.
     again = client.post("/events", json={"model": MODEL, "events": events})
     assert again.status_code == 200 and again.json()["stored"] == 0

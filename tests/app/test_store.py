@@ -1,4 +1,4 @@
-"""Both history stores behave the same: seeding, idempotent appends, conflicts, bounds, ordering."""
+"""Both history stores behave the same: folding, idempotent appends, conflicts, bounds, ordering."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.store import Event, HistoryStore, RedisStore, SQLiteStore, StoreError, open_store, redact
+from app.store import Event, HistoryStore, RedisStore, SQLiteStore, StoredEvents, StoreError, open_store, redact
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -25,23 +25,25 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HistorySto
     s.close()
 
 
-BASE = {"u1": [("a", 10.0, None), ("b", 20.0, None)], "u2": [("c", math.nan, None)]}
+def held(table: dict[str, set[tuple[str | None, float | None]]]) -> StoredEvents:
+    return lambda user: table.get(user, set())
 
 
-def test_seed_once_per_token(store: HistoryStore) -> None:
-    assert store.seed("ml", "hash1", BASE)
-    assert not store.seed("ml", "hash1", {"other": [("z", 1.0, None)]})  # same data: nothing rewritten
-    assert store.base("ml", "u1") == [("a", 10.0, None), ("b", 20.0, None)]
-    assert store.base("ml", "other") == []
-    [(item, t, action)] = store.base("ml", "u2")
-    assert item == "c" and math.isnan(t) and action is None
-    assert store.base("beauty", "u1") == []  # namespaces are separate
-    store.seed("social", "h", {"u1": [("u7", 1.0, "c2q")]})
-    assert store.base("social", "u1") == [("u7", 1.0, "c2q")]
+def test_fold_drops_what_the_artifact_holds_once_per_token(store: HistoryStore) -> None:
+    store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 40.0), Event("e3", "u2", "z", math.nan)])
+    store.append("beauty", [Event("e1", "u1", "x", 30.0)])
+    # Retrained on data that includes e1 and e3: the artifact holds them, so they must not count twice.
+    assert store.fold("ml", "v1", held({"u1": {("x", 30.0), ("y", 41.0)}, "u2": {("z", None)}})) == 2
+    assert store.events("ml", ["u1", "u2"]) == {"u1": [("y", 40.0, None)]}
+    assert store.fold("ml", "v1", held({"u1": {("y", 40.0)}})) is None  # same data: nothing done
+    assert store.events("ml", ["u1"]) == {"u1": [("y", 40.0, None)]}
+    assert store.events("beauty", ["u1"]) == {"u1": [("x", 30.0, None)]}  # namespaces are separate
+    # Replaying e1 is still a no-op: its id stays known.
+    assert store.append("ml", [Event("e1", "u1", "x", 30.0)]) == ["duplicate"]
+    assert store.fold("ml", "v2", held({})) == 0
 
 
 def test_append_is_idempotent_and_ordered(store: HistoryStore) -> None:
-    store.seed("ml", "h", BASE)
     first = store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 25.0, "a2q"),
                                 Event("e1", "u1", "x", 30.0)])
     assert first == ["stored", "stored", "duplicate"]  # a repeat inside one call is a duplicate too
@@ -49,9 +51,7 @@ def test_append_is_idempotent_and_ordered(store: HistoryStore) -> None:
         "duplicate", "stored"]
     live = store.events("ml", ["u1", "new", "nobody"])
     assert live == {"u1": [("y", 25.0, "a2q"), ("x", 30.0, None)], "new": [("q", 1.0, None)]}  # by time
-    assert store.history("ml", "u1") == [("a", 10.0, None), ("b", 20.0, None), ("y", 25.0, "a2q"),
-                                         ("x", 30.0, None)]
-    assert sorted(store.users("ml")) == ["new", "u1", "u2"]
+    assert sorted(store.users("ml")) == ["new", "u1"]
     assert store.events("other-ns", ["u1"]) == {}
     # The same event id in another namespace is another event.
     assert store.append("other-ns", [Event("e1", "u1", "x", 30.0)]) == ["stored"]
@@ -81,17 +81,6 @@ def test_each_user_keeps_and_reads_only_the_newest(store: HistoryStore) -> None:
     assert [i for i, _, _ in store.events("ml", ["u"], limit=2)["u"]] == ["i6", "i7"]
     assert store.append("ml", [Event("e0", "u", "i0", 0.0)]) == ["duplicate"]
     assert store.stored_ids("ml", ["old"]) == {"old"}
-
-
-def test_reseed_drops_events_the_new_base_holds(store: HistoryStore) -> None:
-    store.seed("ml", "v1", BASE)
-    store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 40.0)])
-    # Retrained on data that includes e1: the new base holds it, so it must not count twice.
-    store.seed("ml", "v2", {"u1": [*BASE["u1"], ("x", 30.0, None)]})
-    assert store.history("ml", "u1") == [("a", 10.0, None), ("b", 20.0, None), ("x", 30.0, None), ("y", 40.0, None)]
-    assert store.base("ml", "u2") == []  # the new base replaced the old one
-    # Replaying e1 is still a no-op: its id stays known.
-    assert store.append("ml", [Event("e1", "u1", "x", 30.0)]) == ["duplicate"]
 
 
 def test_many_users_in_one_read(store: HistoryStore) -> None:
@@ -184,7 +173,9 @@ def test_sqlite_file_of_the_first_version_is_migrated(tmp_path: Path) -> None:
         INSERT INTO events (ns, event_id, user, item, ts, recorded_at) VALUES ('ml', 'old1', 'u1', 'x', 5.0, 0);
         """)
     s = SQLiteStore(p)
-    assert s.history("ml", "u1") == [("a", 1.0, None), ("x", 5.0, None)]
+    assert s.events("ml", ["u1"]) == {"u1": [("x", 5.0, None)]}
+    with sqlite3.connect(p) as conn:  # the copy of the artifacts' histories is gone: their tables hold them
+        assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'base'").fetchone() is None
     assert s.append("ml", [Event("old1", "u1", "x", 5.0), Event("new", "u1", "y", 6.0, "c2a")]) == [
         "duplicate", "stored"]
     assert s.append("ml", [Event("old1", "u1", "CHANGED", 5.0)]) == ["conflict"]
@@ -199,8 +190,10 @@ def test_redis_layout_of_the_first_version_is_migrated(redis_server: object) -> 
     r.sadd("seqserve:ml:ids", "old1")
     r.sadd("seqserve:ml:live", "u1")
     r.rpush("seqserve:ml:ev:u1", json.dumps(["x", 5.0]), json.dumps(["y", None]))
+    r.hset("seqserve:ml:base", "u1", '[["a", 1.0]]')
     s = RedisStore(url)
-    s.seed("ml", "h1", {"u1": [("a", 1.0, None)]})
+    assert s.fold("ml", "h1", held({})) == 0
+    assert not r.exists("seqserve:ml:base")
     (y, ty, _), x = s.events("ml", ["u1"])["u1"]
     assert y == "y" and math.isnan(ty) and x == ("x", 5.0, None)  # no time sorts first
     assert s.append("ml", [Event("old1", "u1", "anything", 9.0)]) == ["duplicate"]  # digest unknown: a no-op

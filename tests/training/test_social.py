@@ -8,7 +8,7 @@ import torch
 from models.artifact import latest_versions
 from models.social import pack_steps
 from models.tasks.social import load_artifact
-from tests.conftest import SHARED_DATA
+from tests.conftest import SHARED_DATA, stored, stored_users
 from training.data.social import Periods, Timelines, load_social, period_queries
 from training.data.tables import DataFormatError
 from training.social_eval import Baselines, QuerySet, evaluate_scorer, target_ranks
@@ -101,7 +101,7 @@ def test_most_recent_baseline_ranks_the_latest_distinct_target_first(social_file
 def test_tiny_social_job_beats_popularity_and_exports_the_contract(tiny_social_artifact: Path) -> None:
     folder = latest_versions(tiny_social_artifact)["social-tiny"]
     names = {p.name for p in folder.iterdir()}
-    assert {"manifest.json", "model.pt", "users.json", "actions.json", "histories.json", "user_meta.json",
+    assert {"manifest.json", "model.pt", "users.json", "actions.json", "histories", "user_meta.json",
             "metrics.json", "run_config.json", "curves.png"} <= names
     m = json.loads((folder / "metrics.json").read_text())
     assert set(m["baselines_test"]) == {"popularity", "recent_popularity", "most_recent", "most_recent_contact",
@@ -112,8 +112,8 @@ def test_tiny_social_job_beats_popularity_and_exports_the_contract(tiny_social_a
     assert art.manifest.task == "social" and art.manifest.namespace == "tinysocial"
     assert sorted(art.actions.raws()) == ["<-a2q", "<-c2a", "<-c2q", "a2q", "c2a", "c2q"]
     # Each event sits on its actor's history and, received, on its target's.
-    own = sum(not a.startswith("<-") for h in art.histories.values() for _, _, a in h)
-    received = sum(a.startswith("<-") for h in art.histories.values() for _, _, a in h)
+    own = sum(not (a or "").startswith("<-") for u in stored_users(art) for _, _, a in stored(art, u))
+    received = sum((a or "").startswith("<-") for u in stored_users(art) for _, _, a in stored(art, u))
     assert own == received == m["events"]["total"]
 
 
@@ -184,5 +184,5 @@ def test_without_received_steps_histories_and_events_are_one_way(social_file: Pa
                       "eval.baselines=false"], tmp_path, social_file)
     art = load_artifact(folder)
     assert sorted(art.actions.raws()) == ["a2q", "c2a", "c2q"]
-    assert not any(a.startswith("<-") for h in art.histories.values() for _, _, a in h)
+    assert not any((a or "").startswith("<-") for u in stored_users(art) for _, _, a in stored(art, u))
     assert SocialEngine(art, EngineOptions()).mirror("s1", "s2", "a2q") is None

@@ -8,7 +8,7 @@ import torch
 from models.artifact import latest_versions
 from models.registry import build_recommender
 from models.tasks.recommend import load_artifact as load_rec_artifact
-from tests.conftest import TINY_REC, run_job
+from tests.conftest import TINY_REC, run_job, stored, stored_users
 from training.__main__ import CONFIGS
 from training.config import kind_of, read_raw
 from training.preflight import PreflightError, preflight
@@ -19,7 +19,7 @@ def test_artifact_contract(tiny_artifacts: Path) -> None:
     assert set(versions) == {"sasrec-tiny", "bert4rec-tiny"}
     for folder in versions.values():
         names = {p.name for p in folder.iterdir()}
-        assert {"manifest.json", "model.pt", "items.json", "users.json", "item_meta.json", "histories.json",
+        assert {"manifest.json", "model.pt", "items.json", "item_meta.json", "histories",
                 "metrics.json", "run_config.json", "curves.png"} <= names
         manifest = json.loads((folder / "manifest.json").read_text())
         assert manifest["format_version"] == 1 and len(manifest["data"]["sha256"]) == 64
@@ -30,7 +30,7 @@ def test_artifact_contract(tiny_artifacts: Path) -> None:
         assert set(valid) == {"popularity", "transitions", "item_knn"}
         assert all(0.0 <= m["NDCG@10"] <= 1.0 and m["n"] > 0 for m in valid.values())
         art = load_rec_artifact(folder)
-        assert art.items.n_entities == 30 and len(art.histories) == 40
+        assert art.items.n_entities == 30 and len(art.histories) == 40 and "users.json" not in names
         assert art.release_unit == "year"
 
 
@@ -85,14 +85,14 @@ def test_cli_train_and_predict(tmp_path: Path, synthetic_dir: Path, tiny_artifac
     out = next(tmp_path.glob("predictions_sasrec-tiny_k5_*.csv"))
     rows = list(csv.DictReader(out.open()))
     art = load_rec_artifact(folder)
-    assert {r["user_id"] for r in rows} == set(art.histories)
+    assert {r["user_id"] for r in rows} == set(stored_users(art))
     by_user: dict[str, list[str]] = {}
     for r in rows:
         by_user.setdefault(r["user_id"], []).append(r["item_id"])
     for user, items in by_user.items():
-        seen = {i for i, _ in art.histories[user]}
+        seen = {i for i, _, _ in stored(art, user)}
         assert len(items) <= 5 and not seen & set(items)
-        last_year = max(t for _, t in art.histories[user]) // (365.25 * 86400) + 1970
+        last_year = max(t for _, t, _ in stored(art, user)) // (365.25 * 86400) + 1970
         assert all(art.release[i] <= last_year for i in items)
     bad = tmp_path / "bad.txt"
     bad.write_text("1 2 3\n")

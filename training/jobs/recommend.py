@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from torch import nn
 
 from models import artifact as A
 from models.base import SequentialRecommender
+from models.histories import HistoryColumns
 from models.ids import IdMap
 from models.registry import build_recommender
 from training.config import LoopConfig, read_raw
@@ -257,12 +257,9 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         d = self.data
         files = {
             A.ITEMS: self.items,
-            A.USERS: self.users,
             A.ITEM_META: {"unit": d.release_unit, "release": d.release},
-            A.HISTORIES: {
-                u: [[i, None if math.isnan(t) else t] for i, t in zip(seq, ts, strict=True)]
-                for u, seq, ts in zip(d.users, d.items, d.times, strict=True)
-            },
+            # The table's keys are the users: no separate user map (the model has no user embedding).
+            A.HISTORIES: HistoryColumns(d.users, d.items, d.times, self.items),
         }
         info = {"source": d.source, "sha256": d.sha256, "users": len(d.users), "items": self.items.n_entities,
                 "interactions": d.n_interactions, "release_unit": d.release_unit}

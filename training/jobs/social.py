@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from models import artifact as A
+from models.histories import HistoryColumns
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.registry import build
 from models.social import SocialBatch, SocialModel, incoming, time_buckets
@@ -224,9 +225,14 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         if self.cfg.data.incoming:
             owner, other, acts, times, _, _ = two_way(lg.src, lg.dst, actions=lg.action, times=lg.time,
                                                       incoming_actions=np.array([incoming(str(a)) for a in lg.action]))
-        histories: dict[str, list[tuple[str, float, str]]] = {}
+        steps: dict[str, tuple[list[str], list[float | None], list[str]]] = {}
         for s, d, a, t in zip(owner, other, acts, times, strict=True):
-            histories.setdefault(str(s), []).append((str(d), float(t), str(a)))
+            row = steps.setdefault(str(s), ([], [], []))
+            row[0].append(str(d))
+            row[1].append(float(t))
+            row[2].append(str(a))
+        histories = HistoryColumns(list(steps), [r[0] for r in steps.values()], [r[1] for r in steps.values()],
+                                   self.users, actions=[r[2] for r in steps.values()], action_ids=self.actions)
         first_time: dict[str, float] = {}
         for users in (lg.src, lg.dst):
             frame = pd.DataFrame({"u": users, "t": lg.time}).groupby("u")["t"].min()

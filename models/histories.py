@@ -1,0 +1,219 @@
+"""Users' final histories in an artifact, as columns the service memory-maps (docs/decisions/history-table.md).
+
+artifacts/<name>/<version>/histories/
+  hashes.npy    uint64 (U,)  an 8-byte BLAKE2b of each user id, ascending: rows are in this order
+  key_ends.npy  int64 (U,)   end of each row's user id in keys.npy
+  keys.npy      uint8        the user ids' UTF-8 bytes, concatenated in row order
+  ends.npy      int64 (U,)   end of each row's steps in the step columns
+  items.npy     int32 (N,)   each step's entity: an index of the task's id map (items, or users for the
+                             social model); from len(map) on, an id of extra_ids.json (unknown to the model)
+  times.npy     float64 (N,) unix seconds; NaN when the data has no time
+  actions.npy   int32 (N,)   the step's action index (social model only)
+  extra_ids.json             raw ids a history holds that the model's map does not
+Steps of a row are oldest first. Every file is opened read-only with mmap: nothing is parsed at start,
+the pages are shared by every worker on the host, and only the rows a request reads are paged in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from models.ids import IdMap
+
+FOLDER = "histories"
+_COLUMNS = ("hashes", "key_ends", "keys", "ends", "items", "times")
+_DTYPES = {"hashes": np.uint64, "key_ends": np.int64, "keys": np.uint8, "ends": np.int64,
+           "items": np.int32, "times": np.float64, "actions": np.int32}
+EXTRA_IDS = "extra_ids.json"
+
+
+class HistoryTableError(ValueError):
+    """A histories folder with a missing or inconsistent file (the message names the file inside it)."""
+
+
+def user_hash(user: str) -> int:
+    """Stable across processes and versions (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(user.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One user's stored steps, oldest first (read-only views into the mapped columns)."""
+
+    items: np.ndarray  # int32 (n,)
+    times: np.ndarray  # float64 (n,)
+    actions: np.ndarray | None  # int32 (n,)
+
+    def last_time(self) -> float | None:
+        """The newest known time, or None when no step has one."""
+        t = self.times[~np.isnan(self.times)]
+        return float(t.max()) if t.size else None
+
+
+class HistoryTable:
+    """Read side: lookup by raw user id through the sorted hashes, rows as slices of the columns."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        cols: dict[str, np.ndarray] = {}
+        for name in (*_COLUMNS, "actions"):
+            path = folder / f"{name}.npy"
+            if name == "actions" and not path.exists():
+                continue
+            try:
+                # Empty files cannot be memory-mapped; a table of no users has them.
+                arr = np.load(path, mmap_mode="r" if path.stat().st_size > 128 else None, allow_pickle=False)
+            except (OSError, ValueError, EOFError) as exc:
+                raise HistoryTableError(f"{name}.npy: {'missing' if not path.exists() else 'unreadable'}"
+                                        f" ({type(exc).__name__})") from None
+            if arr.dtype != _DTYPES[name] or arr.ndim != 1:
+                raise HistoryTableError(f"{name}.npy: expected a 1-d {np.dtype(_DTYPES[name])} array,"
+                                        f" found {arr.ndim}-d {arr.dtype}")
+            cols[name] = arr
+        self.hashes, self.key_ends, self.keys = cols["hashes"], cols["key_ends"], cols["keys"]
+        self.ends, self.items, self.times = cols["ends"], cols["items"], cols["times"]
+        self.actions = cols.get("actions")
+        users, steps = len(self.hashes), len(self.items)
+        problems = [
+            (len(self.key_ends) != users or len(self.ends) != users, "hashes, key_ends and ends differ in length"),
+            (len(self.times) != steps or (self.actions is not None and len(self.actions) != steps),
+             "items, times and actions differ in length"),
+            (users > 0 and (int(self.ends[-1]) != steps or int(self.key_ends[-1]) != len(self.keys)),
+             "the last row does not end where the columns do"),
+        ]
+        for bad, what in problems:
+            if bad:
+                raise HistoryTableError(what)
+        try:
+            extra = json.loads((folder / EXTRA_IDS).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise HistoryTableError(f"{EXTRA_IDS}: missing or not JSON") from None
+        if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
+            raise HistoryTableError(f"{EXTRA_IDS}: must be a list of strings")
+        self.extra_ids: list[str] = extra
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.items)
+
+    def _key(self, row: int) -> bytes:
+        start = int(self.key_ends[row - 1]) if row else 0
+        return self.keys[start : int(self.key_ends[row])].tobytes()
+
+    def find(self, user: str) -> int | None:
+        """The row of `user`, or None."""
+        if not len(self.hashes):
+            return None
+        h = user_hash(user)
+        key = user.encode()
+        row = int(np.searchsorted(self.hashes, np.uint64(h)))
+        # Equal hashes (a 64-bit collision) sit next to each other: compare the ids themselves.
+        while row < len(self.hashes) and int(self.hashes[row]) == h:
+            if self._key(row) == key:
+                return row
+            row += 1
+        return None
+
+    def row(self, index: int) -> Row:
+        start, end = (int(self.ends[index - 1]) if index else 0), int(self.ends[index])
+        return Row(self.items[start:end], self.times[start:end],
+                   None if self.actions is None else self.actions[start:end])
+
+    def get(self, user: str) -> Row | None:
+        found = self.find(user)
+        return None if found is None else self.row(found)
+
+    def users(self) -> Iterator[str]:
+        """Every user id, in row order."""
+        for row in range(len(self)):
+            yield self._key(row).decode()
+
+    def raw_ids(self, row: Row, ids: IdMap) -> list[str | None]:
+        """The row's entities as raw ids (None where the map's index is a special one)."""
+        n = len(ids)
+        return [ids.raw(x) if x < n else self.extra_ids[x - n] for x in row.items.tolist()]
+
+    def timeline(self, user: str, ids: IdMap, action_ids: IdMap | None = None) -> list[tuple[str, float, str | None]]:
+        """`user`'s steps as (raw id, unix time or NaN, raw action or None), oldest first; [] when absent."""
+        row = self.get(user)
+        if row is None:
+            return []
+        raws = self.raw_ids(row, ids)
+        acts: list[str | None] = [None] * len(raws)
+        if row.actions is not None and action_ids is not None:
+            acts = [action_ids.raw(a) if 0 <= a < len(action_ids) else None for a in row.actions.tolist()]
+        return [(r or "", t, a) for r, t, a in zip(raws, row.times.tolist(), acts, strict=True)]
+
+
+def write_table(
+    folder: Path, users: Sequence[str], lengths: Sequence[int] | np.ndarray, *, items: np.ndarray,
+    times: np.ndarray, actions: np.ndarray | None = None, extra_ids: Sequence[str] = (),
+) -> None:
+    """Write a table into `folder` (created). Steps are given user by user in `users` order, each
+    user's `lengths[u]` steps oldest first; rows are reordered by hash here."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) != len(users) or int(lengths.sum()) != len(items) or len(times) != len(items):
+        raise ValueError("users, lengths, items and times do not agree")
+    if len(set(users)) != len(users):
+        raise ValueError("a user appears twice")
+    hashes = np.fromiter((user_hash(u) for u in users), dtype=np.uint64, count=len(users))
+    order = np.argsort(hashes, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else np.zeros(0, np.int64)
+    # Step positions of the rows in hash order, without a Python loop over steps.
+    sorted_len = lengths[order]
+    take = np.repeat(starts[order] - np.concatenate([[0], np.cumsum(sorted_len)[:-1]]), sorted_len) + np.arange(
+        int(sorted_len.sum()), dtype=np.int64) if len(order) else np.zeros(0, np.int64)
+    encoded = [users[i].encode() for i in order.tolist()]
+    folder.mkdir(parents=True, exist_ok=True)
+    cols = {
+        "hashes": hashes[order],
+        "key_ends": np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))),
+        "keys": np.frombuffer(b"".join(encoded), dtype=np.uint8),
+        "ends": np.cumsum(sorted_len),
+        "items": np.asarray(items, dtype=np.int32)[take],
+        "times": np.asarray(times, dtype=np.float64)[take],
+    }
+    if actions is not None:
+        cols["actions"] = np.asarray(actions, dtype=np.int32)[take]
+    for name, arr in cols.items():
+        np.save(folder / f"{name}.npy", np.ascontiguousarray(arr, dtype=_DTYPES[name]), allow_pickle=False)
+    (folder / EXTRA_IDS).write_text(json.dumps(list(extra_ids)), encoding="utf-8")
+
+
+@dataclass
+class HistoryColumns:
+    """What a training job hands the exporter: users' steps with raw ids, mapped through `ids` on write."""
+
+    users: Sequence[str]
+    steps: Sequence[Sequence[str]]  # per user, raw entity ids, oldest first
+    times: Sequence[Sequence[float | None]]
+    ids: IdMap
+    actions: Sequence[Sequence[str]] | None = None
+    action_ids: IdMap | None = None
+
+    def write(self, folder: Path) -> None:
+        n = len(self.ids)
+        extra: dict[str, int] = {}
+        flat = [s for seq in self.steps for s in seq]
+        index = self.ids.indices(flat)
+        for k, (raw, x) in enumerate(zip(flat, index, strict=True)):
+            if x < 2:  # not in the model's map: kept by raw id, so an export of the log loses nothing
+                index[k] = n + extra.setdefault(raw, len(extra))
+        times = np.fromiter((math.nan if t is None else t for seq in self.times for t in seq), dtype=np.float64,
+                            count=len(flat))
+        acts = None
+        if self.actions is not None:
+            assert self.action_ids is not None
+            acts = np.asarray(self.action_ids.indices([a for seq in self.actions for a in seq]), dtype=np.int32)
+        write_table(folder, list(self.users), [len(s) for s in self.steps], items=np.asarray(index, dtype=np.int64),
+                    times=times, actions=acts, extra_ids=list(extra))

@@ -1,0 +1,84 @@
+"""The memory-mapped history table: exact lookups for ids of any shape, rows in their order, defects named."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models import histories as H
+from models.ids import IdMap
+
+IDS = ["u1", "", "ünï €", "a,b", 'say "hi"', "two\nlines", "x" * 300, "0", "00", "u10"]
+
+
+def _write(folder: Path, users: list[str]) -> IdMap:
+    items = IdMap(["i1", "i2", "i3"])
+    steps = [["i1", "i2"][: 1 + n % 2] + (["brand-new"] if n == 3 else []) for n in range(len(users))]
+    times = [[float(n)] + [math.nan if n == 1 else 1.0] * (len(s) - 1) for n, s in enumerate(steps)]
+    H.HistoryColumns(users, steps, times, items).write(folder)
+    return items
+
+
+def test_every_user_is_found_with_its_steps_in_order(tmp_path: Path) -> None:
+    items = _write(tmp_path / "t", IDS)
+    table = H.HistoryTable(tmp_path / "t")
+    assert len(table) == len(IDS) and sorted(table.users()) == sorted(IDS)
+    for n, user in enumerate(IDS):
+        got = table.timeline(user, items)
+        want_items = ["i1", "i2"][: 1 + n % 2] + (["brand-new"] if n == 3 else [])
+        assert [i for i, _, _ in got] == want_items, user
+        assert got[0][1] == float(n)
+    # An id the model's map lacks is kept by raw id, outside the map's indices.
+    row = table.get("a,b")
+    assert row is not None and int(row.items.max()) >= len(items) and table.extra_ids == ["brand-new"]
+    assert row.last_time() == 3.0 and table.get("u1") is not None
+    nan_row = table.get("")  # its second step has no time
+    assert nan_row is not None and math.isnan(float(nan_row.times[1])) and nan_row.last_time() == 1.0
+    assert table.get("u2") is None and table.get("U1") is None and table.get("u1 ") is None
+
+
+def test_users_whose_hashes_collide_are_told_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(H, "user_hash", lambda user: 7)
+    items = _write(tmp_path / "t", IDS)
+    table = H.HistoryTable(tmp_path / "t")
+    for n, user in enumerate(IDS):
+        assert table.timeline(user, items)[0][1] == float(n)
+    assert table.get("nobody") is None
+
+
+def test_no_users_is_a_table(tmp_path: Path) -> None:
+    H.HistoryColumns([], [], [], IdMap()).write(tmp_path / "t")
+    table = H.HistoryTable(tmp_path / "t")
+    assert len(table) == 0 and table.get("u1") is None and list(table.users()) == []
+
+
+def test_actions_round_trip(tmp_path: Path) -> None:
+    users, acts = IdMap(["s1", "s2"]), IdMap(["a2q", "<-a2q"])
+    H.HistoryColumns(["s1"], [["s2", "s9"]], [[1.0, 2.0]], users, actions=[["a2q", "<-a2q"]],
+                     action_ids=acts).write(tmp_path / "t")
+    assert H.HistoryTable(tmp_path / "t").timeline("s1", users, acts) == [("s2", 1.0, "a2q"), ("s9", 2.0, "<-a2q")]
+
+
+@pytest.mark.parametrize(("column", "value", "problem"), [
+    ("times", np.zeros(2), "differ in length"),
+    ("ends", np.zeros(len(IDS)), "expected a 1-d int64"),
+    ("keys", np.zeros((2, 2), dtype=np.uint8), "expected a 1-d uint8"),
+])
+def test_inconsistent_columns_are_refused_by_name(tmp_path: Path, column: str, value: np.ndarray, problem: str) -> None:
+    _write(tmp_path / "t", IDS)
+    np.save(tmp_path / "t" / f"{column}.npy", value)
+    with pytest.raises(H.HistoryTableError, match=problem):
+        H.HistoryTable(tmp_path / "t")
+    (tmp_path / "t" / f"{column}.npy").unlink()
+    with pytest.raises(H.HistoryTableError, match=f"{column}.npy: missing"):
+        H.HistoryTable(tmp_path / "t")
+
+
+def test_a_pickled_column_is_not_loaded(tmp_path: Path) -> None:
+    _write(tmp_path / "t", IDS)
+    np.save(tmp_path / "t" / "items.npy", np.array([object()], dtype=object), allow_pickle=True)
+    with pytest.raises(H.HistoryTableError, match=r"items\.npy: unreadable"):
+        H.HistoryTable(tmp_path / "t")

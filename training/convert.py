@@ -1,0 +1,57 @@
+"""Convert an artifact version written with histories.json into the memory-mapped history table.
+
+    python -m training convert-histories artifacts/sasrec-ml100k/20261122T111403Z
+
+The old version is left as it is; the converted copy is published next to it under the same name with
+a suffix (20261122T111403Z-2), so the service takes it as the newest at its next start or reload.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+
+from models import artifact as A
+from models.histories import HistoryColumns
+
+log = logging.getLogger(__name__)
+
+
+def convert_histories(folder: Path) -> Path:
+    """Write a converted copy of `folder` and return it; raises ValueError when there is nothing to convert."""
+    if (folder / A.HISTORIES).is_dir():
+        raise ValueError(f"{folder} already has a {A.HISTORIES}/ table")
+    manifest = A.read_manifest(folder)
+    raw = A.read_json(folder, A.OLD_HISTORIES)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{folder / A.OLD_HISTORIES}: expected an object of user -> steps")
+    # Steps name items (recommendation) or users (the social model, whose artifacts have no items.json).
+    ids = A.read_id_map(folder, A.ITEMS if (folder / A.ITEMS).is_file() else A.USERS)
+    action_ids = A.read_id_map(folder, A.ACTIONS) if (folder / A.ACTIONS).is_file() else None
+    users, steps, times, actions = [], [], [], []
+    for user, events in raw.items():
+        if not isinstance(events, list) or not all(isinstance(e, list) and len(e) >= 2 for e in events):
+            raise ValueError(f"{A.OLD_HISTORIES}: user {user!r} has steps that are not [id, time, ...] lists")
+        users.append(str(user))
+        steps.append([str(e[0]) for e in events])
+        times.append([math.nan if e[1] is None else float(e[1]) for e in events])
+        actions.append([str(e[2]) if len(e) > 2 else "" for e in events])
+    tmp = A.new_version_dir(folder.parent.parent, folder.parent.name)
+    try:
+        for f in folder.iterdir():
+            if f.name != A.OLD_HISTORIES and f.is_file():
+                shutil.copy2(f, tmp / f.name)
+        HistoryColumns(users, steps, times, ids, actions=actions if action_ids is not None else None,
+                       action_ids=action_ids).write(tmp / A.HISTORIES)
+        m = json.loads((tmp / A.MANIFEST).read_text())
+        m.setdefault("converted_from", folder.name)
+        (tmp / A.MANIFEST).write_text(json.dumps(m))
+        final = A.publish(tmp, folder.name)
+    except BaseException:
+        A.discard(tmp)
+        raise
+    log.info("%s (%s): %d users' histories converted into %s", manifest.name, manifest.kind, len(users), final)
+    return final
