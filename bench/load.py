@@ -323,10 +323,13 @@ def group_cpu_seconds(pid: int) -> float:
 
 
 def bodies_for(artifacts: Path, model: str, n: int = 2000) -> list[dict]:
-    folder = sorted(p for p in (artifacts / model).iterdir() if not p.name.startswith("."))[-1]
-    users = json.loads((folder / "users.json").read_text())["ids"]
+    from models.artifact import latest_versions
+    from models.histories import HistoryTable
+
+    table = HistoryTable(latest_versions(artifacts)[model] / "histories")
     rng = random.Random(0)
-    return [{"model": model, "queries": [{"user_id": rng.choice(users), "k": 10}]} for _ in range(n)]
+    rows = [rng.randrange(len(table)) for _ in range(n)]
+    return [{"model": model, "queries": [{"user_id": table.user(r), "k": 10}]} for r in rows]
 
 
 def batch_histogram(port: int) -> str:
