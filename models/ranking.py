@@ -139,8 +139,41 @@ def rank_sparse(
     if requested is not None:
         n_requested = _distinct_live(requested, masked)
         masked.scatter_(1, requested, float("-inf"))
-    values, indices = masked.topk(min(k, scores.size(1)), dim=1)
+    values, indices = top_k(masked, k)
     return Ranked(indices, values, n_seen, n_future, n_requested)
+
+
+# Rows at least this wide find their top-k through the maxima of blocks of BLOCK candidates.
+BLOCKED_FROM = 65_536
+BLOCK = 256
+
+
+def top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk(scores, k, dim=1) for (B, V) scores: the same values, best first (among equal
+    scores the indices may differ, as with topk itself).
+
+    A wide row goes through its blocks' maxima: an item of the top k lies in a block whose maximum
+    is among the k largest block maxima (fewer than k items beat it, so fewer than k blocks do), so
+    the top k of those k blocks (plus the last, partial block) is the row's top k. One pass of amax
+    and two small topk calls instead of topk over the whole row (docs/BENCHMARKS.md, "How large a
+    catalog can one box serve?").
+    """
+    b, v = scores.shape
+    k = min(k, v)
+    if v < BLOCKED_FROM or k * BLOCK * 4 > v:
+        return scores.topk(k, dim=1)
+    n_blocks = v // BLOCK
+    blocks = scores[:, : n_blocks * BLOCK].unflatten(1, (n_blocks, BLOCK))  # a view: (B, n_blocks, BLOCK)
+    chosen = blocks.amax(dim=2).topk(k, dim=1).indices  # (B, k)
+    offsets = torch.arange(BLOCK, device=scores.device)
+    cand = blocks.gather(1, chosen[:, :, None].expand(b, k, BLOCK)).reshape(b, k * BLOCK)
+    cand_idx = (chosen[:, :, None] * BLOCK + offsets).reshape(b, k * BLOCK)
+    if v > n_blocks * BLOCK:
+        cand = torch.cat([cand, scores[:, n_blocks * BLOCK :]], 1)
+        rest = torch.arange(n_blocks * BLOCK, v, device=scores.device).expand(b, -1)
+        cand_idx = torch.cat([cand_idx, rest], 1)
+    values, pos = cand.topk(k, dim=1)
+    return values, cand_idx.gather(1, pos)
 
 
 def index_rows(rows: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> torch.Tensor | None:

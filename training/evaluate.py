@@ -77,16 +77,62 @@ def draw_negatives(
         raise ValueError("popularity sampling needs item counts")
     weights = weights.double().clone()
     weights[:N_SPECIAL] = 0
+    draw = _draw_by_rejection if vocab_size >= REJECTION_FROM else _draw_by_masking
     out = []
     bs = protocol.batch_size
+    t0 = last_line = time.monotonic()
     for lo in range(0, len(data.targets), bs):
-        touched = index_mask(pad_rows(data.interacted[lo : lo + bs]), vocab_size)
-        probs = weights[None, :].expand(len(touched), -1).masked_fill(touched, 0.0)
-        if int((probs > 0).sum(1).min()) < protocol.n_negatives:
-            # multinomial would silently draw zero-weight (interacted) items instead
-            raise ValueError(f"a user has fewer than {protocol.n_negatives} items left to sample negatives from")
-        out.append(torch.multinomial(probs, protocol.n_negatives, replacement=False, generator=gen))
+        if lo and time.monotonic() - last_line >= LOG_EVERY_S:  # over a large catalog the draws take minutes
+            last_line = time.monotonic()
+            done, spent = lo / len(data.targets), last_line - t0
+            log.info("drawing %s negatives: %.0f%% of %d users, about %.0fs left", protocol.negatives,
+                     100 * done, len(data.targets), spent / done - spent)
+        out.append(draw(data.interacted[lo : lo + bs], weights, protocol.n_negatives, gen))
     return out
+
+
+# From this catalog size on, negatives are drawn by rejection: the masking draw holds a (B, V) float64
+# copy of the weights (4.3 GB for 512 users and 1M items) and ran for minutes per batch.
+REJECTION_FROM = 200_000
+
+
+def _draw_by_masking(
+    interacted: list[list[int]], weights: torch.Tensor, n: int, gen: torch.Generator
+) -> torch.Tensor:
+    touched = index_mask(pad_rows(interacted), len(weights))
+    probs = weights[None, :].expand(len(touched), -1).masked_fill(touched, 0.0)
+    if int((probs > 0).sum(1).min()) < n:
+        # multinomial would silently draw zero-weight (interacted) items instead
+        raise ValueError(f"a user has fewer than {n} items left to sample negatives from")
+    return torch.multinomial(probs, n, replacement=False, generator=gen)
+
+
+def _draw_by_rejection(
+    interacted: list[list[int]], weights: torch.Tensor, n: int, gen: torch.Generator
+) -> torch.Tensor:
+    """The same distribution as _draw_by_masking: successive draws by weight, each skipping the user's
+    items and the items drawn before it (what sampling without replacement is), vectorised: draws
+    with replacement, in order, keep the first n that are neither touched nor repeated."""
+    rows = pad_rows(interacted).sort(dim=1).values  # (B, S), each row's items ascending (PAD first)
+    b, out = len(interacted), torch.empty(len(interacted), n, dtype=torch.long)
+    todo = torch.arange(b)
+    for _ in range(20):
+        m = 2 * n + 16
+        cand = torch.multinomial(weights, len(todo) * m, replacement=True, generator=gen).view(len(todo), m)
+        mine = rows[todo]
+        touched = mine.gather(1, torch.searchsorted(mine, cand).clamp(max=mine.size(1) - 1)) == cand
+        srt, order = cand.sort(dim=1, stable=True)
+        first = torch.ones_like(cand, dtype=torch.bool)
+        first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+        repeat = torch.empty_like(first).scatter_(1, order, ~first)  # a later copy of an earlier draw
+        keep = ~touched & ~repeat
+        enough = keep.sum(1) >= n
+        kept = keep & (keep.cumsum(1) <= n)
+        out[todo[enough]] = cand[enough][kept[enough]].view(-1, n)
+        todo = todo[~enough]
+        if not len(todo):
+            return out
+    raise ValueError(f"a user has too few items left to sample {n} negatives from (by rejection)")
 
 
 def evaluate(
@@ -114,7 +160,7 @@ def evaluate(
     bs = protocol.batch_size
     t0 = last_line = time.monotonic()
     for n, lo in enumerate(range(0, len(data.targets), bs)):
-        if time.monotonic() - last_line >= LOG_EVERY_S:  # a long evaluation (many users) says how far it is
+        if lo and time.monotonic() - last_line >= LOG_EVERY_S:  # a long evaluation (many users) says how far
             last_line = time.monotonic()
             done, spent = lo / len(data.targets), last_line - t0
             log.info("evaluating (%s): %.0f%% of %d users, %.0f users/s, about %.0fs left", protocol.negatives,

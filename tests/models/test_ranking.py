@@ -4,6 +4,8 @@ from collections.abc import Sequence
 import torch
 
 from models.ranking import (
+    BLOCK,
+    BLOCKED_FROM,
     future_mask,
     index_mask,
     pack_histories,
@@ -12,6 +14,7 @@ from models.ranking import (
     recommend,
     reference_value,
     release_tensor,
+    top_k,
 )
 from models.sasrec import SASRec, SASRecConfig
 
@@ -113,3 +116,22 @@ def test_index_rows_is_none_only_when_every_row_is_empty() -> None:
     assert index_rows([]) is None
     rows = index_rows([[], [5, 7]])
     assert rows is not None and rows.tolist() == [[0, 0], [5, 7]]
+
+
+def test_top_k_of_wide_rows_matches_torch_topk() -> None:
+    """Through block maxima: the same values as topk, ties and -inf included, any width and k."""
+    g = torch.Generator().manual_seed(0)
+    for v in (BLOCKED_FROM, BLOCKED_FROM + 77, 300_001):
+        scores = torch.randn(5, v, generator=g)
+        scores[0, : v // 2] = float("-inf")  # masked candidates
+        scores[1] = torch.randint(0, 20, (v,), generator=g).float()  # ties everywhere
+        scores[2, -3:] = 100.0  # the best sit in the last, partial block
+        scores[3, : BLOCK * 3] = 50.0  # more than k equal maxima
+        scores[4] = float("-inf")
+        scores[4, 7] = 1.0  # fewer candidates than k
+        for k in (1, 10, 100):
+            want_v, _ = scores.topk(k, dim=1)
+            got_v, got_i = top_k(scores, k)
+            assert torch.equal(got_v, want_v), (v, k)
+            assert torch.equal(scores.gather(1, got_i), got_v)  # each index holds its value
+            assert all(len(set(row.tolist())) == k for row in got_i)  # no candidate twice

@@ -75,3 +75,17 @@ def test_a_long_evaluation_logs_its_progress(monkeypatch: pytest.MonkeyPatch,
     out = ev.evaluate(slow_scores, data, vocab_size=10, max_history=4, protocol=ev.Protocol(batch_size=4))
     lines = [r.getMessage() for r in caplog.records if "% of 40 users" in r.getMessage()]
     assert out["n"] == 40 and len(lines) >= 3 and all("users/s" in line for line in lines), lines
+
+
+def test_drawing_negatives_for_many_users_logs_its_progress(monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    from training import evaluate as ev
+    from training.splits import EvalSet
+
+    monkeypatch.setattr(ev, "LOG_EVERY_S", 0.0)
+    caplog.set_level(logging.INFO, logger="training.evaluate")
+    data = EvalSet(users=list(range(40)), histories=[[3, 4]] * 40, targets=[5] * 40, interacted=[[3, 4, 5]] * 40)
+    protocol = ev.Protocol(batch_size=4, negatives="uniform", n_negatives=3)
+    drawn = ev.draw_negatives(data, vocab_size=12, protocol=protocol)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("drawing uniform negatives")]
+    assert len(drawn) == 10 and len(lines) >= 5 and "% of 40 users" in lines[-1], lines

@@ -111,3 +111,26 @@ def test_a_training_run_draws_each_protocols_negatives_once(synthetic_dir, tmp_p
     # Validation (every epoch and after training: all 40 users, the same set) and test, once per protocol
     # each, though the model is scored 4 times on validation and the model and 3 baselines on test.
     assert sorted(calls) == [(40, "popularity"), (40, "popularity"), (40, "uniform"), (40, "uniform")]
+
+
+def test_negatives_by_rejection_follow_the_masking_draw() -> None:
+    """The large-catalog draw: n distinct items per user, none it touched, with the same inclusion
+    probabilities as the exact draw (successive sampling by weight without replacement)."""
+    import torch
+
+    from training.evaluate import _draw_by_masking, _draw_by_rejection
+
+    weights = torch.tensor([0.0, 0.0] + [float(1 + i % 5) for i in range(20)], dtype=torch.float64)
+    interacted = [[2, 3, 9], [], [21, 20, 4, 5, 6, 7, 8]] * 2000
+    gen = torch.Generator().manual_seed(0)
+    a = _draw_by_rejection(interacted, weights, 5, gen)
+    b = _draw_by_masking(interacted, weights, 5, gen)
+    assert a.shape == b.shape == (6000, 5)
+    for row, touched in zip(a.tolist(), interacted, strict=True):
+        assert len(set(row)) == 5 and not set(row) & set(touched) and min(row) >= 2
+    for user in range(3):  # inclusion frequency of every item, per kind of user
+        fa = torch.bincount(a[user::3].flatten(), minlength=22).double() / 2000
+        fb = torch.bincount(b[user::3].flatten(), minlength=22).double() / 2000
+        assert (fa - fb).abs().max() < 0.05, (user, fa, fb)
+    with pytest.raises(ValueError, match="too few items"):
+        _draw_by_rejection([list(range(2, 19))], weights, 5, gen)
