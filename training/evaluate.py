@@ -62,10 +62,20 @@ def target_ranks(scores: torch.Tensor, targets: torch.Tensor, candidates: torch.
     return ((scores >= t) & others).count_nonzero(1)  # count_nonzero: 1.3x sum() over a bool (B, V)
 
 
+# Users per scored batch at most this many (user, item) cells: each batch holds a few (B, V) tensors
+# (scores, candidates, comparisons), 11.7 GB at the peak of a job on 1M items with 512 users a batch.
+EVAL_CELLS = 32 * 1024 * 1024
+
+
+def rows_per_batch(protocol: Protocol, vocab_size: int) -> int:
+    """protocol.batch_size, fewer on catalogs so large that a batch's (B, V) tensors would be gigabytes."""
+    return max(1, min(protocol.batch_size, EVAL_CELLS // max(1, vocab_size)))
+
+
 def draw_negatives(
     data: EvalSet, *, vocab_size: int, protocol: Protocol, popularity: torch.Tensor | None = None
 ) -> list[torch.Tensor]:
-    """A sampled protocol's negatives, one (B, n) tensor per batch of `protocol.batch_size` targets.
+    """A sampled protocol's negatives, one (B, n) tensor per batch of `rows_per_batch` targets.
 
     Among the items each user never touched, without replacement, uniform or by popularity. Drawn
     once per split and protocol and shared by every scorer (the model and each baseline): the draws
@@ -79,7 +89,7 @@ def draw_negatives(
     weights[:N_SPECIAL] = 0
     draw = _draw_by_rejection if vocab_size >= REJECTION_FROM else _draw_by_masking
     out = []
-    bs = protocol.batch_size
+    bs = rows_per_batch(protocol, vocab_size)
     t0 = last_line = time.monotonic()
     for lo in range(0, len(data.targets), bs):
         if lo and time.monotonic() - last_line >= LOG_EVERY_S:  # over a large catalog the draws take minutes
@@ -157,7 +167,7 @@ def evaluate(
     if sampled and negatives is None:
         negatives = draw_negatives(data, vocab_size=vocab_size, protocol=protocol, popularity=popularity)
     all_ranks = []
-    bs = protocol.batch_size
+    bs = rows_per_batch(protocol, vocab_size)
     t0 = last_line = time.monotonic()
     for n, lo in enumerate(range(0, len(data.targets), bs)):
         if lo and time.monotonic() - last_line >= LOG_EVERY_S:  # a long evaluation (many users) says how far

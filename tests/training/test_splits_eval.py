@@ -134,3 +134,25 @@ def test_negatives_by_rejection_follow_the_masking_draw() -> None:
         assert (fa - fb).abs().max() < 0.05, (user, fa, fb)
     with pytest.raises(ValueError, match="too few items"):
         _draw_by_rejection([list(range(2, 19))], weights, 5, gen)
+
+
+def test_a_large_catalog_is_scored_in_smaller_batches_with_the_same_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from training import evaluate as ev
+    from training.splits import EvalSet
+
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(30, 30, generator=g)
+    data = EvalSet(users=list(range(50)), histories=[[2 + u % 20, 3 + u % 25] for u in range(50)],
+                   targets=[4 + u % 26 for u in range(50)], interacted=[[2 + u % 20, 3 + u % 25, 4 + u % 26]
+                                                                         for u in range(50)])
+
+    def scores(seq: torch.Tensor) -> torch.Tensor:
+        return table[seq[:, 0]]
+
+    protocols = [ev.Protocol(batch_size=64), ev.Protocol(batch_size=64, negatives="uniform", n_negatives=5)]
+    whole = [ev.evaluate(scores, data, vocab_size=30, max_history=4, protocol=p) for p in protocols]
+    monkeypatch.setattr(ev, "EVAL_CELLS", 30 * 7)  # 7 users a batch
+    assert ev.rows_per_batch(protocols[0], 30) == 7
+    assert [ev.evaluate(scores, data, vocab_size=30, max_history=4, protocol=p) for p in protocols] == whole
