@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 export SEQSERVE_ARTIFACTS_DIR="${SEQSERVE_ARTIFACTS_DIR:-artifacts}"
 geolife="${SEQSERVE_GEOLIFE:-../shared/data/geolife-staypoints/dataSet_geolife.csv}"
+if ls "$SEQSERVE_ARTIFACTS_DIR"/*/*/histories.json >/dev/null 2>&1; then
+    # Versions written before the memory-mapped history table: the service refuses them, so the
+    # newest of each name is converted (a copy published as <version>-2; the old one stays).
+    echo "train: versions of the earlier histories.json layout found; converting the newest of each name that needs it" >&2
+    .venv/bin/python -m training convert-histories "$SEQSERVE_ARTIFACTS_DIR"
+fi
 if [ "${1:-}" != "--force" ] && ls "$SEQSERVE_ARTIFACTS_DIR"/*/*/manifest.json >/dev/null 2>&1; then
     echo "train: $SEQSERVE_ARTIFACTS_DIR already holds models; nothing to train (--force retrains)" >&2
     exit 0

@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--out", type=Path, default=Path("predictions"))
     cv = sub.add_parser("convert-histories", help="convert a version written with histories.json to the"
                                                   " memory-mapped table (published as a new version)")
-    cv.add_argument("artifact", type=Path, help="artifact version folder")
+    cv.add_argument("artifact", type=Path, help="artifact version folder, or an artifacts folder: the newest"
+                                                " version of each name that needs it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -47,9 +48,13 @@ def main(argv: list[str] | None = None) -> int:
             print(predict_all(args.artifact, k=args.k, out_dir=args.out))
             return 0
         if args.command == "convert-histories":
-            from training.convert import convert_histories
+            from training.convert import convert_histories, convert_root
 
-            print(convert_histories(args.artifact))
+            if (args.artifact / "manifest.json").is_file():
+                print(convert_histories(args.artifact))
+            else:
+                for folder in convert_root(args.artifact):
+                    print(folder)
             return 0
         return _train(args)
     except (DataFormatError, ValueError, FileNotFoundError) as exc:

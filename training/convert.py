@@ -1,6 +1,7 @@
 """Convert an artifact version written with histories.json into the memory-mapped history table.
 
     python -m training convert-histories artifacts/sasrec-ml100k/20261122T111403Z
+    python -m training convert-histories artifacts     # the newest version of every name that needs it
 
 The old version is left as it is; the converted copy is published next to it under the same name with
 a suffix (20261122T111403Z-2), so the service takes it as the newest at its next start or reload.
@@ -22,8 +23,8 @@ log = logging.getLogger(__name__)
 
 def convert_histories(folder: Path) -> Path:
     """Write a converted copy of `folder` and return it; raises ValueError when there is nothing to convert."""
-    if (folder / A.HISTORIES).is_dir():
-        raise ValueError(f"{folder} already has a {A.HISTORIES}/ table")
+    if not needs_conversion(folder):
+        raise ValueError(f"{folder} has no {A.OLD_HISTORIES} to convert (or already a {A.HISTORIES}/ table)")
     manifest = A.read_manifest(folder)
     raw = A.read_json(folder, A.OLD_HISTORIES)
     if not isinstance(raw, dict):
@@ -55,3 +56,13 @@ def convert_histories(folder: Path) -> Path:
         raise
     log.info("%s (%s): %d users' histories converted into %s", manifest.name, manifest.kind, len(users), final)
     return final
+
+
+def needs_conversion(folder: Path) -> bool:
+    return (folder / A.OLD_HISTORIES).is_file() and not (folder / A.HISTORIES).is_dir()
+
+
+def convert_root(root: Path) -> list[Path]:
+    """Convert the newest version of every artifact name under `root` that has the old layout."""
+    return [convert_histories(v) for v in A.latest_versions(root).values() if needs_conversion(v)]
+
