@@ -109,3 +109,28 @@ def test_malformed_recbole_line(tmp_path: Path) -> None:
 def test_missing_path() -> None:
     with pytest.raises(DataFormatError, match="no such file"):
         load_interactions(Path("/nonexistent/file.csv"))
+
+
+def test_parquet_columns_read_as_the_strings_a_csv_would_hold(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from training.data.tables import read_table
+
+    pq.write_table(pa.table({
+        "int_ids": pa.array([7, 12345678901, -3], pa.int64()),
+        "str_ids": ["a b", "ü", ""],
+        "nullable": pa.array([1, None, 3], pa.int64()),
+        "floats": [2.0, 2.5, None],
+        "text_or_null": ["x", None, "z"],
+        "when": pa.array([0, 1_600_000_000_000_000, 1], pa.timestamp("us", tz="UTC")),
+    }), tmp_path / "t.parquet")
+    df = read_table(tmp_path / "t.parquet")
+    assert df["int_ids"].tolist() == ["7", "12345678901", "-3"]
+    assert df["str_ids"].tolist() == ["a b", "ü", ""]
+    assert df["nullable"].tolist() == ["1", "", "3"]
+    assert df["floats"].tolist() == ["2", "2.5", ""]
+    assert df["text_or_null"].tolist() == ["x", "", "z"]
+    assert df["when"].tolist()[1] == "2020-09-13T12:26:40+00:00"
+    assert df["_line"].tolist() == [2, 3, 4]
+    assert all(type(v) is str for c in df.columns if c != "_line" for v in df[c])
