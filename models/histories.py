@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from models.ids import IdMap
+from models.ids import N_SPECIAL, IdMap
 
 FOLDER = "histories"
 _COLUMNS = ("hashes", "key_ends", "keys", "ends", "items", "times")
-_DTYPES = {"hashes": np.uint64, "key_ends": np.int64, "keys": np.uint8, "ends": np.int64,
+_DTYPES: dict[str, type[np.generic]] = {"hashes": np.uint64, "key_ends": np.int64, "keys": np.uint8, "ends": np.int64,
            "items": np.int32, "times": np.float64, "actions": np.int32}
 EXTRA_IDS = "extra_ids.json"
 
@@ -39,27 +39,33 @@ class HistoryTableError(ValueError):
     """A histories folder with a missing or inconsistent file (the message names the file inside it)."""
 
 
-def _map(path: Path) -> np.ndarray:
-    """A 1-d .npy column, memory-mapped read-only and marked for random access.
+def _map(path: Path, want: type[np.generic]) -> np.ndarray:
+    """A 1-d .npy column of dtype `want`, memory-mapped read-only and marked for random access.
 
     Requests read rows at random: MADV_RANDOM turns the kernel's read-ahead off, so a lookup reads
     the pages it touches (5,000 random users of a 5M-user table: 113 MB of file pages; docs/BENCHMARKS.md).
     """
-    with path.open("rb") as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        if dtype.hasobject:
-            raise ValueError("object arrays are not loaded")  # they would need pickle
-        offset, count = f.tell(), int(np.prod(shape))
-        if len(shape) != 1 or count == 0:
-            return np.zeros(shape, dtype=dtype) if count == 0 else np.empty((0, 0), dtype=dtype)
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    if hasattr(mm, "madvise"):
-        mm.madvise(mmap.MADV_RANDOM)
-    return np.frombuffer(mm, dtype=dtype, count=count, offset=offset)
+    name = path.name
+    try:
+        with path.open("rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _fortran, dtype = read_header(f)  # never unpickles: object arrays are refused below
+            if dtype != want or len(shape) != 1:
+                raise HistoryTableError(f"{name}: expected a 1-d {np.dtype(want)} array, found {len(shape)}-d {dtype}")
+            if shape[0] == 0:  # an empty file region cannot be mapped
+                return np.zeros(0, dtype=dtype)
+            offset = f.tell()
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_RANDOM)
+        return np.frombuffer(mm, dtype=dtype, count=shape[0], offset=offset)
+    except (OSError, ValueError, EOFError) as exc:
+        if isinstance(exc, HistoryTableError):
+            raise
+        problem = "missing" if not path.exists() else "unreadable"
+        raise HistoryTableError(f"{name}: {problem} ({type(exc).__name__})") from None
 
 
 def user_hash(user: str) -> int:
@@ -91,15 +97,7 @@ class HistoryTable:
             path = folder / f"{name}.npy"
             if name == "actions" and not path.exists():
                 continue
-            try:
-                arr = _map(path)
-            except (OSError, ValueError, EOFError) as exc:
-                raise HistoryTableError(f"{name}.npy: {'missing' if not path.exists() else 'unreadable'}"
-                                        f" ({type(exc).__name__})") from None
-            if arr.dtype != _DTYPES[name] or arr.ndim != 1:
-                raise HistoryTableError(f"{name}.npy: expected a 1-d {np.dtype(_DTYPES[name])} array,"
-                                        f" found {arr.ndim}-d {arr.dtype}")
-            cols[name] = arr
+            cols[name] = _map(path, _DTYPES[name])
         self.hashes, self.key_ends, self.keys = cols["hashes"], cols["key_ends"], cols["keys"]
         self.ends, self.items, self.times = cols["ends"], cols["items"], cols["times"]
         self.actions = cols.get("actions")
@@ -229,18 +227,19 @@ class HistoryColumns:
     action_ids: IdMap | None = None
 
     def write(self, folder: Path) -> None:
-        n = len(self.ids)
-        extra: dict[str, int] = {}
         flat = [s for seq in self.steps for s in seq]
-        index = self.ids.indices(flat)
-        for k, (raw, x) in enumerate(zip(flat, index, strict=True)):
-            if x < 2:  # not in the model's map: kept by raw id, so an export of the log loses nothing
-                index[k] = n + extra.setdefault(raw, len(extra))
+        index = np.asarray(self.ids.indices(flat), dtype=np.int64)
+        unknown = index < N_SPECIAL
+        extra: list[str] = []
+        if unknown.any():  # not in the model's map: kept by raw id, so an export of the log loses nothing
+            uniques, codes = np.unique(np.asarray(flat, dtype=object)[unknown], return_inverse=True)
+            index[unknown] = len(self.ids) + codes
+            extra = [str(u) for u in uniques]
         times = np.fromiter((math.nan if t is None else t for seq in self.times for t in seq), dtype=np.float64,
                             count=len(flat))
         acts = None
         if self.actions is not None:
             assert self.action_ids is not None
             acts = np.asarray(self.action_ids.indices([a for seq in self.actions for a in seq]), dtype=np.int32)
-        write_table(folder, list(self.users), [len(s) for s in self.steps], items=np.asarray(index, dtype=np.int64),
-                    times=times, actions=acts, extra_ids=list(extra))
+        write_table(folder, list(self.users), [len(s) for s in self.steps], items=index, times=times, actions=acts,
+                    extra_ids=extra)

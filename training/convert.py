@@ -64,5 +64,7 @@ def needs_conversion(folder: Path) -> bool:
 
 def convert_root(root: Path) -> list[Path]:
     """Convert the newest version of every artifact name under `root` that has the old layout."""
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such folder")
     return [convert_histories(v) for v in A.latest_versions(root).values() if needs_conversion(v)]
 

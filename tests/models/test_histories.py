@@ -80,5 +80,5 @@ def test_inconsistent_columns_are_refused_by_name(tmp_path: Path, column: str, v
 def test_a_pickled_column_is_not_loaded(tmp_path: Path) -> None:
     _write(tmp_path / "t", IDS)
     np.save(tmp_path / "t" / "items.npy", np.array([object()], dtype=object), allow_pickle=True)
-    with pytest.raises(H.HistoryTableError, match=r"items\.npy: unreadable"):
+    with pytest.raises(H.HistoryTableError, match=r"items\.npy: expected a 1-d int32 array, found 1-d object"):
         H.HistoryTable(tmp_path / "t")

@@ -66,6 +66,7 @@ def test_an_old_artifact_is_refused_then_converted_answers_alike(
     assert converted.name == f"{folder.name}-2" and (folder / "histories.json").is_file()  # the old one stays
     assert _answers(_open(converted), users) == expected
     assert main(["convert-histories", str(converted)]) == 2  # nothing to convert
+    assert main(["convert-histories", str(tmp_path / "no-such-folder")]) == 2
 
 
 @pytest.mark.parametrize("name", ["sasrec-tiny", "bert4rec-tiny", "social-tiny"])
