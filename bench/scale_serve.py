@@ -36,7 +36,7 @@ import httpx2 as httpx
 import numpy as np
 
 from models.artifact import latest_versions
-from models.histories import write_table
+from models.histories import HistoryTable, write_table
 from models.ids import N_SPECIAL, IdMap
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,8 +55,6 @@ def build(src: Path, dst: Path, *, users: int, events: int, layout: str, seed: i
     if users == 0:  # the artifact's own users, in the asked layout
         shutil.copytree(src / "histories", dst / "histories")
         if layout == "json":
-            from models.histories import HistoryTable
-
             table = HistoryTable(dst / "histories")
             old = {u: [[i, t] for i, t, _ in table.timeline(u, items)] for u in table.users()}
             (dst / "histories.json").write_text(json.dumps(old))
@@ -211,8 +209,6 @@ def main() -> None:
         print(f"built {n} users in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         if args.cold:
             _drop_page_cache()
-        from models.histories import HistoryTable
-
         ids = user_ids(n) if n else (list(HistoryTable(src / "histories").users()))
         for w in args.workers:
             m = measure(root, model=args.artifact.name, users=ids, workers=w, code=args.code,

@@ -224,7 +224,7 @@ class ModelRegistry:
         try:
             t0 = time.perf_counter()
             dropped = self.store.fold(engine.namespace, engine.manifest.data_hash, engine.stored_events)
-            if dropped is not None:
+            if dropped:  # None: this data hash was folded before; 0: no live event was in it
                 log.info("history store namespace %s: %d live events folded into the artifact's histories in"
                          " %.1f s", engine.namespace, dropped, time.perf_counter() - t0)
         except StoreError as exc:
