@@ -243,3 +243,16 @@ class HistoryColumns:
             acts = np.asarray(self.action_ids.indices([a for seq in self.actions for a in seq]), dtype=np.int32)
         write_table(folder, list(self.users), [len(s) for s in self.steps], items=index, times=times, actions=acts,
                     extra_ids=extra)
+
+
+@dataclass
+class IndexedHistories:
+    """What a training job whose steps are already indices of the model's map hands the exporter."""
+
+    users: Sequence[str]
+    ends: np.ndarray  # int64 (U,): user u's steps end here (CSR)
+    items: np.ndarray  # int32 (N,): indices of the task's id map
+    times: np.ndarray  # float64 (N,)
+
+    def write(self, folder: Path) -> None:
+        write_table(folder, self.users, np.diff(self.ends, prepend=0), items=self.items, times=self.times)

@@ -11,7 +11,7 @@ from torch import nn
 
 from models import artifact as A
 from models.checkpoint import save_checkpoint
-from models.histories import HistoryColumns
+from models.histories import HistoryColumns, IndexedHistories
 from models.ids import IdMap
 from models.manifest import Manifest
 from training.loop import History
@@ -56,7 +56,7 @@ def export_artifact(
         for fname, obj in files.items():
             if isinstance(obj, IdMap):
                 obj.save(tmp / fname)
-            elif isinstance(obj, HistoryColumns):
+            elif isinstance(obj, HistoryColumns | IndexedHistories):
                 obj.write(tmp / fname)
             else:
                 A.write_json(tmp / fname, obj)

@@ -54,7 +54,8 @@ def test_hostile_ids_round_trip_exactly(tiny_artifacts: Path, tmp_path: Path) ->
     out = tmp_path / "log.csv"
     assert export(["--namespace", "sasrec-tiny", "--out", str(out), "--artifacts", str(tiny_artifacts)]) == 0
     data = load_interactions(out)
-    got = {(u, i) for u, items in zip(data.users, data.items, strict=True) for i in items if u.startswith("user ")}
+    lists = data.item_lists()
+    got = {(u, i) for u, items in zip(data.users, lists, strict=True) for i in items if u.startswith("user ")}
     assert got == {(e["user_id"], e["item_id"]) for e in events}
 
 

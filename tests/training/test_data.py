@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from training.data import DataFormatError, load_interactions
@@ -8,7 +10,7 @@ from training.data import DataFormatError, load_interactions
 def test_recbole_files_sorted_per_user_with_release_years(synthetic_dir: Path) -> None:
     data = load_interactions(synthetic_dir)
     assert len(data.users) == 40
-    for times in data.times:
+    for times in data.time_lists():
         assert times == sorted(times)
     assert data.release_unit == "year" and data.release["10"] == 1990.0
     assert len(data.sha256) == 64
@@ -21,7 +23,7 @@ def test_grouplens_100k(tmp_path: Path) -> None:
         load_interactions(tmp_path)
     (tmp_path / "u.item").write_text("10|A (1995)|01-Jan-1995|x\n11|B||x\n", encoding="latin-1")
     data = load_interactions(tmp_path)
-    assert data.users == ["1", "2"] and data.items[0] == ["11", "10"]
+    assert data.users == ["1", "2"] and data.item_lists()[0] == ["11", "10"]
     assert data.release == {"10": 1995.0}
 
 
@@ -29,20 +31,20 @@ def test_grouplens_dat_and_csv(tmp_path: Path) -> None:
     (tmp_path / "ratings.dat").write_text("1::10::5::300\n1::11::3::100\n")
     (tmp_path / "movies.dat").write_text("10::Heat (1995)::Action\n11::Odd::Drama\n", encoding="latin-1")
     data = load_interactions(tmp_path)
-    assert data.items == [["11", "10"]] and data.release == {"10": 1995.0}
+    assert data.item_lists() == [["11", "10"]] and data.release == {"10": 1995.0}
     d2 = tmp_path / "csv"
     d2.mkdir()
     (d2 / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,10,5,300\n1,11,3,100\n")
     (d2 / "movies.csv").write_text('movieId,title,genres\n10,"Heat (1995)",Action\n')
     data = load_interactions(d2)
-    assert data.items == [["11", "10"]] and data.release == {"10": 1995.0}
+    assert data.item_lists() == [["11", "10"]] and data.release == {"10": 1995.0}
 
 
 def test_user_item_lines_keep_file_order(tmp_path: Path) -> None:
     p = tmp_path / "beauty.txt"
     p.write_text("1 5\n1 3\n2 3\n1 9\n")
     data = load_interactions(p)
-    assert data.users == ["1", "2"] and data.items == [["5", "3", "9"], ["3"]]
+    assert data.users == ["1", "2"] and data.item_lists() == [["5", "3", "9"], ["3"]]
     assert data.release_unit is None
     p.write_text("1 5\n1 3 7\n")
     with pytest.raises(DataFormatError, match=r"beauty.txt:2: expected 'user item'"):
@@ -55,7 +57,7 @@ def test_generic_csv_with_item_table_and_iso_times(tmp_path: Path) -> None:
     items = tmp_path / "items.csv"
     items.write_text("item_id,release_time\nx,2019-12-31T00:00:00\ny,\n")
     data = load_interactions(log, items)
-    assert data.items == [["y", "x"]]
+    assert data.item_lists() == [["y", "x"]]
     assert data.release_unit == "second" and set(data.release) == {"x"}
     log.write_text("user_id,item_id,timestamp\na,x,yesterday\n")
     with pytest.raises(DataFormatError, match=r"log.csv:2: timestamp 'yesterday'"):
@@ -70,7 +72,7 @@ def test_parquet_table(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"user": ["a", "a"], "item": ["x", "y"], "timestamp": [2, 1]}), tmp_path / "l.parquet")
-    assert load_interactions(tmp_path / "l.parquet").items == [["y", "x"]]
+    assert load_interactions(tmp_path / "l.parquet").item_lists() == [["y", "x"]]
 
 
 def test_a_folder_of_parquet_parts_loads_as_one_table(tmp_path: Path) -> None:
@@ -88,8 +90,8 @@ def test_a_folder_of_parquet_parts_loads_as_one_table(tmp_path: Path) -> None:
     (folder / "_SUCCESS").write_text("")
     (folder / "day=1" / ".part-00000.parquet.crc").write_bytes(b"not parquet")
     got, want = load_interactions(folder), load_interactions(tmp_path / "log.csv")
-    assert (got.users, got.items, got.times) == (want.users, want.items, want.times)
-    assert got.items == [["z", "x", "y"], ["y", "x"], ["x"]]
+    assert (got.users, got.item_lists(), got.time_lists()) == (want.users, want.item_lists(), want.time_lists())
+    assert got.item_lists() == [["z", "x", "y"], ["y", "x"], ["x"]]
     assert got.sha256 and got.sha256 != want.sha256
     (folder / "day=2" / "part-00001.parquet").write_bytes(b"truncated")
     with pytest.raises(DataFormatError, match="not a readable Parquet file"):
@@ -134,3 +136,61 @@ def test_parquet_columns_read_as_the_strings_a_csv_would_hold(tmp_path: Path) ->
     assert df["when"].tolist()[1] == "2020-09-13T12:26:40+00:00"
     assert df["_line"].tolist() == [2, 3, 4]
     assert all(type(v) is str for c in df.columns if c != "_line" for v in df[c])
+
+
+def _log_rows(n: int, seed: int = 0) -> pd.DataFrame:
+
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"user_id": [f"u{u}" for u in rng.integers(0, 30, n)],
+                         "item_id": [f"i {i}" for i in rng.zipf(1.5, n) % 50],
+                         "timestamp": rng.integers(0, 20, n)})  # many ties: file order must decide them
+
+
+def test_a_table_read_in_chunks_loads_as_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ids met again in a later chunk keep their code; users and items keep their order of first
+    appearance; ties keep file order; CSV and Parquet parts alike."""
+    from training.data import tables
+
+    rows = _log_rows(500)
+    rows.to_csv(tmp_path / "log.csv", index=False)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    rows.iloc[:230].to_parquet(folder / "part-0.parquet", index=False)
+    rows.iloc[230:].to_parquet(folder / "part-1.parquet", index=False)
+    whole = load_interactions(tmp_path / "log.csv")
+    # What the loader must give, computed here without it: a stable sort by user (first appearance), then time.
+    first = {u: k for k, u in reversed(list(enumerate(rows["user_id"])))}
+    order = sorted(range(len(rows)), key=lambda r: (first[rows["user_id"][r]], rows["timestamp"][r], r))
+    want: dict[str, list[str]] = {}
+    for r in order:
+        want.setdefault(rows["user_id"][r], []).append(rows["item_id"][r])
+    assert whole.users == list(want) and whole.item_lists() == list(want.values())
+    assert whole.item_ids == list(dict.fromkeys(i for seq in want.values() for i in seq))
+    for chunk in (1, 7, 64):
+        monkeypatch.setattr(tables, "CHUNK_ROWS", chunk)
+        for path in (tmp_path / "log.csv", folder):
+            got = load_interactions(path)
+            assert (got.users, got.item_ids, got.item_lists(), got.time_lists()) == \
+                (whole.users, whole.item_ids, whole.item_lists(), whole.time_lists()), (chunk, path.name)
+
+
+def test_a_defect_in_a_later_chunk_names_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from training.data import tables
+
+    monkeypatch.setattr(tables, "CHUNK_ROWS", 4)
+    log = tmp_path / "log.csv"
+    lines = [f"u{k % 3},i{k},{k}" for k in range(12)]
+    lines[9] = "u0,i9,"  # file line 11, in the third chunk
+    log.write_text("user_id,item_id,timestamp\n" + "\n".join(lines) + "\n")
+    with pytest.raises(DataFormatError, match=r"log.csv:11: timestamp missing where other rows have one"):
+        load_interactions(log)
+    lines[9] = "u0,,9"
+    log.write_text("user_id,item_id,timestamp\n" + "\n".join(lines) + "\n")
+    with pytest.raises(DataFormatError, match=r"log.csv:11: empty item_id"):
+        load_interactions(log)
+    lines[9] = "u0,i9,9,extra"
+    log.write_text("user_id,item_id,timestamp\n" + "\n".join(lines) + "\n")
+    with pytest.raises(DataFormatError, match=r"log.csv:11: expected 3 fields, got 4"):
+        load_interactions(log)
+    log.write_text("user_id,item_id,timestamp\n" + "\n".join(f"u{k},i{k}," for k in range(9)) + "\n")
+    assert load_interactions(log).n_interactions == 9  # no timestamp at all: file order, in every chunk

@@ -17,7 +17,7 @@ def test_ml100k_counts_and_release_years() -> None:
     assert data.release_unit == "year"
     # 1,682 movies; one has no year at all, and one stores "V" where the year belongs (taken from its title).
     assert len(data.release) == 1681 and data.release["1412"] == 1995.0
-    assert all(t == sorted(t) for t in data.times)
+    assert all(t == sorted(t) for t in data.time_lists())
 
 
 @pytest.mark.skipif(not BEAUTY.exists(), reason=f"real data absent: {BEAUTY}")

@@ -12,10 +12,11 @@ from __future__ import annotations
 import gc
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,7 @@ from training.data.tables import (
     read_text_table,
     require_ids,
     sha256,
+    table_chunks,
     unix_times,
 )
 
@@ -43,11 +45,15 @@ RELEASE_COLS = ("release_time", "release_year", "released_at", "release")
 
 @dataclass
 class Interactions:
-    """Per-user item sequences in time order; raw ids stay strings."""
+    """Per-user item sequences in time order, as columns: a log of tens of millions of rows holds one
+    int32 and one float64 per row, not a Python object per id (docs/decisions/columnar-log.md).
+    Raw ids stay strings."""
 
-    users: list[str]
-    items: list[list[str]]  # items[u] = user u's items, oldest first
-    times: list[list[float]]  # unix seconds; NaN where the source has no timestamps
+    users: list[str]  # raw user ids, in order of first appearance in the log
+    item_ids: list[str]  # raw item ids: `items` holds indices into this list
+    ends: np.ndarray  # int64 (U,): user u's rows are items[ends[u - 1]:ends[u]] (from 0 for u = 0)
+    items: np.ndarray  # int32 (N,), each user's items oldest first
+    times: np.ndarray  # float64 (N,) unix seconds; NaN where the source has no timestamps
     release: dict[str, float] = field(default_factory=dict)  # item -> release, in release_unit
     release_unit: str | None = None  # "year" or "second"; None = no release metadata
     source: str = ""
@@ -55,27 +61,74 @@ class Interactions:
 
     @property
     def n_interactions(self) -> int:
-        return sum(len(s) for s in self.items)
+        return len(self.items)
 
     def item_set(self) -> list[str]:
-        """Distinct items in order of first appearance."""
-        return list(dict.fromkeys(i for seq in self.items for i in seq))
+        """Distinct items in order of first appearance, user by user."""
+        return self.item_ids
+
+    def sequences(self, offset: int = 0) -> list[list[int]]:
+        """Each user's items as indices + `offset` (what the training jobs index sequences with)."""
+        return _per_user((self.items.astype(np.int64) + offset).tolist(), self.ends)
+
+    def item_lists(self) -> list[list[str]]:
+        """Each user's raw item ids, oldest first."""
+        return _per_user(np.asarray(self.item_ids, dtype=object)[self.items].tolist(), self.ends)
+
+    def time_lists(self) -> list[list[float]]:
+        return _per_user(self.times.tolist(), self.ends)
+
+
+def _per_user(flat: list[Any], ends: np.ndarray) -> list[list[Any]]:
+    # One conversion to Python objects, then a C-level slice per user (a tolist per user was 0.9 s
+    # of a 5M-row load; docs/BENCHMARKS.md, scale).
+    bounds = ends.tolist()
+    return [flat[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
+
+
+def group_codes(
+    user_codes: np.ndarray, users: list[str], item_codes: np.ndarray, item_ids: Sequence[str], times: np.ndarray, *,
+    source: str,
+) -> Interactions:
+    """Rows given as codes into `users` and `item_ids` -> per-user sequences (users keep their order);
+    each user's rows sorted by time, file order kept on ties and where there are no times. Items are
+    renumbered in order of first appearance, user by user."""
+    key = np.where(np.isnan(times), -np.inf, times)
+    rows = np.lexsort((key, user_codes))  # by user, then time; lexsort is stable: file order on ties
+    del key
+    ends = np.cumsum(np.bincount(user_codes, minlength=len(users)))
+    items = item_codes[rows]
+    times = times[rows]
+    del rows
+    first_seen = pd.unique(items)  # hash-based: order of appearance, no sort of the whole column
+    renumber = np.zeros(len(item_ids), dtype=np.int32)
+    renumber[first_seen] = np.arange(len(first_seen), dtype=np.int32)
+    return Interactions(users, np.asarray(item_ids, dtype=object)[first_seen].tolist(), ends.astype(np.int64),
+                        renumber[items], times, source=source)
 
 
 def group(users: pd.Series, items: pd.Series, times: np.ndarray, *, source: str) -> Interactions:
-    """Group rows by user (users in order of first appearance); each user's rows sorted by time,
-    file order kept on ties and where there are no times."""
-    codes, order = pd.factorize(users)
-    key = np.where(np.isnan(times), -np.inf, times)
-    rows = np.lexsort((key, codes))  # by user, then time; lexsort is stable: file order on ties
-    ends = np.cumsum(np.bincount(codes, minlength=len(order))).tolist()
-    # One conversion to Python objects, then a C-level slice per user (a tolist per user was 0.9 s
-    # of a 5M-row load; docs/BENCHMARKS.md section 9).
-    all_items, all_times = items.to_numpy()[rows].tolist(), times[rows].tolist()
-    starts = [0, *ends[:-1]]
-    item_lists = [all_items[a:b] for a, b in zip(starts, ends, strict=True)]
-    time_lists = [all_times[a:b] for a, b in zip(starts, ends, strict=True)]
-    return Interactions([str(u) for u in order], item_lists, time_lists, source=source)
+    """Rows of raw ids -> per-user sequences (users in order of first appearance); see group_codes."""
+    user_codes, user_ids = pd.factorize(users)
+    item_codes, item_ids = pd.factorize(items)
+    return group_codes(user_codes, [str(u) for u in user_ids], item_codes, [str(i) for i in item_ids],
+                       np.asarray(times, dtype=np.float64), source=source)
+
+
+class _Codes:
+    """Raw ids -> dense codes across the chunks of a table, in order of first appearance."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+
+    def encode(self, values: pd.Series) -> np.ndarray:
+        codes, uniques = pd.factorize(values)
+        index = self.index
+        known = np.fromiter((index.setdefault(u, len(index)) for u in uniques), dtype=np.int32, count=len(uniques))
+        return known[codes]
+
+    def ids(self) -> list[str]:
+        return list(self.index)
 
 
 def _release_years(values: pd.Series, titles: pd.Series | None) -> pd.Series:
@@ -205,18 +258,32 @@ def load_user_item_lines(path: Path) -> Interactions:
 
 
 def load_table(path: Path, item_table: Path | None = None) -> Interactions:
-    df = read_table(path)
-    ui, ii = pick(df, USER_COLS, path), pick(df, ITEM_COLS, path)
-    ti = pick(df, TIME_COLS, path)
-    assert ui is not None and ii is not None and ti is not None
-    if df.empty:
+    """A CSV or Parquet log read in chunks: each chunk's ids become integer codes before the next is
+    read, so memory holds the codes and times of the whole log and the strings of one chunk."""
+    users, items = _Codes(), _Codes()
+    user_parts, item_parts, time_parts = [], [], []
+    first_missing: int | None = None  # line of the first row without a timestamp
+    for df in table_chunks(path):
+        ui, ii = pick(df, USER_COLS, path), pick(df, ITEM_COLS, path)
+        ti = pick(df, TIME_COLS, path)
+        assert ui is not None and ii is not None and ti is not None
+        require_ids(df, (ui, ii), path)
+        times = unix_times(df, ti, path, what="timestamp", allow_missing=True)
+        missing = np.isnan(times)
+        if first_missing is None and missing.any():
+            first_missing = int(df["_line"].iloc[int(np.flatnonzero(missing)[0])])
+        user_parts.append(users.encode(df[ui]))
+        item_parts.append(items.encode(df[ii]))
+        time_parts.append(times)
+        del df
+    all_times = np.concatenate(time_parts)
+    del time_parts
+    if not len(all_times):
         raise DataFormatError(path, None, "no interactions")
-    require_ids(df, (ui, ii), path)
-    times = unix_times(df, ti, path, what="timestamp", allow_missing=True)
-    if np.isnan(times).any() and not np.isnan(times).all():
-        i = int(np.flatnonzero(np.isnan(times))[0])
-        raise DataFormatError(path, int(df["_line"].iloc[i]), "timestamp missing where other rows have one")
-    data = group(df[ui], df[ii], times, source=str(path))
+    if first_missing is not None and not np.isnan(all_times).all():
+        raise DataFormatError(path, first_missing, "timestamp missing where other rows have one")
+    data = group_codes(np.concatenate(user_parts), users.ids(), np.concatenate(item_parts), items.ids(), all_times,
+                       source=str(path))
     files = parquet_parts(path) if path.is_dir() else [path]
     if item_table is not None:
         files.append(item_table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ def read_text_table(
     """Every field as a string, for unquoted formats (tab, whitespace, "::", "|"); blank lines skipped.
     `names` given: no header line. A line with another number of fields than the header (or `names`)
     stops with its number; `expect` describes the line format in that message. The frame's `_line`
-    column holds each row's line number. (Quoted CSV goes through read_table.)"""
+    column holds each row's line number. (Quoted CSV goes through table_chunks.)"""
     if not path.is_file():
         raise DataFormatError(path, None, "no such file")
     try:
@@ -75,25 +75,39 @@ def _split(lines: pd.Series, sep: str) -> pd.Series:
     return lines.str.split(sep, regex=False)
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    """A quoted CSV (optionally gzip-compressed) read by pandas' C parser; an empty field is ""."""
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], skip_blank_lines=True,
-                         compression="infer")
-    except pd.errors.EmptyDataError:
-        raise DataFormatError(path, 1, "empty file") from None
-    except pd.errors.ParserError as exc:
+CHUNK_ROWS = 2_000_000  # rows per chunk of a large table: what one chunk's strings hold at once
+
+
+def _csv_error(path: Path, exc: Exception) -> DataFormatError:
+    if isinstance(exc, pd.errors.EmptyDataError):
+        return DataFormatError(path, 1, "empty file")
+    if isinstance(exc, pd.errors.ParserError):
         m, want, got = _LINE.search(str(exc)), re.search(r"Expected (\d+)", str(exc)), re.search(r"saw (\d+)", str(exc))
         detail = f"expected {want.group(1)} fields" if want else "malformed CSV"
-        raise DataFormatError(path, int(m.group(1)) if m else None,
-                              detail + (f", got {got.group(1)}" if got else "")) from None
-    except UnicodeDecodeError as exc:
-        raise DataFormatError(path, None, f"not UTF-8 text ({exc.reason})") from None
-    except (ValueError, OSError, EOFError) as exc:  # a stray quote, a truncated gzip stream
-        raise DataFormatError(path, None, f"unreadable table ({str(exc).splitlines()[0][:200]})") from None
-    # Row numbers as a CSV reader counts lines (exact unless a quoted field spans lines).
-    df["_line"] = np.arange(len(df)) + 2
-    return df
+        return DataFormatError(path, int(m.group(1)) if m else None, detail + (f", got {got.group(1)}" if got else ""))
+    if isinstance(exc, UnicodeDecodeError):
+        return DataFormatError(path, None, f"not UTF-8 text ({exc.reason})")
+    # a stray quote, a truncated gzip stream
+    return DataFormatError(path, None, f"unreadable table ({str(exc).splitlines()[0][:200]})")
+
+
+_CSV_ERRORS = (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError, EOFError)
+
+
+def _csv_chunks(path: Path, rows: int) -> Iterator[pd.DataFrame]:
+    """A quoted CSV (optionally gzip-compressed) read by pandas' C parser; an empty field is ""."""
+    try:
+        reader = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], skip_blank_lines=True,
+                             compression="infer", chunksize=rows)
+        # Row numbers as a CSV reader counts lines (exact unless a quoted field spans lines).
+        line = 2
+        with reader:
+            for df in reader:
+                df["_line"] = np.arange(line, line + len(df))
+                line += len(df)
+                yield df
+    except _CSV_ERRORS as exc:
+        raise _csv_error(path, exc) from None
 
 
 def parquet_parts(folder: Path) -> list[Path]:
@@ -103,30 +117,57 @@ def parquet_parts(folder: Path) -> list[Path]:
                   if not any(part.startswith(("_", ".")) for part in p.relative_to(folder).parts))
 
 
-def read_table(path: Path) -> pd.DataFrame:
-    """A CSV (optionally gzip-compressed) or Parquet table, or a folder of Parquet part files, every
-    column as strings, with `_line` numbers as a CSV reader would count them (Parquet rows count from
-    2 too, across a folder's parts in name order)."""
-    if path.is_dir() and parquet_parts(path):
-        path_is_parquet = True
-    elif not path.is_file():
-        raise DataFormatError(path, None, "no such file")
-    else:
-        path_is_parquet = path.suffix == ".parquet"
-    if path_is_parquet:
+def _parquet_chunks(path: Path, rows: int) -> Iterator[pd.DataFrame]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # optional dependency
+        raise DataFormatError(path, None, "reading Parquet needs the 'parquet' extra (pyarrow)") from None
+    line = 2  # rows count from 2, as a CSV reader's lines would, across a folder's parts in name order
+    for part in parquet_parts(path) if path.is_dir() else [path]:
         try:
-            df = pd.concat([pd.read_parquet(p) for p in parquet_parts(path)], ignore_index=True) if path.is_dir() \
-                else pd.read_parquet(path)
-        except ImportError:  # optional dependency
-            raise DataFormatError(path, None, "reading Parquet needs the 'parquet' extra (pyarrow)") from None
+            file = pq.ParquetFile(part)
+            if file.metadata.num_rows == 0:  # an empty table still names its columns
+                yield pd.DataFrame({name: pd.Series([], dtype=str) for name in file.schema_arrow.names}
+                                   | {"_line": np.zeros(0, np.int64)})
+                continue
+            for batch in file.iter_batches(batch_size=rows):
+                df = pd.DataFrame({name: _strings(col) for name, col in zip(batch.schema.names, batch.columns,
+                                                                             strict=True)})
+                df["_line"] = np.arange(line, line + len(df))
+                line += len(df)
+                yield df
         except Exception as exc:  # a corrupt or foreign file
             raise DataFormatError(path, None, f"not a readable Parquet file ({type(exc).__name__})") from None
-        df = df.astype(object).where(df.notna(), "")
-        for c in df.columns:
-            df[c] = df[c].map(_text)
-        df["_line"] = np.arange(len(df)) + 2
-        return df
-    return _read_csv(path)
+
+
+def _strings(col: Any) -> pd.Series:
+    """An Arrow column as the strings a CSV would hold ("" for null). Strings and integers are
+    converted by Arrow; other types (floats, timestamps) value by value."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_integer(col.type) or pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return pc.fill_null(pc.cast(col, pa.string()), "").to_pandas()
+    values = pd.Series(col.to_pandas(), dtype=object)
+    return values.where(values.notna(), "").map(_text).astype(str)
+
+
+def table_chunks(path: Path, rows: int | None = None) -> Iterator[pd.DataFrame]:
+    """A CSV (optionally gzip-compressed) or Parquet table, or a folder of Parquet part files, in
+    chunks of at most `rows` rows: every column as strings, with `_line` numbers as a CSV reader
+    would count them (`rows`: CHUNK_ROWS unless given)."""
+    rows = rows or CHUNK_ROWS
+    if path.is_dir() and parquet_parts(path):
+        return _parquet_chunks(path, rows)
+    if not path.is_file():
+        raise DataFormatError(path, None, "no such file")
+    return _parquet_chunks(path, rows) if path.suffix == ".parquet" else _csv_chunks(path, rows)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """The whole of a table_chunks() table in one frame."""
+    chunks = list(table_chunks(path))
+    return pd.concat(chunks, ignore_index=True) if len(chunks) != 1 else chunks[0]
 
 
 def _text(v: Any) -> str:

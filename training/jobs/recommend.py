@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from models import artifact as A
 from models.base import SequentialRecommender
-from models.histories import HistoryColumns
-from models.ids import IdMap
+from models.histories import IndexedHistories
+from models.ids import N_SPECIAL, IdMap
 from models.registry import build_recommender
 from training.config import LoopConfig, read_raw
 from training.data import Interactions, load_interactions, locate_ml100k
@@ -71,9 +72,9 @@ class RecEval:
 
 
 def index_data(data: Interactions) -> tuple[IdMap, IdMap, list[list[int]]]:
-    items = IdMap(data.item_set())
+    items = IdMap(data.item_ids)  # in list order: the item at position p gets index N_SPECIAL + p
     users = IdMap(data.users)
-    return items, users, [items.indices(seq) for seq in data.items]
+    return items, users, data.sequences(offset=N_SPECIAL)
 
 
 def short_sequences(split: Split) -> list[list[int]]:
@@ -259,7 +260,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             A.ITEMS: self.items,
             A.ITEM_META: {"unit": d.release_unit, "release": d.release},
             # The table's keys are the users: no separate user map (the model has no user embedding).
-            A.HISTORIES: HistoryColumns(d.users, d.items, d.times, self.items),
+            A.HISTORIES: IndexedHistories(d.users, d.ends, items=d.items.astype(np.int32) + N_SPECIAL, times=d.times),
         }
         info = {"source": d.source, "sha256": d.sha256, "users": len(d.users), "items": self.items.n_entities,
                 "interactions": d.n_interactions, "release_unit": d.release_unit}
