@@ -1,7 +1,7 @@
 """Typed FastAPI dependencies: the one place that reads the app's state.
 
-Routers declare what they need (`SettingsDep`, `RegistryDep`, `StoreDep`, a parsed body) and never
-touch `app.state`; the request path's endpoints (app/routers/lean.py) call `services_of` and
+Routers declare what they need (`ServicesDep`, a parsed body, a key check) and never touch
+`app.state`; the request path's endpoints (app/routers/lean.py) call `services_of` and
 `parse_body` themselves, as FastAPI's handling of a route was half of their cost. Every dependency
 is `async def`: FastAPI runs a plain `def` one in a worker thread, and those thread hops were the
 largest cost of a no-op request in the profile (docs/BENCHMARKS.md, "Where a request's time goes"). Request bodies are
@@ -41,7 +41,6 @@ class Services:
     registry: ModelRegistry
     schemas: RequestModels = field(init=False)
     store: HistoryStore | None = None
-    store_problem: str | None = None  # why the store could not be opened (logged; clients see "unavailable")
     coordinator: Coordinator | None = None  # reloads across this host's workers; None: this process alone
 
     def __post_init__(self) -> None:
@@ -58,23 +57,6 @@ async def get_services(request: Request) -> Services:
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]
-
-
-async def get_settings(services: ServicesDep) -> Settings:
-    return services.settings
-
-
-async def get_registry(services: ServicesDep) -> ModelRegistry:
-    return services.registry
-
-
-async def get_store(services: ServicesDep) -> HistoryStore | None:
-    return services.store
-
-
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
-StoreDep = Annotated[HistoryStore | None, Depends(get_store)]
 
 
 async def parse_body(request: Request, model: type[M]) -> M:

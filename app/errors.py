@@ -1,15 +1,13 @@
 """Domain errors and the status, code and headers each one answers with, in one place.
 
-Framework-free: the serving layer raises these, `app.handlers` renders every one of them (and the
-engine's, batcher's and store's own errors, mapped in ERROR_TABLE) as the one JSON error shape.
+Framework-free and a leaf (it imports nothing of the app): the serving layer and the registry raise
+these; `app.handlers` renders every one of them, and the batcher's and store's own errors (its
+ERROR_TABLE), as the one JSON error shape.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from app.engine.batcher import AbandonedError, BatcherStoppedError, BatchTimeoutError, QueueFullError
-from app.store import StoreError
 
 RETRY = {"Retry-After": "1"}
 
@@ -57,14 +55,3 @@ class InvalidEvents(DomainError):
     """Events a model cannot take (a social model's actions); the details name each one."""
 
     status, code = 422, "invalid_events"
-
-
-# Errors raised below the serving layer (batcher, store): status, code, client message, headers.
-# The store's own message may name hosts or files: clients get the fixed message, the log the detail.
-ERROR_TABLE: dict[type[Exception], tuple[int, str, str | None, dict[str, str] | None]] = {
-    QueueFullError: (503, "overloaded", None, RETRY),
-    BatchTimeoutError: (504, "timeout", None, None),
-    BatcherStoppedError: (503, "model_reloading", "the model was just swapped out; retry", RETRY),
-    StoreError: (503, "store_unavailable", "history store unavailable; retry shortly", RETRY),
-    AbandonedError: (499, "client_disconnected", None, None),  # nobody receives it; the metrics count it
-}

@@ -15,13 +15,25 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from app.bodies import MAX_DETAILS, BodyError, is_json
-from app.errors import ERROR_TABLE, DomainError
+from app.engine.batcher import AbandonedError, BatcherStoppedError, BatchTimeoutError, QueueFullError
+from app.errors import RETRY, DomainError
 from app.observability import Metrics
+from app.store import StoreError
 from models.serving import QueryError
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
 CLIENT_CLOSED = 499
+
+# Errors raised below the serving layer (batcher, store): status, code, client message, headers.
+# The store's own message may name hosts or files: clients get the fixed message, the log the detail.
+ERROR_TABLE: dict[type[Exception], tuple[int, str, str | None, dict[str, str] | None]] = {
+    QueueFullError: (503, "overloaded", None, RETRY),
+    BatchTimeoutError: (504, "timeout", None, None),
+    BatcherStoppedError: (503, "model_reloading", "the model was just swapped out; retry", RETRY),
+    StoreError: (503, "store_unavailable", "history store unavailable; retry shortly", RETRY),
+    AbandonedError: (CLIENT_CLOSED, "client_disconnected", None, None),  # nobody receives it; the metrics count it
+}
 
 
 def json_response(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:

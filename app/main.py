@@ -44,7 +44,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except (StoreError, OSError, ValueError) as exc:
             # The service still starts: queries that carry their own history are answered; the
             # ones by user_id, and /events, answer 503 and /readyz says the store is unavailable.
-            services.store_problem = str(exc)
             log.error("history store not available: %s", exc)
         device = resolve_device(settings.device)
         services.registry = ModelRegistry(

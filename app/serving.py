@@ -8,7 +8,6 @@ same for every task through the engine protocol.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -152,8 +151,3 @@ async def post_events(served: Served, events: Sequence[EventIn], *, store: Histo
     dropped = sum(o == "dropped_old" for o in outcomes)
     return EventsOutcome(engine.namespace, results, stored=stored, duplicates=len(outcomes) - stored - dropped,
                          dropped_old=dropped, rejected=len(rejected))
-
-
-def finite(x: float) -> float | None:
-    """JSON has no infinities."""
-    return x if math.isfinite(x) else None

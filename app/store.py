@@ -129,10 +129,6 @@ class HistoryStore(ABC):
         that has any, merged, oldest first (by timestamp, then arrival)."""
 
     @abstractmethod
-    def stored_ids(self, namespace: str, event_ids: Sequence[str]) -> set[str]:
-        """Which of these event ids the store has taken (durably)."""
-
-    @abstractmethod
     def users(self, namespace: str) -> Iterator[str]:
         """Every user with live events."""
 
@@ -346,17 +342,6 @@ class SQLiteStore(HistoryStore):
 
         return self._read(do)
 
-    def stored_ids(self, namespace: str, event_ids: Sequence[str]) -> set[str]:
-        ids = list(dict.fromkeys(event_ids))
-        found: set[str] = set()
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            rows = self._read(lambda c, chunk=chunk: c.execute(  # type: ignore[misc]
-                f"SELECT event_id FROM event_ids WHERE ns = ? AND event_id IN ({','.join('?' * len(chunk))})",
-                (namespace, *chunk)).fetchall())
-            found |= {r[0] for r in rows}
-        return found
-
     def users(self, namespace: str) -> Iterator[str]:
         rows = self._read(lambda c: c.execute(
             "SELECT DISTINCT user FROM events WHERE ns = ? AND folded = 0 ORDER BY 1", (namespace,)).fetchall())
@@ -533,13 +518,6 @@ class RedisStore(HistoryStore):
                 members.sort(key=lambda ms: (ms[1], ms[0][:_SEQ_WIDTH]))  # time, then arrival
                 out[u] = [_decode(m) for m, _ in members]
         return out
-
-    def stored_ids(self, namespace: str, event_ids: Sequence[str]) -> set[str]:
-        ids = list(dict.fromkeys(event_ids))
-        if not ids:
-            return set()
-        flags = self._call(lambda: self.r.hmget(self._k(namespace, "eids"), ids))
-        return {i for i, d in zip(ids, flags, strict=True) if d is not None}
 
     def users(self, namespace: str) -> Iterator[str]:
         def do() -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -21,7 +22,7 @@ from models.ranking import recommend, top_k
 from models.sasrec import SASRec, SASRecConfig
 
 
-def timed(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+def timed(fn: Callable[[], object], repeats: int) -> float:
     fn()
     best = float("inf")
     for _ in range(repeats):

@@ -21,6 +21,7 @@ import pstats
 import sys
 import tempfile
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ async def run(args: argparse.Namespace) -> None:
 
     app = create_app(Settings())
     to_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    from_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    from_app: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
     lifespan = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}},
                                        to_app.get, from_app.put))
     await to_app.put({"type": "lifespan.startup"})
@@ -82,7 +83,7 @@ async def run(args: argparse.Namespace) -> None:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

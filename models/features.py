@@ -7,7 +7,6 @@ import datetime as dt
 import torch
 
 SLOT_MINUTES = 15
-SLOTS_PER_DAY = 24 * 60 // SLOT_MINUTES  # 96
 DURATION_BIN_MINUTES = 30
 MAX_DURATION_MINUTES = 2 * 24 * 60 - 1  # 2879: two days less a minute, as in the MHSA protocol
 N_DURATION_BINS = MAX_DURATION_MINUTES // DURATION_BIN_MINUTES + 1  # 96

@@ -123,10 +123,6 @@ class HistoryTable:
     def __len__(self) -> int:
         return len(self.hashes)
 
-    @property
-    def n_steps(self) -> int:
-        return len(self.items)
-
     def _key(self, row: int) -> bytes:
         start = int(self.key_ends[row - 1]) if row else 0
         return self.keys[start : int(self.key_ends[row])].tobytes()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: environment with dev tools, a redis-server for the store tests, lint, types,
-# tests. Any failure fails the run, and so does pytest collecting no test (exit code 5).
+# The test command: environment with dev tools, a redis-server for the store tests, lint, format,
+# types, dead code, tests with a coverage report. Any failure fails the run, and so does pytest
+# collecting no test (exit code 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh dev
@@ -14,5 +15,8 @@ if ! command -v redis-server >/dev/null; then
     fi
 fi
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/mypy
-.venv/bin/python -m pytest "$@"
+.venv/bin/mypy bench  # scripts, not a package: checked on their own
+.venv/bin/vulture  # dead code; paths and allowed names in pyproject.toml [tool.vulture]
+.venv/bin/python -m pytest --cov=app --cov=models --cov=training --cov-report=term:skip-covered "$@"

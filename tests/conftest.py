@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from training.data import Interactions
+from training.data.interactions import per_user
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 # Items 10..39 released in year 1990 + (item % 10); user timestamps in 1995..1999.
@@ -173,3 +176,12 @@ def tiny_social_artifact(tmp_path_factory: pytest.TempPathFactory, social_file: 
     root = tmp_path_factory.mktemp("artifacts-social")
     run_job(TINY_SOCIAL, root, social_file)
     return root
+
+
+def item_lists(data: Interactions) -> list[list[str]]:
+    """Each user's raw item ids, oldest first."""
+    return per_user([data.item_ids[i] for i in data.items.tolist()], data.ends)
+
+
+def time_lists(data: Interactions) -> list[list[float]]:
+    return per_user(data.times.tolist(), data.ends)

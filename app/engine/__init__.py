@@ -1,1 +1,1 @@
-"""Framework-free serving engine: loaded models, id mapping, ranking."""
+"""The framework-free serving machinery: the model registry (loading, leases, reloads) and the micro-batcher."""

@@ -66,13 +66,6 @@ class _Pending(Generic[Q, R]):
     enqueued: float = field(default_factory=time.monotonic)
 
 
-@dataclass
-class BatchStats:
-    batches: int = 0
-    items: int = 0
-    last_batch_size: int = 0
-
-
 def _expire(future: asyncio.Future[list[R]], timeout: float) -> None:
     if not future.done():
         future.set_exception(BatchTimeoutError(f"no answer within {timeout:.3f}s"))
@@ -92,7 +85,6 @@ class MicroBatcher(Generic[Q, R]):
         self.enabled = policy.enabled
         max_queue = policy.max_queue
         self.on_batch = on_batch  # (items in the batch, seconds in the model call)
-        self.stats = BatchStats()
         # None is the stop sentinel: queued behind every request already accepted.
         self._queue: asyncio.Queue[_Pending[Q, R] | None] = asyncio.Queue(maxsize=max_queue)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batcher")
@@ -193,9 +185,6 @@ class MicroBatcher(Generic[Q, R]):
         out = await loop.run_in_executor(self._executor, self.fn, items)
         if len(out) != len(items):
             raise RuntimeError(f"model returned {len(out)} results for {len(items)} queries")
-        self.stats.batches += 1
-        self.stats.items += len(items)
-        self.stats.last_batch_size = len(items)
         if self.on_batch:
             self.on_batch(len(items), time.perf_counter() - t0)
         return out

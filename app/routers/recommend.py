@@ -29,7 +29,7 @@ def result_json(r: RecResult) -> dict[str, object]:
 
 @router.post(
     "/recommend", response_model=RecommendResponse, openapi_extra=body_doc("RecommendRequest"),
-    responses=errors(401, 403, 404, 422, 503, 504),
+    responses=errors(404, 422, 503, 504),
 )
 async def recommend(request: Request) -> Response:
     """Top-K next items (or, from a social model, next users) for each query, in one forward pass."""

@@ -20,12 +20,12 @@ from tests.servers import RedisServer, start_api, stop
 NS = "sasrec-tiny"  # the tiny models name no data set: the namespace is the model name
 
 
-def _post_until_killed(url: str, proc_pid: int, after_s: float) -> list[str]:
+def _post_until_killed(url: str, proc_pid: int, after_s: float) -> list[Event]:
     """Post events one request at a time; SIGKILL the server `after_s` into the stream.
 
-    Returns the event ids of every request that was answered 200 before the kill.
+    Returns the events of every request that was answered 200 before the kill.
     """
-    acked: list[str] = []
+    acked: list[Event] = []
     stop_at = time.monotonic() + after_s
     killed = threading.Event()
 
@@ -46,20 +46,20 @@ def _post_until_killed(url: str, proc_pid: int, after_s: float) -> list[str]:
             except httpx.HTTPError:
                 break  # the kill landed mid-request: not acknowledged, so not promised
             if r.status_code == 200:
-                acked += ids
+                acked += [Event(e["event_id"], e["user_id"], e["item_id"], e["timestamp"]) for e in events]
             n += 1
     return acked
 
 
-def _stored_ids(store: HistoryStore, acked: list[str]) -> set[str]:
-    """Ids the store holds among `acked`."""
-    return store.stored_ids(NS, acked)
+def _all_stored(store: HistoryStore, acked: list[Event]) -> bool:
+    """Whether the store holds every acknowledged event: posted again, each is a duplicate."""
+    return store.append(NS, acked) == ["duplicate"] * len(acked)
 
 
-def _check_served_after_restart(artifacts: Path, env: dict[str, str], user: str, acked: list[str]) -> None:
+def _check_served_after_restart(artifacts: Path, env: dict[str, str], user: str, acked: list[Event]) -> None:
     proc, url = start_api(artifacts, env)
     try:
-        first = {"event_id": acked[0], "user_id": user, "item_id": "10", "timestamp": 1.2e9}  # as first posted
+        first = {"event_id": acked[0].event_id, "user_id": user, "item_id": "10", "timestamp": 1.2e9}  # as first posted
         r = httpx.post(f"{url}/events", json={"model": NS, "events": [first]}, timeout=10)
         assert r.status_code == 200 and r.json()["duplicates"] == 1  # the id survived the kill
         r = httpx.post(f"{url}/events", json={"model": NS, "events": [{**first, "item_id": "11"}]}, timeout=10)
@@ -70,7 +70,7 @@ def _check_served_after_restart(artifacts: Path, env: dict[str, str], user: str,
         stop(proc)
 
 
-def _serve_and_kill(artifacts: Path, env: dict[str, str]) -> list[str]:
+def _serve_and_kill(artifacts: Path, env: dict[str, str]) -> list[Event]:
     """Start the service, post events until SIGKILL lands 1.5 s in; the acknowledged event ids."""
     proc, url = start_api(artifacts, env)
     try:
@@ -87,7 +87,7 @@ def test_sqlite_events_survive_kill_9(tiny_artifacts: Path, tmp_path: Path) -> N
     acked = _serve_and_kill(tiny_artifacts, env)
     store = SQLiteStore(db)
     try:
-        assert _stored_ids(store, acked) == set(acked)
+        assert _all_stored(store, acked)
     finally:
         store.close()
     _check_served_after_restart(tiny_artifacts, env, "u0", acked)
@@ -103,7 +103,7 @@ def test_redis_events_survive_kill_9_of_api_and_redis(
     redis_server.start()
     store = RedisStore(redis_server.url)
     try:
-        assert _stored_ids(store, acked) == set(acked)
+        assert _all_stored(store, acked)
     finally:
         store.close()
     _check_served_after_restart(tiny_artifacts, env, "u0", acked)

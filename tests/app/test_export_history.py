@@ -12,7 +12,7 @@ from app.main import create_app
 from app.settings import Settings
 from models.artifact import latest_versions
 from models.tasks.recommend import load_artifact as load_rec_artifact
-from tests.conftest import stored, stored_users
+from tests.conftest import item_lists, stored, stored_users
 
 
 def test_exported_log_holds_base_and_events(tiny_artifacts: Path, tmp_path: Path,
@@ -29,7 +29,7 @@ def test_exported_log_holds_base_and_events(tiny_artifacts: Path, tmp_path: Path
     assert export(["--namespace", "sasrec-tiny", "--out", str(out), "--artifacts", str(tiny_artifacts)]) == 0
     base = load_rec_artifact(latest_versions(tiny_artifacts)["sasrec-tiny"])
     data = load_interactions(out)
-    assert data.n_interactions == base.histories.n_steps + 2
+    assert data.n_interactions == len(base.histories.items) + 2
     folder = run_job(["model.kind='sasrec'", "name='retrained'", "model.n_negatives=8", *TINY_REC, "train.epochs=1"],
                      tmp_path / "arts", out)
     art = load_rec_artifact(folder)
@@ -54,7 +54,7 @@ def test_hostile_ids_round_trip_exactly(tiny_artifacts: Path, tmp_path: Path) ->
     out = tmp_path / "log.csv"
     assert export(["--namespace", "sasrec-tiny", "--out", str(out), "--artifacts", str(tiny_artifacts)]) == 0
     data = load_interactions(out)
-    lists = data.item_lists()
+    lists = item_lists(data)
     got = {(u, i) for u, items in zip(data.users, lists, strict=True) for i in items if u.startswith("user ")}
     assert got == {(e["user_id"], e["item_id"]) for e in events}
 

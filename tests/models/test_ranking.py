@@ -6,17 +6,43 @@ import torch
 from models.ranking import (
     BLOCK,
     BLOCKED_FROM,
+    Ranked,
     future_mask,
     index_mask,
     pack_histories,
     pad_rows,
-    rank,
+    rank_sparse,
     recommend,
     reference_value,
     release_tensor,
     top_k,
 )
 from models.sasrec import SASRec, SASRecConfig
+
+
+def rank_by_masks(
+    scores: torch.Tensor,
+    k: int,
+    *,
+    seen: torch.Tensor | None = None,
+    future: torch.Tensor | None = None,
+    requested: torch.Tensor | None = None,
+) -> Ranked:
+    """The reference rank_sparse is held to: the exclusions as (B, V) bool masks, applied in turn."""
+    live = torch.isfinite(scores)
+    removed = torch.zeros_like(live)
+    counts = []
+    for m in (seen, future, requested):
+        if m is None:
+            counts.append(torch.zeros(scores.size(0), dtype=torch.long, device=scores.device))
+            continue
+        new = m & live & ~removed
+        counts.append(new.sum(1))
+        removed |= new
+    masked = scores.masked_fill(removed, float("-inf"))
+    k = min(k, scores.size(1))
+    values, indices = masked.topk(k, dim=1)
+    return Ranked(indices, values, counts[0], counts[1], counts[2])
 
 
 def test_pack_histories_keeps_most_recent_and_fills_empty() -> None:
@@ -46,10 +72,10 @@ def test_index_mask_ignores_padding_and_unknown() -> None:
 
 def test_rank_exclusions_and_counts() -> None:
     scores = torch.tensor([[-math.inf, -math.inf, 5.0, 4.0, 3.0, 2.0, 1.0]])
-    seen = torch.tensor([[False, False, True, False, False, False, False]])
+    seen = torch.tensor([[2]])
     fut = torch.tensor([[False, False, True, True, False, False, False]])  # 2 is seen and future
-    req = torch.tensor([[False, False, False, True, True, False, False]])  # 3 is future and requested
-    r = rank(scores, 10, seen=seen, future=fut, requested=req)
+    req = torch.tensor([[3, 4]])  # 3 is future and requested
+    r = rank_sparse(scores, 10, seen=seen, future=fut, requested=req)
     finite = torch.isfinite(r.scores[0])
     assert r.indices[0][finite].tolist() == [5, 6]  # k beyond the candidates: only what is left
     assert (r.n_seen.item(), r.n_future.item(), r.n_requested.item()) == (1, 1, 1)
@@ -79,8 +105,8 @@ def test_recommend_never_returns_seen_future_or_specials() -> None:
 
 
 def test_sparse_rank_matches_the_mask_version() -> None:
-    """The serving path (index lists) returns exactly what rank() returns on the same masks."""
-    from models.ranking import index_mask, index_rows, pad_rows, rank, rank_sparse
+    """The serving path (index lists) returns exactly what the mask reference returns."""
+    from models.ranking import index_rows
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(24):
@@ -97,7 +123,7 @@ def test_sparse_rank_matches_the_mask_version() -> None:
             seen_rows = [[] for _ in range(b)]
         fut = torch.rand(b, v, generator=gen) < 0.2 if trial % 2 else None
         k = int(torch.randint(1, v + 5, (1,), generator=gen))
-        dense = rank(scores, k, seen=index_mask(pad_rows(seen_rows), v), future=fut,
+        dense = rank_by_masks(scores, k, seen=index_mask(pad_rows(seen_rows), v), future=fut,
                      requested=index_mask(pad_rows(req_rows), v))
         for sparse in (rank_sparse(scores, k, seen=pad_rows(seen_rows), future=fut, requested=pad_rows(req_rows)),
                        rank_sparse(scores, k, seen=index_rows(seen_rows), future=fut, requested=index_rows(req_rows))):

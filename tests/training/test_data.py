@@ -4,13 +4,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.conftest import item_lists, time_lists
 from training.data import DataFormatError, load_interactions
 
 
 def test_recbole_files_sorted_per_user_with_release_years(synthetic_dir: Path) -> None:
     data = load_interactions(synthetic_dir)
     assert len(data.users) == 40
-    for times in data.time_lists():
+    for times in time_lists(data):
         assert times == sorted(times)
     assert data.release_unit == "year" and data.release["10"] == 1990.0
     assert len(data.sha256) == 64
@@ -23,7 +24,7 @@ def test_grouplens_100k(tmp_path: Path) -> None:
         load_interactions(tmp_path)
     (tmp_path / "u.item").write_text("10|A (1995)|01-Jan-1995|x\n11|B||x\n", encoding="latin-1")
     data = load_interactions(tmp_path)
-    assert data.users == ["1", "2"] and data.item_lists()[0] == ["11", "10"]
+    assert data.users == ["1", "2"] and item_lists(data)[0] == ["11", "10"]
     assert data.release == {"10": 1995.0}
 
 
@@ -31,20 +32,20 @@ def test_grouplens_dat_and_csv(tmp_path: Path) -> None:
     (tmp_path / "ratings.dat").write_text("1::10::5::300\n1::11::3::100\n")
     (tmp_path / "movies.dat").write_text("10::Heat (1995)::Action\n11::Odd::Drama\n", encoding="latin-1")
     data = load_interactions(tmp_path)
-    assert data.item_lists() == [["11", "10"]] and data.release == {"10": 1995.0}
+    assert item_lists(data) == [["11", "10"]] and data.release == {"10": 1995.0}
     d2 = tmp_path / "csv"
     d2.mkdir()
     (d2 / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,10,5,300\n1,11,3,100\n")
     (d2 / "movies.csv").write_text('movieId,title,genres\n10,"Heat (1995)",Action\n')
     data = load_interactions(d2)
-    assert data.item_lists() == [["11", "10"]] and data.release == {"10": 1995.0}
+    assert item_lists(data) == [["11", "10"]] and data.release == {"10": 1995.0}
 
 
 def test_user_item_lines_keep_file_order(tmp_path: Path) -> None:
     p = tmp_path / "beauty.txt"
     p.write_text("1 5\n1 3\n2 3\n1 9\n")
     data = load_interactions(p)
-    assert data.users == ["1", "2"] and data.item_lists() == [["5", "3", "9"], ["3"]]
+    assert data.users == ["1", "2"] and item_lists(data) == [["5", "3", "9"], ["3"]]
     assert data.release_unit is None
     p.write_text("1 5\n1 3 7\n")
     with pytest.raises(DataFormatError, match=r"beauty.txt:2: expected 'user item'"):
@@ -57,7 +58,7 @@ def test_generic_csv_with_item_table_and_iso_times(tmp_path: Path) -> None:
     items = tmp_path / "items.csv"
     items.write_text("item_id,release_time\nx,2019-12-31T00:00:00\ny,\n")
     data = load_interactions(log, items)
-    assert data.item_lists() == [["y", "x"]]
+    assert item_lists(data) == [["y", "x"]]
     assert data.release_unit == "second" and set(data.release) == {"x"}
     log.write_text("user_id,item_id,timestamp\na,x,yesterday\n")
     with pytest.raises(DataFormatError, match=r"log.csv:2: timestamp 'yesterday'"):
@@ -72,7 +73,7 @@ def test_parquet_table(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"user": ["a", "a"], "item": ["x", "y"], "timestamp": [2, 1]}), tmp_path / "l.parquet")
-    assert load_interactions(tmp_path / "l.parquet").item_lists() == [["y", "x"]]
+    assert item_lists(load_interactions(tmp_path / "l.parquet")) == [["y", "x"]]
 
 
 def test_a_folder_of_parquet_parts_loads_as_one_table(tmp_path: Path) -> None:
@@ -90,8 +91,8 @@ def test_a_folder_of_parquet_parts_loads_as_one_table(tmp_path: Path) -> None:
     (folder / "_SUCCESS").write_text("")
     (folder / "day=1" / ".part-00000.parquet.crc").write_bytes(b"not parquet")
     got, want = load_interactions(folder), load_interactions(tmp_path / "log.csv")
-    assert (got.users, got.item_lists(), got.time_lists()) == (want.users, want.item_lists(), want.time_lists())
-    assert got.item_lists() == [["z", "x", "y"], ["y", "x"], ["x"]]
+    assert (got.users, item_lists(got), time_lists(got)) == (want.users, item_lists(want), time_lists(want))
+    assert item_lists(got) == [["z", "x", "y"], ["y", "x"], ["x"]]
     assert got.sha256 and got.sha256 != want.sha256
     (folder / "day=2" / "part-00001.parquet").write_bytes(b"truncated")
     with pytest.raises(DataFormatError, match="not a readable Parquet file"):
@@ -164,14 +165,14 @@ def test_a_table_read_in_chunks_loads_as_read_whole(tmp_path: Path, monkeypatch:
     want: dict[str, list[str]] = {}
     for r in order:
         want.setdefault(rows["user_id"][r], []).append(rows["item_id"][r])
-    assert whole.users == list(want) and whole.item_lists() == list(want.values())
+    assert whole.users == list(want) and item_lists(whole) == list(want.values())
     assert whole.item_ids == list(dict.fromkeys(i for seq in want.values() for i in seq))
     for chunk in (1, 7, 64):
         monkeypatch.setattr(tables, "CHUNK_ROWS", chunk)
         for path in (tmp_path / "log.csv", folder):
             got = load_interactions(path)
-            assert (got.users, got.item_ids, got.item_lists(), got.time_lists()) == \
-                (whole.users, whole.item_ids, whole.item_lists(), whole.time_lists()), (chunk, path.name)
+            assert (got.users, got.item_ids, item_lists(got), time_lists(got)) == \
+                (whole.users, whole.item_ids, item_lists(whole), time_lists(whole)), (chunk, path.name)
 
 
 def test_a_defect_in_a_later_chunk_names_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,7 +3,7 @@
 
 import pytest
 
-from tests.conftest import SHARED_DATA
+from tests.conftest import SHARED_DATA, time_lists
 from training.data import load_interactions
 
 ML100K = SHARED_DATA / "ml-100k"
@@ -13,14 +13,14 @@ BEAUTY = SHARED_DATA / "amazon-beauty" / "beauty.txt"
 @pytest.mark.skipif(not (ML100K / "ml-100k.inter").exists(), reason=f"real data absent: {ML100K}")
 def test_ml100k_counts_and_release_years() -> None:
     data = load_interactions(ML100K)
-    assert len(data.users) == 943 and data.n_interactions == 100_000 and len(data.item_set()) == 1682
+    assert len(data.users) == 943 and data.n_interactions == 100_000 and len(data.item_ids) == 1682
     assert data.release_unit == "year"
     # 1,682 movies; one has no year at all, and one stores "V" where the year belongs (taken from its title).
     assert len(data.release) == 1681 and data.release["1412"] == 1995.0
-    assert all(t == sorted(t) for t in data.time_lists())
+    assert all(t == sorted(t) for t in time_lists(data))
 
 
 @pytest.mark.skipif(not BEAUTY.exists(), reason=f"real data absent: {BEAUTY}")
 def test_beauty_counts() -> None:
     data = load_interactions(BEAUTY)
-    assert len(data.users) == 40_226 and data.n_interactions == 353_962 and len(data.item_set()) == 54_542
+    assert len(data.users) == 40_226 and data.n_interactions == 353_962 and len(data.item_ids) == 54_542

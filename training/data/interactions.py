@@ -63,23 +63,13 @@ class Interactions:
     def n_interactions(self) -> int:
         return len(self.items)
 
-    def item_set(self) -> list[str]:
-        """Distinct items in order of first appearance, user by user."""
-        return self.item_ids
-
     def sequences(self, offset: int = 0) -> list[list[int]]:
         """Each user's items as indices + `offset` (what the training jobs index sequences with)."""
-        return _per_user((self.items.astype(np.int64) + offset).tolist(), self.ends)
-
-    def item_lists(self) -> list[list[str]]:
-        """Each user's raw item ids, oldest first."""
-        return _per_user(np.asarray(self.item_ids, dtype=object)[self.items].tolist(), self.ends)
-
-    def time_lists(self) -> list[list[float]]:
-        return _per_user(self.times.tolist(), self.ends)
+        return per_user((self.items.astype(np.int64) + offset).tolist(), self.ends)
 
 
-def _per_user(flat: list[Any], ends: np.ndarray) -> list[list[Any]]:
+def per_user(flat: list[Any], ends: np.ndarray) -> list[list[Any]]:
+    """A flat list cut at CSR `ends` into one list per user."""
     # One conversion to Python objects, then a C-level slice per user (a tolist per user was 0.9 s
     # of a 5M-row load; docs/BENCHMARKS.md, scale).
     bounds = ends.tolist()
