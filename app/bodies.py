@@ -142,9 +142,17 @@ def parse_large(raw: bytes, model: type[M], *, budget: int) -> M:
     """`raw` validated by `model`, refusing early what no body within the limits can be (see module)."""
     values = raw.count(b",") + raw.count(b"{") + raw.count(b"[")
     if values > budget:
-        raise BodyError([{"loc": ["body"], "type": "too_many_values",
-                          "msg": f"holds up to {values} JSON values; a request within this service's limits "
-                                 f"holds at most {budget}"}], 1)
+        raise BodyError(
+            [
+                {
+                    "loc": ["body"],
+                    "type": "too_many_values",
+                    "msg": f"holds up to {values} JSON values; a request within this service's limits "
+                    f"holds at most {budget}",
+                }
+            ],
+            1,
+        )
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:

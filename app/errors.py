@@ -17,8 +17,9 @@ class DomainError(Exception):
     code = "bad_request"
     headers: dict[str, str] | None = None
 
-    def __init__(self, message: str, loc: list[str | int] | None = None,
-                 details: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self, message: str, loc: list[str | int] | None = None, details: list[dict[str, Any]] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.loc = loc

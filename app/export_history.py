@@ -51,8 +51,15 @@ def newest_engine(artifacts: Path, namespace: str) -> UserQueryEngine | None:
 
 
 def _rows(timeline: Timeline, *, with_actions: bool) -> list[list[str]]:
-    return [[item, "" if math.isnan(t) else (f"{t:.0f}" if t == int(t) else repr(t)),
-             *([action or ""] if with_actions else [])] for item, t, action in timeline if not is_incoming(action)]
+    return [
+        [
+            item,
+            "" if math.isnan(t) else (f"{t:.0f}" if t == int(t) else repr(t)),
+            *([action or ""] if with_actions else []),
+        ]
+        for item, t, action in timeline
+        if not is_incoming(action)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,17 +70,28 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     s = Settings()
     engine = newest_engine(args.artifacts or s.artifacts_dir, args.namespace)
-    store = open_store(s.history_store, sqlite_path=s.history_path, redis_url=s.redis_url.get_secret_value(),
-                       redis_prefix=s.redis_prefix, keep=s.live_events)
+    store = open_store(
+        s.history_store,
+        sqlite_path=s.history_path,
+        redis_url=s.redis_url.get_secret_value(),
+        redis_prefix=s.redis_prefix,
+        keep=s.live_events,
+    )
     try:
         live_users = list(store.users(args.namespace))
-        live = {u: tl for start in range(0, len(live_users), 500)
-                for u, tl in store.events(args.namespace, live_users[start : start + 500]).items()}
+        live = {
+            u: tl
+            for start in range(0, len(live_users), 500)
+            for u, tl in store.events(args.namespace, live_users[start : start + 500]).items()
+        }
     finally:
         store.close()
     if engine is None and not live:
-        print(f"namespace {args.namespace!r} holds no history (no artifact of it under the artifacts folder,"
-              f" no live event in the {s.history_store} store)", file=sys.stderr)
+        print(
+            f"namespace {args.namespace!r} holds no history (no artifact of it under the artifacts folder,"
+            f" no live event in the {s.history_store} store)",
+            file=sys.stderr,
+        )
         return 1
     with_actions = engine is not None and engine.action_ids is not None
     args.out.parent.mkdir(parents=True, exist_ok=True)

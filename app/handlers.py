@@ -53,8 +53,13 @@ def validation_details(errors: Any) -> list[dict[str, Any]]:
 
 
 def install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
-    def reply(status: int, code: str, message: str, details: list[dict[str, Any]] | None = None,
-              headers: Mapping[str, str] | None = None) -> Response:
+    def reply(
+        status: int,
+        code: str,
+        message: str,
+        details: list[dict[str, Any]] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
         metrics.rejected.labels(code).inc()
         return Response(error_json(code, message, details), status_code=status, headers=headers, media_type=JSON)
 
@@ -68,11 +73,13 @@ def install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
         return reply(exc.status, exc.code, str(exc), [{"loc": exc.loc, "msg": str(exc), "type": exc.code}])
 
     for kind, (status, code, fixed, headers) in ERROR_TABLE.items():
+
         def make(status: int, code: str, fixed: str | None, headers: dict[str, str] | None) -> Any:
             async def handler(request: Request, exc: Exception) -> Response:
                 if fixed is not None:
                     log.error("%s: %s", code, exc)  # the detail stays in the log
                 return reply(status, code, fixed or str(exc), headers=headers)
+
             return handler
 
         app.add_exception_handler(kind, make(status, code, fixed, headers))

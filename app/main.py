@@ -37,20 +37,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             torch.set_num_threads(settings.torch_threads)
         try:
             services.store = open_store(
-                settings.history_store, sqlite_path=settings.history_path,
-                redis_url=settings.redis_url.get_secret_value(), redis_prefix=settings.redis_prefix,
+                settings.history_store,
+                sqlite_path=settings.history_path,
+                redis_url=settings.redis_url.get_secret_value(),
+                redis_prefix=settings.redis_prefix,
                 keep=settings.live_events,
-                redis_password=settings.redis_password.get_secret_value() if settings.redis_password else None)
+                redis_password=settings.redis_password.get_secret_value() if settings.redis_password else None,
+            )
         except (StoreError, OSError, ValueError) as exc:
             # The service still starts: queries that carry their own history are answered; the
             # ones by user_id, and /events, answer 503 and /readyz says the store is unavailable.
             log.error("history store not available: %s", exc)
         device = resolve_device(settings.device)
         services.registry = ModelRegistry(
-            options=EngineOptions(device=device, half=settings.half_precision and device.type == "cuda",
-                                  live_events=settings.live_events, trace=settings.trace_models),
+            options=EngineOptions(
+                device=device,
+                half=settings.half_precision and device.type == "cuda",
+                live_events=settings.live_events,
+                trace=settings.trace_models,
+            ),
             policy=settings.batch_policy(device.type),
-            store=services.store, on_batch=services.metrics.on_batch,
+            store=services.store,
+            on_batch=services.metrics.on_batch,
         )
         services.registry.load_all(settings.artifacts_dir)
         if not services.registry.names:
@@ -77,8 +85,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # metrics are Prometheus (/metrics), its traces the request id in the JSON logs.
     # No slash redirects: Starlette builds the Location from the Host header, so `POST /events/` with a
     # forged Host would send a client that follows it (body and API key) to another host.
-    app = FastAPI(title="seqserve", version="0.2.0", lifespan=lifespan, redirect_slashes=False,
-                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    app = FastAPI(
+        title="seqserve",
+        version="0.2.0",
+        lifespan=lifespan,
+        redirect_slashes=False,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
     app.state.services = services
     install_error_handlers(app, services.metrics)
     # Routes are tried in order: the request path's come first (/bench/noop last was 28% of its

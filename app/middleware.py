@@ -126,6 +126,11 @@ class BodyLimit:
         from app.handlers import error_json
 
         body = error_json("payload_too_large", f"request body exceeds {self.max_bytes} bytes")
-        await send({"type": "http.response.start", "status": 413, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -53,8 +53,12 @@ def _rfc3339(v: object) -> object:
 
 # The time of day is read in the time's own offset: local wall-clock time is what the features need.
 # Not strict past the pattern check: strict mode would refuse the (already checked) text as a datetime.
-DateTime = Annotated[dt.datetime, Field(strict=False), BeforeValidator(_rfc3339),
-                     WithJsonSchema({"type": "string", "format": "date-time"})]
+DateTime = Annotated[
+    dt.datetime,
+    Field(strict=False),
+    BeforeValidator(_rfc3339),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
 
 
 @dataclass(frozen=True)
@@ -88,23 +92,30 @@ class Strict(BaseModel):
 class HistoryEvent(Strict):
     item_id: RawId = Field(description="the item; for a social model, the target user")
     timestamp: UnixTime | None = None
-    action: RawId | None = Field(None, description=(
-        "the action: required by a social model, one of its actions (GET /models lists them; '<-a2q' is a step "
-        "another user performed on this one); 422 otherwise"))
+    action: RawId | None = Field(
+        None,
+        description=(
+            "the action: required by a social model, one of its actions (GET /models lists them; '<-a2q' is a step "
+            "another user performed on this one); 422 otherwise"
+        ),
+    )
 
 
 class RecommendQuery(Strict):
     # The rule the validator below enforces, stated in the document too.
-    model_config = ConfigDict(json_schema_extra={"anyOf": [
-        {"required": ["user_id"], "properties": {"user_id": {"type": "string"}}},
-        {"required": ["history"], "properties": {"history": {"type": "array", "minItems": 1}}},
-    ]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["user_id"], "properties": {"user_id": {"type": "string"}}},
+                {"required": ["history"], "properties": {"history": {"type": "array", "minItems": 1}}},
+            ]
+        }
+    )
 
     user_id: RawId | None = None
     history: list[HistoryEvent] | None = None
     k: int = Field(10, ge=1)
-    exclude_seen: bool | None = Field(
-        None, description="default: true for item recommenders, false for social models")
+    exclude_seen: bool | None = Field(None, description="default: true for item recommenders, false for social models")
     exclude_future: bool = True
     exclude_items: list[RawId] = Field(default_factory=list)
     as_of: UnixTime | None = None
@@ -164,15 +175,32 @@ class StayStep(Strict):
     """One staypoint: its place and either start minute/weekday/duration or ISO 8601 start/end
     (finished_at not before started_at: a rule JSON Schema cannot state, answered with a 422)."""
 
-    model_config = ConfigDict(json_schema_extra={"oneOf": [
-        {"required": ["start_min", "weekday", "duration_min"],
-         "properties": {"start_min": {"type": "integer"}, "weekday": {"type": "integer"},
-                        "duration_min": {"type": "integer"}, "started_at": {"type": "null"},
-                        "finished_at": {"type": "null"}}},
-        {"required": ["started_at", "finished_at"],
-         "properties": {"started_at": {"type": "string"}, "finished_at": {"type": "string"},
-                        "start_min": {"type": "null"}, "weekday": {"type": "null"}, "duration_min": {"type": "null"}}},
-    ]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "required": ["start_min", "weekday", "duration_min"],
+                    "properties": {
+                        "start_min": {"type": "integer"},
+                        "weekday": {"type": "integer"},
+                        "duration_min": {"type": "integer"},
+                        "started_at": {"type": "null"},
+                        "finished_at": {"type": "null"},
+                    },
+                },
+                {
+                    "required": ["started_at", "finished_at"],
+                    "properties": {
+                        "started_at": {"type": "string"},
+                        "finished_at": {"type": "string"},
+                        "start_min": {"type": "null"},
+                        "weekday": {"type": "null"},
+                        "duration_min": {"type": "null"},
+                    },
+                },
+            ]
+        }
+    )
 
     location_id: RawId
     start_min: int | None = Field(None, ge=0, le=1439, description="minute of the day")
@@ -242,15 +270,22 @@ class EventIn(Strict):
     """One interaction. An event later than the server's clock plus SEQSERVE_EVENT_SKEW_S is rejected
     alone (status "rejected" in the response), the others stored."""
 
-    event_id: RawId = Field(description=(
-        "replaying an event_id already stored with the same payload is a no-op; ids starting with '<-' are the "
-        "service's (422)"))
+    event_id: RawId = Field(
+        description=(
+            "replaying an event_id already stored with the same payload is a no-op; ids starting with '<-' are the "
+            "service's (422)"
+        )
+    )
     user_id: RawId
     item_id: RawId = Field(description="the item; for a social model, the target user")
     timestamp: UnixTime
-    action: RawId | None = Field(None, description=(
-        "the action: required by a social model, one it lists that the user performed (not a '<-' form: the "
-        "service adds that step to the target's timeline itself)"))
+    action: RawId | None = Field(
+        None,
+        description=(
+            "the action: required by a social model, one it lists that the user performed (not a '<-' form: the "
+            "service adds that step to the target's timeline itself)"
+        ),
+    )
 
 
 class EventsRequest(Strict):
@@ -269,9 +304,12 @@ class ErrorDetail(BaseModel):
 class EventResult(BaseModel):
     index: int
     event_id: str | None
-    status: Literal["stored", "duplicate", "dropped_old", "rejected"] = Field(description=(
-        "dropped_old: taken (a replay is a duplicate) but older than the newest SEQSERVE_LIVE_EVENTS events "
-        "its user keeps, so it is not in the user's live history"))
+    status: Literal["stored", "duplicate", "dropped_old", "rejected"] = Field(
+        description=(
+            "dropped_old: taken (a replay is a duplicate) but older than the newest SEQSERVE_LIVE_EVENTS events "
+            "its user keeps, so it is not in the user's live history"
+        )
+    )
     unknown_item: bool = Field(False, description="stored, but the served model does not know the item yet")
     errors: list[ErrorDetail] = Field(default_factory=list)
 
@@ -298,8 +336,12 @@ class ModelInfo(BaseModel):
     catalog_size: int
     device: str
     scoring: str = Field(description="how the model's scores run: 'traced' (one graph), or 'eager' and why")
-    actions: list[str] | None = Field(None, description=(
-        "a social model's actions, one of which each step carries; '<-' forms are steps received from others"))
+    actions: list[str] | None = Field(
+        None,
+        description=(
+            "a social model's actions, one of which each step carries; '<-' forms are steps received from others"
+        ),
+    )
     metrics: dict[str, object]
 
 
@@ -362,31 +404,40 @@ class RequestModels:
 def bounded(limits: Limits) -> RequestModels:
     """Subclasses of the request models carrying `limits` as their bounds (validation and docs)."""
     query = create_model(
-        "RecommendQuery", __base__=RecommendQuery,
+        "RecommendQuery",
+        __base__=RecommendQuery,
         history=(list[HistoryEvent] | None, Field(None, max_length=limits.max_history)),
         k=(int, Field(10, ge=1, le=limits.max_k)),
         exclude_items=(list[RawId], Field(default_factory=list, max_length=limits.max_exclude_items)),
     )
     recommend = create_model(
-        "RecommendRequest", __base__=RecommendRequest,
+        "RecommendRequest",
+        __base__=RecommendRequest,
         queries=(list[query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
     )
     loc_query = create_model(
-        "NextLocationQuery", __base__=NextLocationQuery,
+        "NextLocationQuery",
+        __base__=NextLocationQuery,
         history=(list[StayStep], Field(min_length=1, max_length=limits.max_history)),
         k=(int, Field(5, ge=1, le=limits.max_k)),
     )
     next_location = create_model(
-        "NextLocationRequest", __base__=NextLocationRequest,
+        "NextLocationRequest",
+        __base__=NextLocationRequest,
         queries=(list[loc_query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
     )
     events = create_model(
-        "EventsRequest", __base__=EventsRequest,
+        "EventsRequest",
+        __base__=EventsRequest,
         events=(list[EventIn], Field(min_length=1, max_length=limits.max_events)),
     )
     recommend.limits = next_location.limits = limits
-    return RequestModels(cast(type[RecommendRequest], recommend), cast(type[NextLocationRequest], next_location),
-                         cast(type[EventsRequest], events), limits)
+    return RequestModels(
+        cast(type[RecommendRequest], recommend),
+        cast(type[NextLocationRequest], next_location),
+        cast(type[EventsRequest], events),
+        limits,
+    )
 
 
 def components(models: RequestModels) -> dict[str, Any]:

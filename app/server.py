@@ -87,8 +87,9 @@ class GuardedHttpTools(HttpToolsProtocol):
         # The whole chunk was start line and headers (of a request still missing its blank line).
         self._head_bytes += len(data)
         if self._head_bytes > self.limits.max_header_bytes:
-            self._refuse(431, "headers_too_large",
-                         f"request line and headers exceed {self.limits.max_header_bytes} bytes")
+            self._refuse(
+                431, "headers_too_large", f"request line and headers exceed {self.limits.max_header_bytes} bytes"
+            )
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -102,7 +103,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         # chunk (with what came before it) is, and then it is counted exactly.
         limit = self.limits.max_header_bytes
         if self._head_bytes + self._chunk > limit and (
-                len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers) > limit):
+            len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers) > limit
+        ):
             self._refused = True  # never reaches the app; the parser's later callbacks are ignored
             self._refuse(431, "headers_too_large", f"request line and headers exceed {limit} bytes")
             return
@@ -132,14 +134,17 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self.cycle is not None and self.cycle.response_started:
             self.transport.close()  # the app answered early (a 413, say) and the body never came
             return
-        self._refuse(408, "request_timeout",
-                     f"the request was not received within {self.limits.read_timeout_s:g} s")
+        self._refuse(408, "request_timeout", f"the request was not received within {self.limits.read_timeout_s:g} s")
 
     def _refuse(self, status: int, code: str, message: str, *, retry: bool = False) -> None:
         log.info("closing a connection from %s: %d %s", self.client, status, code)
         body = error_json(code, message)
-        head = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS[status]), b"content-type: application/json\r\n",
-                b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
+        head = [
+            b"HTTP/1.1 %d %s\r\n" % (status, REASONS[status]),
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n",
+        ]
         if retry:
             head.append(b"retry-after: 1\r\n")
         self.transport.write(b"".join([*head, b"\r\n", body]))
@@ -173,9 +178,14 @@ def main() -> None:
         metrics_dir.mkdir(parents=True)
     limits = ConnectionLimits(s.max_header_bytes, s.request_read_timeout_s, s.max_connections)
     uvicorn.run(
-        "app.main:app_from_env", factory=True, host=s.host, port=s.port, workers=s.workers,
+        "app.main:app_from_env",
+        factory=True,
+        host=s.host,
+        port=s.port,
+        workers=s.workers,
         http=partial(GuardedHttpTools, limits=limits),  # type: ignore[arg-type]
-        timeout_keep_alive=int(s.keep_alive_s), timeout_graceful_shutdown=int(s.drain_s),
+        timeout_keep_alive=int(s.keep_alive_s),
+        timeout_graceful_shutdown=int(s.drain_s),
         access_log=False,  # the service writes its own access log, with request ids (app/middleware.py)
         log_level=s.log_level.lower(),
     )

@@ -38,6 +38,8 @@ _LARGE_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-reques
 async def off_loop(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
     """`fn(*args, **kwargs)` in the one thread for large requests' work."""
     return await asyncio.get_running_loop().run_in_executor(_LARGE_WORK, partial(fn, *args, **kwargs))
+
+
 # The id of the step an event adds to another user's timeline (Engine.mirror): the event's id behind
 # this prefix, which client ids may therefore not take for such a model.
 MIRROR_ID = "<-"
@@ -49,8 +51,9 @@ def _store_or_503(store: HistoryStore | None) -> HistoryStore:
     return store
 
 
-async def live_history(engine: Engine[Any, Any, Any], queries: Sequence[Any],
-                       store: HistoryStore | None) -> Mapping[str, Timeline]:
+async def live_history(
+    engine: Engine[Any, Any, Any], queries: Sequence[Any], store: HistoryStore | None
+) -> Mapping[str, Timeline]:
     """The queried users' newest live events, as many as the engine can use."""
     users = engine.users(queries)
     if not users or engine.namespace is None:
@@ -61,8 +64,14 @@ async def live_history(engine: Engine[Any, Any, Any], queries: Sequence[Any],
     return await asyncio.to_thread(st.events, engine.namespace, users, engine.live_budget)
 
 
-async def answer(served: Served, queries: Sequence[Any], *, store: HistoryStore | None, timeout_s: float,
-                 abandoned: Callable[[], bool] | None = None) -> list[Any]:
+async def answer(
+    served: Served,
+    queries: Sequence[Any],
+    *,
+    store: HistoryStore | None,
+    timeout_s: float,
+    abandoned: Callable[[], bool] | None = None,
+) -> list[Any]:
     """Live history -> prepare -> the model's batch queue -> results, in query order. `abandoned`: true
     once the client has gone; the batcher then drops the request instead of running it."""
     live = await live_history(served.engine, queries, store)
@@ -85,8 +94,9 @@ class EventsOutcome:
     rejected: int
 
 
-def validate_events(engine: Engine[Any, Any, Any], events: Sequence[EventIn], *, skew_s: float,
-                    now: float | None = None) -> tuple[list[tuple[int, Event]], list[dict[str, Any]]]:
+def validate_events(
+    engine: Engine[Any, Any, Any], events: Sequence[EventIn], *, skew_s: float, now: float | None = None
+) -> tuple[list[tuple[int, Event]], list[dict[str, Any]]]:
     """The rules the schema cannot state: -> (valid events with their index, a rejection per late one).
 
     An action the model does not take is a client error: the request is refused whole (422 naming
@@ -94,32 +104,54 @@ def validate_events(engine: Engine[Any, Any, Any], events: Sequence[EventIn], *,
     """
     wrong = [(n, problem) for n, e in enumerate(events) if (problem := engine.check_action(e.action))]
     if wrong:
-        raise InvalidEvents(f"{len(wrong)} event(s) without an action this model takes; nothing was stored",
-                            details=[{"loc": ["body", "events", n, "action"], "type": "invalid_action", "msg": p}
-                                     for n, p in wrong])
+        raise InvalidEvents(
+            f"{len(wrong)} event(s) without an action this model takes; nothing was stored",
+            details=[{"loc": ["body", "events", n, "action"], "type": "invalid_action", "msg": p} for n, p in wrong],
+        )
     # Refused whatever the event: one that adds no step (a self-loop, a model without mirrors) could
     # otherwise take the id that a later event's received step needs.
     reserved = [n for n, e in enumerate(events) if e.event_id.startswith(MIRROR_ID)]
     if reserved:
-        raise InvalidEvents(f"{len(reserved)} event id(s) starting with {MIRROR_ID!r}, which the service keeps for the "
-                            "steps an event adds to its target's timeline; nothing was stored",
-                            details=[{"loc": ["body", "events", n, "event_id"], "type": "reserved_event_id",
-                                      "msg": f"must not start with {MIRROR_ID!r}"} for n in reserved])
+        raise InvalidEvents(
+            f"{len(reserved)} event id(s) starting with {MIRROR_ID!r}, which the service keeps for the "
+            "steps an event adds to its target's timeline; nothing was stored",
+            details=[
+                {
+                    "loc": ["body", "events", n, "event_id"],
+                    "type": "reserved_event_id",
+                    "msg": f"must not start with {MIRROR_ID!r}",
+                }
+                for n in reserved
+            ],
+        )
     latest = (now if now is not None else time.time()) + skew_s
     valid: list[tuple[int, Event]] = []
     rejected: list[dict[str, Any]] = []
     for n, e in enumerate(events):
         if e.timestamp > latest:
-            rejected.append({"index": n, "event_id": e.event_id, "status": "rejected", "unknown_item": False,
-                             "errors": [{"loc": ["body", "events", n, "timestamp"], "type": "in_the_future",
-                                         "msg": f"later than the server's clock plus {skew_s:g} s"}]})
+            rejected.append(
+                {
+                    "index": n,
+                    "event_id": e.event_id,
+                    "status": "rejected",
+                    "unknown_item": False,
+                    "errors": [
+                        {
+                            "loc": ["body", "events", n, "timestamp"],
+                            "type": "in_the_future",
+                            "msg": f"later than the server's clock plus {skew_s:g} s",
+                        }
+                    ],
+                }
+            )
         else:
             valid.append((n, Event(e.event_id, e.user_id, e.item_id, e.timestamp, e.action)))
     return valid, rejected
 
 
-async def post_events(served: Served, events: Sequence[EventIn], *, store: HistoryStore | None,
-                      skew_s: float) -> EventsOutcome:
+async def post_events(
+    served: Served, events: Sequence[EventIn], *, store: HistoryStore | None, skew_s: float
+) -> EventsOutcome:
     """Check each event, store the valid ones durably, and say what happened to each."""
     engine = served.engine
     if engine.namespace is None:
@@ -128,19 +160,29 @@ async def post_events(served: Served, events: Sequence[EventIn], *, store: Histo
     valid, rejected = validate_events(engine, events, skew_s=skew_s)
     stored_events = [e for _, e in valid]
     # Mirrored steps go in the same durable write as their events: both are stored or neither.
-    mirrors = [(n, e, Event(MIRROR_ID + e.event_id, m[0], m[1], e.timestamp, m[2], received=True))
-               for n, e in valid if (m := engine.mirror(e.user_id, e.item_id, e.action)) is not None]
+    mirrors = [
+        (n, e, Event(MIRROR_ID + e.event_id, m[0], m[1], e.timestamp, m[2], received=True))
+        for n, e in valid
+        if (m := engine.mirror(e.user_id, e.item_id, e.action)) is not None
+    ]
     written = stored_events + [m for _, _, m in mirrors]
     outcomes_all = await asyncio.to_thread(st.append, engine.namespace, written) if written else []
     outcomes = outcomes_all[: len(stored_events)]
     clash = {n for (n, _), o in zip(valid, outcomes, strict=True) if o == "conflict"}
-    clash |= {n for (n, _, _), o in zip(mirrors, outcomes_all[len(stored_events):], strict=True) if o == "conflict"}
+    clash |= {n for (n, _, _), o in zip(mirrors, outcomes_all[len(stored_events) :], strict=True) if o == "conflict"}
     conflicts = [(n, e) for n, e in valid if n in clash]  # an event and its mirror are one conflict
     if conflicts:
-        details = [{"loc": ["body", "events", n, "event_id"], "type": "event_conflict",
-                    "msg": f"event id {e.event_id!r} was stored before with another payload"} for n, e in conflicts]
-        raise EventConflict(f"{len(conflicts)} event id(s) already stored with another payload; nothing was stored",
-                            details=details)
+        details = [
+            {
+                "loc": ["body", "events", n, "event_id"],
+                "type": "event_conflict",
+                "msg": f"event id {e.event_id!r} was stored before with another payload",
+            }
+            for n, e in conflicts
+        ]
+        raise EventConflict(
+            f"{len(conflicts)} event id(s) already stored with another payload; nothing was stored", details=details
+        )
     known = engine.known([e.item_id for e in stored_events])
     results = rejected + [
         {"index": n, "event_id": e.event_id, "status": o, "unknown_item": not k, "errors": []}
@@ -149,5 +191,11 @@ async def post_events(served: Served, events: Sequence[EventIn], *, store: Histo
     results.sort(key=lambda r: r["index"])
     stored = sum(o == "stored" for o in outcomes)
     dropped = sum(o == "dropped_old" for o in outcomes)
-    return EventsOutcome(engine.namespace, results, stored=stored, duplicates=len(outcomes) - stored - dropped,
-                         dropped_old=dropped, rejected=len(rejected))
+    return EventsOutcome(
+        engine.namespace,
+        results,
+        stored=stored,
+        duplicates=len(outcomes) - stored - dropped,
+        dropped_old=dropped,
+        rejected=len(rejected),
+    )

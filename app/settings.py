@@ -108,9 +108,13 @@ class Settings(BaseSettings):
     @property
     def limits(self) -> Limits:
         return Limits(
-            max_queries=self.max_queries, max_k=self.max_k, max_history=self.max_history,
-            max_exclude_items=self.max_exclude_items, max_total_k=self.max_total_k,
-            max_total_items=self.max_total_items, max_events=self.max_events,
+            max_queries=self.max_queries,
+            max_k=self.max_k,
+            max_history=self.max_history,
+            max_exclude_items=self.max_exclude_items,
+            max_total_k=self.max_total_k,
+            max_total_items=self.max_total_items,
+            max_events=self.max_events,
         )
 
 

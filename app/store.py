@@ -69,8 +69,20 @@ class StoreError(RuntimeError):
 
 # Query parameters of a Redis URL that carry no secret; every other value (password=..., which
 # redis-py accepts, or anything a later client version reads) is masked in logs.
-_PLAIN_PARAMS = frozenset({"db", "socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry_on_timeout",
-                           "health_check_interval", "protocol", "decode_responses", "ssl_cert_reqs", "client_name"})
+_PLAIN_PARAMS = frozenset(
+    {
+        "db",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "retry_on_timeout",
+        "health_check_interval",
+        "protocol",
+        "decode_responses",
+        "ssl_cert_reqs",
+        "client_name",
+    }
+)
 
 
 def redact(url: str) -> str:
@@ -83,9 +95,14 @@ def redact(url: str) -> str:
     netloc = parts.netloc
     if parts.password is not None:
         netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{port}" if port else "")
-    query = "&".join(
-        p if p.split("=", 1)[0].lower() in _PLAIN_PARAMS or "=" not in p else f"{p.split('=', 1)[0]}=***"
-        for p in parts.query.split("&")) if parts.query else ""
+    query = (
+        "&".join(
+            p if p.split("=", 1)[0].lower() in _PLAIN_PARAMS or "=" not in p else f"{p.split('=', 1)[0]}=***"
+            for p in parts.query.split("&")
+        )
+        if parts.query
+        else ""
+    )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
@@ -138,7 +155,6 @@ class HistoryStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
-
 
 
 class SQLiteStore(HistoryStore):
@@ -206,7 +222,8 @@ class SQLiteStore(HistoryStore):
             rows = conn.execute("SELECT ns, event_id, user, item, ts, action FROM events").fetchall()
             conn.executemany(
                 "INSERT OR IGNORE INTO event_ids (ns, event_id, digest) VALUES (?, ?, ?)",
-                ((ns, eid, Event(eid, u, i, _ts(t), a).digest) for ns, eid, u, i, t, a in rows))
+                ((ns, eid, Event(eid, u, i, _ts(t), a).digest) for ns, eid, u, i, t, a in rows),
+            )
             conn.execute(f"PRAGMA user_version = {self.SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
@@ -260,18 +277,19 @@ class SQLiteStore(HistoryStore):
             if row is not None and row[0] == token:
                 return None
             dropped = 0
-            live = conn.execute("SELECT DISTINCT user FROM events WHERE ns = ? AND folded = 0",
-                                (namespace,)).fetchall()
+            live = conn.execute("SELECT DISTINCT user FROM events WHERE ns = ? AND folded = 0", (namespace,)).fetchall()
             for (user,) in live:
                 held = stored(user)
                 if held:
-                    rows = conn.execute("SELECT seq, item, ts FROM events WHERE ns = ? AND user = ? AND folded = 0",
-                                        (namespace, user)).fetchall()
+                    rows = conn.execute(
+                        "SELECT seq, item, ts FROM events WHERE ns = ? AND user = ? AND folded = 0", (namespace, user)
+                    ).fetchall()
                     drop = [(seq,) for seq, item, ts in rows if (item, ts) in held]
                     conn.executemany("DELETE FROM events WHERE seq = ?", drop)  # event_ids keeps their ids
                     dropped += len(drop)
-            conn.execute("INSERT OR REPLACE INTO seeded (ns, token, at) VALUES (?, ?, ?)",
-                         (namespace, token, time.time()))
+            conn.execute(
+                "INSERT OR REPLACE INTO seeded (ns, token, at) VALUES (?, ?, ?)", (namespace, token, time.time())
+            )
             return dropped
 
         return self._write(do)
@@ -282,8 +300,9 @@ class SQLiteStore(HistoryStore):
             out: list[Outcome] = []
             for e in events:
                 if e.event_id not in known:
-                    row = conn.execute("SELECT digest FROM event_ids WHERE ns = ? AND event_id = ?",
-                                       (namespace, e.event_id)).fetchone()
+                    row = conn.execute(
+                        "SELECT digest FROM event_ids WHERE ns = ? AND event_id = ?", (namespace, e.event_id)
+                    ).fetchone()
                     if row is None:
                         known[e.event_id] = e.digest
                         out.append("stored")
@@ -295,27 +314,38 @@ class SQLiteStore(HistoryStore):
                 return [o if o == "conflict" else "skipped" for o in out]
             now = time.time()
             new = [e for e, o in zip(events, out, strict=True) if o == "stored"]
-            conn.executemany("INSERT INTO event_ids (ns, event_id, digest) VALUES (?, ?, ?)",
-                             ((namespace, e.event_id, e.digest) for e in new))
+            conn.executemany(
+                "INSERT INTO event_ids (ns, event_id, digest) VALUES (?, ?, ?)",
+                ((namespace, e.event_id, e.digest) for e in new),
+            )
             conn.executemany(
                 "INSERT OR IGNORE INTO events (ns, event_id, user, item, ts, action, received, recorded_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                ((namespace, e.event_id, e.user_id, e.item_id, _json_ts(e.timestamp), e.action, int(e.received), now)
-                 for e in new))
+                (
+                    (namespace, e.event_id, e.user_id, e.item_id, _json_ts(e.timestamp), e.action, int(e.received), now)
+                    for e in new
+                ),
+            )
             for user, received in {(e.user_id, int(e.received)) for e in new}:  # the newest `keep` of each kind
                 conn.execute(
                     "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE ns = ? AND user = ? AND received = ?"
                     " AND folded = 0 ORDER BY ts DESC, seq DESC LIMIT -1 OFFSET ?)",
-                    (namespace, user, received, self.keep))
+                    (namespace, user, received, self.keep),
+                )
             kept: set[str] = set()
             ids = [e.event_id for e in new]
             for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
                 chunk = ids[start : start + 500]
-                kept |= {r[0] for r in conn.execute(
-                    f"SELECT event_id FROM events WHERE ns = ? AND event_id IN ({','.join('?' * len(chunk))})",
-                    (namespace, *chunk))}
-            return [o if o != "stored" or e.event_id in kept else "dropped_old"
-                    for e, o in zip(events, out, strict=True)]
+                kept |= {
+                    r[0]
+                    for r in conn.execute(
+                        f"SELECT event_id FROM events WHERE ns = ? AND event_id IN ({','.join('?' * len(chunk))})",
+                        (namespace, *chunk),
+                    )
+                }
+            return [
+                o if o != "stored" or e.event_id in kept else "dropped_old" for e, o in zip(events, out, strict=True)
+            ]
 
         return self._write(do)
 
@@ -343,8 +373,11 @@ class SQLiteStore(HistoryStore):
         return self._read(do)
 
     def users(self, namespace: str) -> Iterator[str]:
-        rows = self._read(lambda c: c.execute(
-            "SELECT DISTINCT user FROM events WHERE ns = ? AND folded = 0 ORDER BY 1", (namespace,)).fetchall())
+        rows = self._read(
+            lambda c: c.execute(
+                "SELECT DISTINCT user FROM events WHERE ns = ? AND folded = 0 ORDER BY 1", (namespace,)
+            ).fetchall()
+        )
         return (u for (u,) in rows)
 
     def ping(self) -> None:
@@ -417,8 +450,9 @@ class RedisStore(HistoryStore):
 
     kind = "redis"
 
-    def __init__(self, url: str, prefix: str = "seqserve:", timeout_s: float = 5.0, keep: int = 1000,
-                 password: str | None = None) -> None:
+    def __init__(
+        self, url: str, prefix: str = "seqserve:", timeout_s: float = 5.0, keep: int = 1000, password: str | None = None
+    ) -> None:
         import redis
 
         super().__init__(keep)
@@ -426,8 +460,9 @@ class RedisStore(HistoryStore):
         self.where = redact(url)
         auth = {"password": password} if password else {}
         try:
-            self.r = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                          decode_responses=True, **auth)
+            self.r = redis.Redis.from_url(
+                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True, **auth
+            )
         except (ValueError, TypeError, *self._redis_errors) as exc:  # TypeError: an unknown URL parameter
             raise StoreError(f"redis {self.where}: {type(exc).__name__}") from None
         self.prefix = prefix
@@ -459,8 +494,10 @@ class RedisStore(HistoryStore):
             for payload in payloads:
                 item, ts = json.loads(payload)[:2]
                 seq = self.r.incr(self._k(namespace, "seq"))
-                self.r.zadd(self._k(namespace, f"z:{user}"),
-                            {f"{seq:0{_SEQ_WIDTH}d}{json.dumps([item, ts, None])}": _score(_ts(ts))})
+                self.r.zadd(
+                    self._k(namespace, f"z:{user}"),
+                    {f"{seq:0{_SEQ_WIDTH}d}{json.dumps([item, ts, None])}": _score(_ts(ts))},
+                )
             self.r.delete(old)
         # Earlier versions kept a copy of every artifact history here; the tables hold them now.
         self.r.unlink(self._k(namespace, "base"))
@@ -491,8 +528,14 @@ class RedisStore(HistoryStore):
             return []
         args: list[str | int | float] = [self._k(namespace, "z:"), self.keep, self._k(namespace, "r:")]
         for e in events:
-            args += [e.event_id, e.user_id, e.digest, _score(e.timestamp),
-                     json.dumps([e.item_id, _json_ts(e.timestamp), e.action]), int(e.received)]
+            args += [
+                e.event_id,
+                e.user_id,
+                e.digest,
+                _score(e.timestamp),
+                json.dumps([e.item_id, _json_ts(e.timestamp), e.action]),
+                int(e.received),
+            ]
         keys = [self._k(namespace, "eids"), self._k(namespace, "live"), self._k(namespace, "seq")]
         codes = self._call(lambda: self._append(keys=keys, args=args))
         return [_OUTCOMES[int(c)] for c in codes]
@@ -541,8 +584,15 @@ def _decode(member: str) -> tuple[str, float, str | None]:
     return str(item), _ts(ts), action
 
 
-def open_store(kind: str, *, sqlite_path: Path, redis_url: str, redis_prefix: str = "seqserve:",
-               keep: int = 1000, redis_password: str | None = None) -> HistoryStore:
+def open_store(
+    kind: str,
+    *,
+    sqlite_path: Path,
+    redis_url: str,
+    redis_prefix: str = "seqserve:",
+    keep: int = 1000,
+    redis_password: str | None = None,
+) -> HistoryStore:
     if kind == "sqlite":
         return SQLiteStore(sqlite_path, keep=keep)
     if kind == "redis":

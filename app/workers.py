@@ -61,8 +61,10 @@ class WorkerSync:
             return n
 
     def report(self, generation: int, versions: dict[str, str]) -> None:
-        _write_atomic(self.folder / f"{self.pid}.json",
-                      json.dumps({"generation": generation, "versions": versions, "at": time.time()}))
+        _write_atomic(
+            self.folder / f"{self.pid}.json",
+            json.dumps({"generation": generation, "versions": versions, "at": time.time()}),
+        )
 
     def withdraw(self) -> None:
         (self.folder / f"{self.pid}.json").unlink(missing_ok=True)

@@ -50,8 +50,10 @@ def main() -> None:
         seq = torch.tensor(hist)
         with torch.inference_mode():
             enc = timed(lambda: model(seq), args.repeats)  # noqa: B023
-            full = timed(lambda: recommend(model, hist, k=10, exclude_seen=[True] * args.batch,  # noqa: B023
-                                           requested=[[]] * args.batch), args.repeats)
+            full = timed(
+                lambda: recommend(model, hist, k=10, exclude_seen=[True] * args.batch, requested=[[]] * args.batch),  # noqa: B023
+                args.repeats,
+            )
             scores = model.scores(seq)
             score_only = timed(lambda: model.scores(seq), args.repeats)  # noqa: B023
             whole = timed(lambda: scores.topk(10, dim=1), args.repeats)  # noqa: B023
@@ -60,20 +62,30 @@ def main() -> None:
         per_q = full / args.batch * 1000
         base = base or per_q
         ms = 1000 / args.batch
-        row = {"items": n, "ms_per_query": round(per_q, 4), "encoder_ms_per_query": round(enc * ms, 4),
-               "scores_ms_per_query": round(score_only * ms, 4), "topk_whole_ms_per_query": round(whole * ms, 4),
-               "top_k_blocks_ms_per_query": round(blocked * ms, 4),
-               "vs_smallest": round(per_q / base, 2), "items_ratio": n / args.items[0]}
+        row = {
+            "items": n,
+            "ms_per_query": round(per_q, 4),
+            "encoder_ms_per_query": round(enc * ms, 4),
+            "scores_ms_per_query": round(score_only * ms, 4),
+            "topk_whole_ms_per_query": round(whole * ms, 4),
+            "top_k_blocks_ms_per_query": round(blocked * ms, 4),
+            "vs_smallest": round(per_q / base, 2),
+            "items_ratio": n / args.items[0],
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print("\n| catalog | ms/query (score + exclusions + top-10) | encoder only | scores only | top-10: torch.topk"
-          " | top-10: block maxima (served) | x smallest | catalog x |")
+    print(
+        "\n| catalog | ms/query (score + exclusions + top-10) | encoder only | scores only | top-10: torch.topk"
+        " | top-10: block maxima (served) | x smallest | catalog x |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['items']:,} | {r['ms_per_query']:.3f} | {r['encoder_ms_per_query']:.3f}"
-              f" | {r['scores_ms_per_query']:.3f} | {r['topk_whole_ms_per_query']:.3f}"
-              f" | {r['top_k_blocks_ms_per_query']:.3f} | {r['vs_smallest']:.1f}"
-              f" | {r['items_ratio']:.0f} |")
+        print(
+            f"| {r['items']:,} | {r['ms_per_query']:.3f} | {r['encoder_ms_per_query']:.3f}"
+            f" | {r['scores_ms_per_query']:.3f} | {r['topk_whole_ms_per_query']:.3f}"
+            f" | {r['top_k_blocks_ms_per_query']:.3f} | {r['vs_smallest']:.1f}"
+            f" | {r['items_ratio']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -53,12 +53,17 @@ def main() -> None:
     rows = []
     try:
         for i, (name, root, workers, http, settings) in enumerate(variants):
-            env = {"SEQSERVE_TORCH_THREADS": str(args.torch_threads),
-                   "SEQSERVE_HISTORY_PATH": f"{tempfile.mkdtemp(prefix='seqserve-compare-')}/h.sqlite3", **settings}
+            env = {
+                "SEQSERVE_TORCH_THREADS": str(args.torch_threads),
+                "SEQSERVE_HISTORY_PATH": f"{tempfile.mkdtemp(prefix='seqserve-compare-')}/h.sqlite3",
+                **settings,
+            }
             if workers > 1:
                 env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="seqserve-metrics-")
-            procs[name] = (start_server(args.artifacts, args.port + i, env, workers=workers, root=root, http=http),
-                           args.port + i)
+            procs[name] = (
+                start_server(args.artifacts, args.port + i, env, workers=workers, root=root, http=http),
+                args.port + i,
+            )
             pause(procs[name][0], True)
         names = [v[0] for v in variants]
         for model in args.models:
@@ -69,12 +74,27 @@ def main() -> None:
                     res = alternate(targets, bodies, c, rounds=args.rounds, seconds=args.seconds, warmup=args.warmup)
                     base = res[names[0]]["rps"] or float("nan")
                     for n in names:
-                        rows.append({"variant": n, "model": model, "path": path, "concurrency": c, **res[n],
-                                     "ratio": res[n]["rps"] / base})
-                    print(f"{model} {path} c={c}: " + " | ".join(
-                        f"{n} {res[n]['rps']:.0f} req/s, p99 {res[n]['p99_ms']:.1f} ms ({res[n]['rps'] / base:.2f}x), "
-                        f"{res[n].get('busy_cores')} cores busy, {res[n].get('cpu_us_per_request')} us CPU/request"
-                        + (f", {res[n]['errors']} errors" if res[n]["errors"] else "") for n in names), flush=True)
+                        rows.append(
+                            {
+                                "variant": n,
+                                "model": model,
+                                "path": path,
+                                "concurrency": c,
+                                **res[n],
+                                "ratio": res[n]["rps"] / base,
+                            }
+                        )
+                    print(
+                        f"{model} {path} c={c}: "
+                        + " | ".join(
+                            f"{n} {res[n]['rps']:.0f} req/s, p99 {res[n]['p99_ms']:.1f} ms "
+                            f"({res[n]['rps'] / base:.2f}x), "
+                            f"{res[n].get('busy_cores')} cores busy, {res[n].get('cpu_us_per_request')} us CPU/request"
+                            + (f", {res[n]['errors']} errors" if res[n]["errors"] else "")
+                            for n in names
+                        ),
+                        flush=True,
+                    )
     finally:
         for proc, _ in procs.values():
             stop(proc)

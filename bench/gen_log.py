@@ -37,8 +37,9 @@ def user_lengths(rng: np.random.Generator, rows: int, users: int) -> np.ndarray:
     return 2 + rng.multinomial(rows - 2 * users, activity / activity.sum())
 
 
-def generate(rows: int, users: int, items: int, *, zipf: float, repeat: float, follow: float,
-             seed: int) -> pd.DataFrame:
+def generate(
+    rows: int, users: int, items: int, *, zipf: float, repeat: float, follow: float, seed: int
+) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     lengths = user_lengths(rng, rows, users)
     user = np.repeat(np.arange(users, dtype=np.int64), lengths)
@@ -46,7 +47,7 @@ def generate(rows: int, users: int, items: int, *, zipf: float, repeat: float, f
     first[np.concatenate([[0], np.cumsum(lengths)[:-1]])] = True
     # Popular items: ranks drawn from a bounded Zipf law, mapped to shuffled ids.
     ranks = np.arange(1, items + 1, dtype=np.float64)
-    weights = ranks ** -zipf
+    weights = ranks**-zipf
     popular = rng.choice(items, size=rows, p=weights / weights.sum())
     rank_to_item = rng.permutation(items)
     # Each step: jump (a fresh popular item, always at a user's first step), repeat, or follow.
@@ -65,8 +66,13 @@ def generate(rows: int, users: int, items: int, *, zipf: float, repeat: float, f
     run_gap = np.cumsum(gaps)
     run_gap -= np.repeat(run_gap[first], lengths)
     timestamp = START + np.repeat(begin, lengths) + run_gap
-    return pd.DataFrame({"user_id": "u" + pd.Series(user).astype(str), "item_id": "i" + pd.Series(item).astype(str),
-                         "timestamp": timestamp})
+    return pd.DataFrame(
+        {
+            "user_id": "u" + pd.Series(user).astype(str),
+            "item_id": "i" + pd.Series(item).astype(str),
+            "timestamp": timestamp,
+        }
+    )
 
 
 def main() -> None:
@@ -83,8 +89,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     t0 = time.perf_counter()
-    df = generate(args.rows, args.users, args.items, zipf=args.zipf, repeat=args.repeat, follow=args.follow,
-                  seed=args.seed)
+    df = generate(
+        args.rows, args.users, args.items, zipf=args.zipf, repeat=args.repeat, follow=args.follow, seed=args.seed
+    )
     print(f"generated {len(df):,} rows in {time.perf_counter() - t0:.1f} s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     # Rows in time order, as logs arrive (a loader must not rely on rows grouped by user).

@@ -120,8 +120,10 @@ def _read_status(s: socket.socket) -> tuple[int, int]:
 def post_body(port: int, body: bytes) -> dict[str, Any]:
     t0 = time.perf_counter()
     with _connect(port) as s:
-        s.sendall(b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        s.sendall(
+            b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
         status, size = _read_status(s)
     return {"status": status, "answer_bytes": size, "seconds": round(time.perf_counter() - t0, 3)}
 
@@ -151,8 +153,17 @@ def keys_under_budget_body() -> bytes:
 
 def legit_max_body() -> bytes:
     """A valid body at MAX_TOTAL_ITEMS: 1,000 queries of 100 history steps, ids and times on every step."""
-    return orjson.dumps({"queries": [{"history": [{"item_id": str(1 + (q * 7 + n) % 1600), "timestamp": 8.8e8 + n}
-                                                  for n in range(100)], "k": 10} for q in range(1000)]})
+    return orjson.dumps(
+        {
+            "queries": [
+                {
+                    "history": [{"item_id": str(1 + (q * 7 + n) % 1600), "timestamp": 8.8e8 + n} for n in range(100)],
+                    "k": 10,
+                }
+                for q in range(1000)
+            ]
+        }
+    )
 
 
 def steps_body() -> bytes:
@@ -181,8 +192,11 @@ def big_header(port: int, size: int = 256 << 20) -> dict[str, Any]:
         t.start()
     for t in threads:
         t.join()
-    return {"mb_sent": [round(x / 2**20) for x in sent], "statuses": answers,
-            "seconds": round(time.perf_counter() - t0, 2)}
+    return {
+        "mb_sent": [round(x / 2**20) for x in sent],
+        "statuses": answers,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
 
 
 def complete_header(port: int) -> dict[str, Any]:
@@ -196,7 +210,7 @@ SLOW = {
     "idle": b"",
     "partial-header": b"POST /recommend HTTP/1.1\r\nHost: x\r\n",
     "partial-body": b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: 100\r\n\r\n{",
+    b"Content-Length: 100\r\n\r\n{",
     "unfinished-chunked": b"POST /recommend HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",
 }
 
@@ -224,20 +238,41 @@ def slow(port: int, wait_s: float) -> dict[str, Any]:
 def _model_queries(port: int) -> float:
     """Queries the next-location model has computed, from /metrics."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("seqserve_batch_size_sum{") and 'model="mhsa' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("seqserve_batch_size_sum{") and 'model="mhsa' in line
+    )
 
 
 def abandoned(port: int) -> dict[str, Any]:
     """Two 1,024-query /next-location requests whose clients give up halfway through the first one's
     computation (the issue saw 1 s against 5 s of model time), then a small request."""
     steps = 50
-    big = orjson.dumps({"queries": [{"history": [
-        {"location_id": str(1 + (q + n) % 500), "start_min": (97 * n) % 1440, "weekday": n % 7, "duration_min": 60}
-        for n in range(steps)], "k": 5} for q in range(1024)]})
+    big = orjson.dumps(
+        {
+            "queries": [
+                {
+                    "history": [
+                        {
+                            "location_id": str(1 + (q + n) % 500),
+                            "start_min": (97 * n) % 1440,
+                            "weekday": n % 7,
+                            "duration_min": 60,
+                        }
+                        for n in range(steps)
+                    ],
+                    "k": 5,
+                }
+                for q in range(1024)
+            ]
+        }
+    )
     small = {"queries": [{"history": [{"location_id": "1", "start_min": 600, "weekday": 1, "duration_min": 30}]}]}
-    request = (b"POST /next-location HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n" % len(big) + big)
+    request = (
+        b"POST /next-location HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(big) + big
+    )
     t0 = time.perf_counter()
     with _connect(port) as s:  # one big request, waited for: what the model needs for it
         s.sendall(request)
@@ -254,9 +289,13 @@ def abandoned(port: int) -> dict[str, Any]:
     r = httpx.post(f"http://127.0.0.1:{port}/next-location", json=small, timeout=60)
     small_s = time.perf_counter() - t0
     time.sleep(max(0.0, 2 * one_big_s - small_s) + 1)  # anything still running has finished
-    return {"one_big_request_s": round(one_big_s, 2), "big_status": status, "small_status": r.status_code,
-            "small_request_s": round(small_s, 3),
-            "queries_computed_for_the_abandoned_two": _model_queries(port) - before - len(small["queries"])}
+    return {
+        "one_big_request_s": round(one_big_s, 2),
+        "big_status": status,
+        "small_status": r.status_code,
+        "small_request_s": round(small_s, 3),
+        "queries_computed_for_the_abandoned_two": _model_queries(port) - before - len(small["queries"]),
+    }
 
 
 def many(port: int, pid: int, n: int, wait_s: float) -> dict[str, Any]:
@@ -292,11 +331,18 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8950)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "hostile.json")
     args = p.parse_args()
-    env = {"SEQSERVE_TORCH_THREADS": "1", "SEQSERVE_DEFAULT_MODEL": args.model,
-           "SEQSERVE_HISTORY_PATH": f"{tempfile.mkdtemp(prefix='seqserve-hostile-')}/h.sqlite3"}
+    env = {
+        "SEQSERVE_TORCH_THREADS": "1",
+        "SEQSERVE_DEFAULT_MODEL": args.model,
+        "SEQSERVE_HISTORY_PATH": f"{tempfile.mkdtemp(prefix='seqserve-hostile-')}/h.sqlite3",
+    }
     results: dict[str, Any] = {"root": str(args.root.resolve()), "model": args.model}
-    bodies = {"keys": keys_body, "steps": steps_body, "keys-under-budget": keys_under_budget_body,
-              "legit-max": legit_max_body}
+    bodies = {
+        "keys": keys_body,
+        "steps": steps_body,
+        "keys-under-budget": keys_under_budget_body,
+        "legit-max": legit_max_body,
+    }
     for attack in args.attacks:
         proc = start_server(args.artifacts, args.port, env, root=args.root.resolve())
         try:
@@ -318,9 +364,13 @@ def main() -> None:
                     out = many(args.port, proc.pid, args.many, args.slow_s)
                 time.sleep(0.3)
             time.sleep(2)
-            out |= {"healthz_worst_ms": round(probe.worst * 1000, 1), "healthz_failed": probe.failed,
-                    "rss_mb_before": round(mem.before), "rss_mb_peak": round(mem.peak),
-                    "rss_mb_2s_after": round(rss_mb(proc.pid))}
+            out |= {
+                "healthz_worst_ms": round(probe.worst * 1000, 1),
+                "healthz_failed": probe.failed,
+                "rss_mb_before": round(mem.before),
+                "rss_mb_peak": round(mem.peak),
+                "rss_mb_2s_after": round(rss_mb(proc.pid)),
+            }
         finally:
             stop(proc)
         results[attack] = out

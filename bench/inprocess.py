@@ -38,8 +38,9 @@ async def run(args: argparse.Namespace) -> None:
     app = create_app(Settings())
     to_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     from_app: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
-    lifespan = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}},
-                                       to_app.get, from_app.put))
+    lifespan = asyncio.create_task(
+        app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, to_app.get, from_app.put)
+    )
     await to_app.put({"type": "lifespan.startup"})
     started = await from_app.get()
     if started["type"] != "lifespan.startup.complete":
@@ -68,11 +69,25 @@ async def run(args: argparse.Namespace) -> None:
     batcher.fn = timed
 
     async def one(body: bytes) -> int:
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": args.path, "raw_path": args.path.encode(), "query_string": b"",
-                 "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000), "state": {},
-                 "headers": [(b"host", b"bench"), (b"content-type", b"application/json"),
-                             (b"content-length", str(len(body)).encode())]}
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": args.path,
+            "raw_path": args.path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 8000),
+            "state": {},
+            "headers": [
+                (b"host", b"bench"),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
         sent = False
         status = 0
 
@@ -109,11 +124,13 @@ async def run(args: argparse.Namespace) -> None:
         if any(s != 200 for s in statuses):
             raise SystemExit(f"non-200 answers: {sorted(set(statuses))}")
     n_calls = max(1, calls["n"])
-    print(f"{args.path} c={args.concurrency}{' (canned model)' if args.canned else ''}: {len(statuses) / wall:.0f} "
-          f"req/s in-process; loop thread {cpu / len(statuses) * 1e6:.0f} us CPU per request; model calls: "
-          f"{calls['n']}, mean batch {calls['items'] / n_calls:.1f}, {calls['seconds'] / n_calls * 1000:.2f} ms each "
-          f"({calls['cpu'] / n_calls * 1000:.2f} ms of the model thread's CPU), "
-          f"busy {calls['seconds'] / wall:.2f} of the run")
+    print(
+        f"{args.path} c={args.concurrency}{' (canned model)' if args.canned else ''}: {len(statuses) / wall:.0f} "
+        f"req/s in-process; loop thread {cpu / len(statuses) * 1e6:.0f} us CPU per request; model calls: "
+        f"{calls['n']}, mean batch {calls['items'] / n_calls:.1f}, {calls['seconds'] / n_calls * 1000:.2f} ms each "
+        f"({calls['cpu'] / n_calls * 1000:.2f} ms of the model thread's CPU), "
+        f"busy {calls['seconds'] / wall:.2f} of the run"
+    )
     if profiler:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
     await to_app.put({"type": "lifespan.shutdown"})
@@ -132,9 +149,15 @@ def main() -> None:
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N functions")
     p.add_argument("--torch-threads", type=int, default=1)
     args = p.parse_args()
-    os.environ.update({"SEQSERVE_ARTIFACTS_DIR": str(args.artifacts), "SEQSERVE_BENCH_ENDPOINTS": "true",
-                       "SEQSERVE_LOG_LEVEL": "WARNING", "SEQSERVE_TORCH_THREADS": str(args.torch_threads),
-                       "SEQSERVE_HISTORY_PATH": f"{tempfile.mkdtemp(prefix='seqserve-inproc-')}/h.sqlite3"})
+    os.environ.update(
+        {
+            "SEQSERVE_ARTIFACTS_DIR": str(args.artifacts),
+            "SEQSERVE_BENCH_ENDPOINTS": "true",
+            "SEQSERVE_LOG_LEVEL": "WARNING",
+            "SEQSERVE_TORCH_THREADS": str(args.torch_threads),
+            "SEQSERVE_HISTORY_PATH": f"{tempfile.mkdtemp(prefix='seqserve-inproc-')}/h.sqlite3",
+        }
+    )
     import uvloop
 
     uvloop.run(run(args))

@@ -41,9 +41,15 @@ class RecommendAPI(ls.LitAPI):
         return self.engine.answer(batch)
 
     def encode_response(self, result: RecResult) -> dict[str, Any]:
-        return {"results": [{"user_id": result.user_id,
-                             "items": [{"item_id": i, "score": s} for i, s in result.items],
-                             "excluded": result.excluded}]}
+        return {
+            "results": [
+                {
+                    "user_id": result.user_id,
+                    "items": [{"item_id": i, "score": s} for i, s in result.items],
+                    "excluded": result.excluded,
+                }
+            ]
+        }
 
 
 def main() -> None:
@@ -59,12 +65,22 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=1, help="inference processes")
     p.add_argument("--fast-queue", action="store_true", help="LitServe's ZeroMQ request queue")
     args = p.parse_args()
-    api = RecommendAPI(latest_versions(args.artifacts)[args.model], torch_threads=args.torch_threads,
-                       max_batch_size=args.max_batch, batch_timeout=args.batch_timeout_ms / 1000)
-    server = ls.LitServer(api, accelerator=args.accelerator, workers_per_device=args.workers,
-                          fast_queue=args.fast_queue)
-    server.run(host="127.0.0.1", port=args.port, log_level="warning", generate_client_file=False,
-               num_api_servers=args.api_servers)
+    api = RecommendAPI(
+        latest_versions(args.artifacts)[args.model],
+        torch_threads=args.torch_threads,
+        max_batch_size=args.max_batch,
+        batch_timeout=args.batch_timeout_ms / 1000,
+    )
+    server = ls.LitServer(
+        api, accelerator=args.accelerator, workers_per_device=args.workers, fast_queue=args.fast_queue
+    )
+    server.run(
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        generate_client_file=False,
+        num_api_servers=args.api_servers,
+    )
 
 
 if __name__ == "__main__":

@@ -40,49 +40,123 @@ import httpx2 as httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _uvicorn(app: list[str], port: int, *, loop: str, http: str, workers: int, root: Path,
-             env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+def _uvicorn(
+    app: list[str], port: int, *, loop: str, http: str, workers: int, root: Path, env: dict[str, str] | None
+) -> subprocess.Popen[bytes]:
     """uvicorn serving `app` (its app arguments) from `root`'s .venv, with the bench's common flags."""
     return subprocess.Popen(
-        [str(root / ".venv/bin/uvicorn"), *app, "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
-         "--log-level", "warning", "--loop", loop, "--http", http, "--workers", str(workers)],
-        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        [
+            str(root / ".venv/bin/uvicorn"),
+            *app,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "--loop",
+            loop,
+            "--http",
+            http,
+            "--workers",
+            str(workers),
+        ],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
 
 
-def start_server(artifacts: Path, port: int, env_extra: dict[str, str], *, loop: str = "auto",
-                 http: str = "auto", workers: int = 1, root: Path = ROOT) -> subprocess.Popen[bytes]:
+def start_server(
+    artifacts: Path,
+    port: int,
+    env_extra: dict[str, str],
+    *,
+    loop: str = "auto",
+    http: str = "auto",
+    workers: int = 1,
+    root: Path = ROOT,
+) -> subprocess.Popen[bytes]:
     """The service from the checkout at `root` (its .venv and its code), ready to answer."""
     # MALLOC_ARENA_MAX as scripts/serve.sh sets it.
-    env = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(artifacts), "SEQSERVE_BENCH_ENDPOINTS": "true",
-           "SEQSERVE_LOG_LEVEL": "WARNING", "MALLOC_ARENA_MAX": "2", **env_extra}
+    env = {
+        **os.environ,
+        "SEQSERVE_ARTIFACTS_DIR": str(artifacts),
+        "SEQSERVE_BENCH_ENDPOINTS": "true",
+        "SEQSERVE_LOG_LEVEL": "WARNING",
+        "MALLOC_ARENA_MAX": "2",
+        **env_extra,
+    }
     if (root / "app" / "server.py").exists() and loop == http == "auto":
         # The service's own process (its connection limits included), as scripts/serve.sh runs it.
         env.update({"SEQSERVE_HOST": "127.0.0.1", "SEQSERVE_PORT": str(port), "SEQSERVE_WORKERS": str(workers)})
-        proc = subprocess.Popen([str(root / ".venv/bin/python"), "-m", "app.server"], cwd=root, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(root / ".venv/bin/python"), "-m", "app.server"],
+            cwd=root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     else:  # a checkout from before app/server.py, or a loop/parser ablation
-        proc = _uvicorn(["--factory", "app.main:app_from_env"], port, loop=loop, http=http, workers=workers,
-                        root=root, env=env)
+        proc = _uvicorn(
+            ["--factory", "app.main:app_from_env"], port, loop=loop, http=http, workers=workers, root=root, env=env
+        )
     return wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
 
 
 def start_raw(port: int, *, loop: str = "auto", http: str = "auto", workers: int = 1) -> subprocess.Popen[bytes]:
     """The ceiling: bench/raw_asgi.py under uvicorn with the service's loop, parser and worker count."""
-    proc = _uvicorn(["--app-dir", str(ROOT / "bench"), "raw_asgi:app"], port, loop=loop, http=http,
-                    workers=workers, root=ROOT, env=None)
+    proc = _uvicorn(
+        ["--app-dir", str(ROOT / "bench"), "raw_asgi:app"],
+        port,
+        loop=loop,
+        http=http,
+        workers=workers,
+        root=ROOT,
+        env=None,
+    )
     return wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
 
 
-def start_litserve(artifacts: Path, port: int, model: str, *, torch_threads: int, api_servers: int = 1,
-                   workers: int = 1, fast_queue: bool = False) -> subprocess.Popen[bytes]:
+def start_litserve(
+    artifacts: Path,
+    port: int,
+    model: str,
+    *,
+    torch_threads: int,
+    api_servers: int = 1,
+    workers: int = 1,
+    fast_queue: bool = False,
+) -> subprocess.Popen[bytes]:
     """The peer: the same artifact through the project's engine, served by LitServe (bench/litserve_server.py)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_ARENA_MAX": "2"}
     proc = subprocess.Popen(
-        [str(ROOT / ".venv/bin/python"), str(ROOT / "bench" / "litserve_server.py"), "--artifacts", str(artifacts),
-         "--model", model, "--port", str(port), "--torch-threads", str(torch_threads),
-         "--api-servers", str(api_servers), "--workers", str(workers), *(["--fast-queue"] if fast_queue else [])],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        [
+            str(ROOT / ".venv/bin/python"),
+            str(ROOT / "bench" / "litserve_server.py"),
+            "--artifacts",
+            str(artifacts),
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--torch-threads",
+            str(torch_threads),
+            "--api-servers",
+            str(api_servers),
+            "--workers",
+            str(workers),
+            *(["--fast-queue"] if fast_queue else []),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     return wait_ready(proc, f"http://127.0.0.1:{port}/health")
 
@@ -142,8 +216,9 @@ async def _raw_post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     return status
 
 
-async def _measure(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float,
-                   client_kind: str = "raw") -> tuple[list[float], int, tuple[int, int]]:
+async def _measure(
+    url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float, client_kind: str = "raw"
+) -> tuple[list[float], int, tuple[int, int]]:
     """N workers, each with its own keep-alive connection, posting back to back for `seconds`.
 
     The raw client writes pre-encoded requests on asyncio streams: a few microseconds per request,
@@ -161,8 +236,10 @@ async def _measure(url: str, bodies: list[dict], concurrency: int, seconds: floa
 
     def encode(body: dict) -> bytes:
         payload = json.dumps(body, separators=(",", ":")).encode()
-        return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+        return (
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
 
     encoded = [encode(b) for b in bodies]
 
@@ -217,13 +294,22 @@ async def _measure(url: str, bodies: list[dict], concurrency: int, seconds: floa
     return lat, errors, (end[0] - start[0], end[1] - start[1])
 
 
-def _measure_in_process(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float,
-                        client_kind: str) -> tuple[list[float], int, tuple[int, int]]:
+def _measure_in_process(
+    url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float, client_kind: str
+) -> tuple[list[float], int, tuple[int, int]]:
     return asyncio.run(_measure(url, bodies, concurrency, seconds, warmup, client_kind))
 
 
-def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float, *,
-          client_kind: str = "raw", procs: int = 1) -> dict:
+def drive(
+    url: str,
+    bodies: list[dict],
+    concurrency: int,
+    seconds: float,
+    warmup: float,
+    *,
+    client_kind: str = "raw",
+    procs: int = 1,
+) -> dict:
     """`concurrency` connections spread over `procs` generator processes; req/s and latency percentiles.
 
     One asyncio process uses at most one core; on a many-core host serving with several workers, more
@@ -234,8 +320,16 @@ def drive(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup
     return summarize(lat, errors, seconds)
 
 
-def collect(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float, *,
-            client_kind: str = "raw", procs: int = 1) -> tuple[list[float], int, tuple[int, int]]:
+def collect(
+    url: str,
+    bodies: list[dict],
+    concurrency: int,
+    seconds: float,
+    warmup: float,
+    *,
+    client_kind: str = "raw",
+    procs: int = 1,
+) -> tuple[list[float], int, tuple[int, int]]:
     """drive()'s measurement: the latencies (seconds) of the requests answered 200, the error count, and
     the machine's (busy, total) clock ticks over the measured span (the first generator process's span:
     the machine is one, whatever the number of processes)."""
@@ -245,16 +339,27 @@ def collect(url: str, bodies: list[dict], concurrency: int, seconds: float, warm
     else:
         shares = [concurrency // procs + (i < concurrency % procs) for i in range(procs)]
         with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_measure_in_process, url, bodies[i::procs], n, seconds, warmup, client_kind)
-                       for i, n in enumerate(shares)]
+            futures = [
+                pool.submit(_measure_in_process, url, bodies[i::procs], n, seconds, warmup, client_kind)
+                for i, n in enumerate(shares)
+            ]
             parts = [f.result() for f in futures]
         lat = [x for part, _, _ in parts for x in part]
         errors = sum(e for _, e, _ in parts)
     return lat, errors, parts[0][2]
 
 
-def alternate(targets: dict[str, tuple[subprocess.Popen[bytes], str]], bodies: list[dict], concurrency: int, *,
-              rounds: int, seconds: float, warmup: float, client_kind: str = "raw", procs: int = 1) -> dict[str, dict]:
+def alternate(
+    targets: dict[str, tuple[subprocess.Popen[bytes], str]],
+    bodies: list[dict],
+    concurrency: int,
+    *,
+    rounds: int,
+    seconds: float,
+    warmup: float,
+    client_kind: str = "raw",
+    procs: int = 1,
+) -> dict[str, dict]:
     """Servers taking turns: `rounds` windows of seconds/rounds each per target (name -> (server, URL)),
     the order flipped every round, each server paused outside its windows. -> name -> summary, with
     the machine's busy cores and CPU per request over that target's windows."""
@@ -265,8 +370,9 @@ def alternate(targets: dict[str, tuple[subprocess.Popen[bytes], str]], bodies: l
             proc, url = targets[name]
             pause(proc, False)
             try:
-                lat, errors, ticks = collect(url, bodies, concurrency, seconds / rounds, warmup,
-                                             client_kind=client_kind, procs=procs)
+                lat, errors, ticks = collect(
+                    url, bodies, concurrency, seconds / rounds, warmup, client_kind=client_kind, procs=procs
+                )
             finally:
                 pause(proc, True)
             old_lat, old_errors, busy = got[name]
@@ -285,8 +391,10 @@ def cpu_share(ticks: list[int], answered: int, seconds: float) -> dict:
         return {}
     cores = os.cpu_count() or 1
     busy_cores = ticks[0] / ticks[1] * cores
-    return {"busy_cores": round(busy_cores, 2),
-            "cpu_us_per_request": round(busy_cores * seconds / answered * 1e6) if answered else None}
+    return {
+        "busy_cores": round(busy_cores, 2),
+        "cpu_us_per_request": round(busy_cores * seconds / answered * 1e6) if answered else None,
+    }
 
 
 def summarize(lat: list[float], errors: int, seconds: float) -> dict:
@@ -295,8 +403,14 @@ def summarize(lat: list[float], errors: int, seconds: float) -> dict:
     def pct(p: float) -> float:
         return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else float("nan")
 
-    return {"rps": len(lat) / seconds, "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
-            "ok": len(lat), "errors": errors}
+    return {
+        "rps": len(lat) / seconds,
+        "p50_ms": pct(0.50),
+        "p95_ms": pct(0.95),
+        "p99_ms": pct(0.99),
+        "ok": len(lat),
+        "errors": errors,
+    }
 
 
 def machine_jiffies() -> tuple[int, int]:
@@ -334,10 +448,16 @@ def bodies_for(artifacts: Path, model: str, n: int = 2000) -> list[dict]:
 
 def batch_histogram(port: int) -> str:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    counts = {ln.split("{")[1].split('"')[1]: float(ln.split()[-1]) for ln in text.splitlines()
-              if ln.startswith("seqserve_batch_size_count{")}
-    sums = {ln.split("{")[1].split('"')[1]: float(ln.split()[-1]) for ln in text.splitlines()
-            if ln.startswith("seqserve_batch_size_sum{")}
+    counts = {
+        ln.split("{")[1].split('"')[1]: float(ln.split()[-1])
+        for ln in text.splitlines()
+        if ln.startswith("seqserve_batch_size_count{")
+    }
+    sums = {
+        ln.split("{")[1].split('"')[1]: float(ln.split()[-1])
+        for ln in text.splitlines()
+        if ln.startswith("seqserve_batch_size_sum{")
+    }
     return ", ".join(f"{m}: {sums[m] / counts[m]:.1f}" for m in counts if counts[m])
 
 
@@ -352,48 +472,82 @@ def main() -> None:
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "load.json")
     p.add_argument("--client", choices=["raw", "httpx"], default="raw")
-    p.add_argument("--client-procs", type=int, default=1,
-                   help="load-generator processes sharing the connections (for many-core hosts)")
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="load-generator processes sharing the connections (for many-core hosts)",
+    )
     p.add_argument("--modes", nargs="+", default=["noop", "unbatched", "batched"])
     # auto = uvloop and httptools (pinned dependencies); asyncio / h11 to measure without them.
     p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default="auto")
     p.add_argument("--http", choices=["auto", "h11", "httptools"], default="auto")
     p.add_argument("--workers", type=int, default=1, help="server processes (SEQSERVE_WORKERS)")
-    p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="extra server settings, e.g. SEQSERVE_MAX_WAIT_MS=1")
-    p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
-                   help="keep every mode's server up at once and alternate them, ROUNDS windows of "
-                        "--seconds/ROUNDS each per concurrency: drift of a shared machine then falls on "
-                        "every mode alike (0: one mode after another, each in a fresh server)")
+    p.add_argument(
+        "--env", nargs="*", default=[], metavar="KEY=VALUE", help="extra server settings, e.g. SEQSERVE_MAX_WAIT_MS=1"
+    )
+    p.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="keep every mode's server up at once and alternate them, ROUNDS windows of "
+        "--seconds/ROUNDS each per concurrency: drift of a shared machine then falls on "
+        "every mode alike (0: one mode after another, each in a fresh server)",
+    )
     p.add_argument("--litserve-api-servers", type=int, default=1, help="the peer's HTTP processes")
     p.add_argument("--litserve-workers", type=int, default=1, help="the peer's inference processes")
     p.add_argument("--litserve-fast-queue", action="store_true", help="the peer's ZeroMQ request queue")
     args = p.parse_args()
     extra = dict(kv.split("=", 1) for kv in args.env)
     store_dir = tempfile.mkdtemp(prefix="seqserve-bench-")
-    paths = {"raw": "/recommend", "noop": "/bench/noop", "unbatched": "/recommend", "batched": "/recommend",
-             "litserve": "/recommend"}
+    paths = {
+        "raw": "/recommend",
+        "noop": "/bench/noop",
+        "unbatched": "/recommend",
+        "batched": "/recommend",
+        "litserve": "/recommend",
+    }
     wanted = [m for m in paths if m in args.modes]
     if "litserve" in wanted and len(args.models) != 1:
         raise SystemExit("litserve mode serves one model: pass one --models")
     results: dict = {"rows": [], "rss_mb": {}}
-    results["settings"] = {"torch_threads": args.torch_threads, "client": args.client,
-                           "client_procs": args.client_procs, "loop": args.loop, "http": args.http,
-                           "workers": args.workers, "interleave": args.interleave,
-                           "litserve": {"api_servers": args.litserve_api_servers, "workers": args.litserve_workers,
-                                        "fast_queue": args.litserve_fast_queue}, **extra}
+    results["settings"] = {
+        "torch_threads": args.torch_threads,
+        "client": args.client,
+        "client_procs": args.client_procs,
+        "loop": args.loop,
+        "http": args.http,
+        "workers": args.workers,
+        "interleave": args.interleave,
+        "litserve": {
+            "api_servers": args.litserve_api_servers,
+            "workers": args.litserve_workers,
+            "fast_queue": args.litserve_fast_queue,
+        },
+        **extra,
+    }
 
     def start(server: str, port: int) -> subprocess.Popen[bytes]:
         """One server: "batched" (which also serves the no-op), "unbatched", the "litserve" peer or "raw"."""
         if server == "raw":
             return start_raw(port, loop=args.loop, http=args.http, workers=args.workers)
         if server == "litserve":
-            return start_litserve(args.artifacts, port, args.models[0], torch_threads=args.torch_threads,
-                                  api_servers=args.litserve_api_servers, workers=args.litserve_workers,
-                                  fast_queue=args.litserve_fast_queue)
-        env = {"SEQSERVE_BATCHING": "false" if server == "unbatched" else "true",
-               "SEQSERVE_TORCH_THREADS": str(args.torch_threads),
-               "SEQSERVE_HISTORY_PATH": f"{store_dir}/{server}-{port}.sqlite3", **extra}
+            return start_litserve(
+                args.artifacts,
+                port,
+                args.models[0],
+                torch_threads=args.torch_threads,
+                api_servers=args.litserve_api_servers,
+                workers=args.litserve_workers,
+                fast_queue=args.litserve_fast_queue,
+            )
+        env = {
+            "SEQSERVE_BATCHING": "false" if server == "unbatched" else "true",
+            "SEQSERVE_TORCH_THREADS": str(args.torch_threads),
+            "SEQSERVE_HISTORY_PATH": f"{store_dir}/{server}-{port}.sqlite3",
+            **extra,
+        }
         if args.workers > 1:
             env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="seqserve-metrics-")
         return start_server(args.artifacts, port, env, loop=args.loop, http=args.http, workers=args.workers)
@@ -417,17 +571,27 @@ def main() -> None:
             # What the idle servers cost the measured one: each server's CPU over 3 s with no load.
             before = {srv: group_cpu_seconds(proc.pid) for srv, proc in procs.items()}
             time.sleep(3)
-            results["idle_cores"] = {srv: round((group_cpu_seconds(proc.pid) - before[srv]) / 3, 3)
-                                     for srv, proc in procs.items()}
+            results["idle_cores"] = {
+                srv: round((group_cpu_seconds(proc.pid) - before[srv]) / 3, 3) for srv, proc in procs.items()
+            }
             for proc in procs.values():
                 pause(proc, True)
             for model in args.models:
                 bodies = bodies_for(args.artifacts, model)
-                targets = {m: (procs[server_of(m)], f"http://127.0.0.1:{ports[server_of(m)]}{paths[m]}")
-                           for m in wanted}
+                targets = {
+                    m: (procs[server_of(m)], f"http://127.0.0.1:{ports[server_of(m)]}{paths[m]}") for m in wanted
+                }
                 for c in args.concurrency:
-                    res = alternate(targets, bodies, c, rounds=args.interleave, seconds=args.seconds,
-                                    warmup=args.warmup, client_kind=args.client, procs=args.client_procs)
+                    res = alternate(
+                        targets,
+                        bodies,
+                        c,
+                        rounds=args.interleave,
+                        seconds=args.seconds,
+                        warmup=args.warmup,
+                        client_kind=args.client,
+                        procs=args.client_procs,
+                    )
                     for mode in wanted:
                         record(mode, model, c, res[mode])
             for proc in procs.values():
@@ -448,8 +612,20 @@ def main() -> None:
                     bodies = bodies_for(args.artifacts, model)
                     for c in args.concurrency:
                         url = f"http://127.0.0.1:{args.port}{paths[mode]}"
-                        record(mode, model, c, drive(url, bodies, c, args.seconds, args.warmup,
-                                                     client_kind=args.client, procs=args.client_procs))
+                        record(
+                            mode,
+                            model,
+                            c,
+                            drive(
+                                url,
+                                bodies,
+                                c,
+                                args.seconds,
+                                args.warmup,
+                                client_kind=args.client,
+                                procs=args.client_procs,
+                            ),
+                        )
                 if mode == "batched":
                     results["mean_batch_size"] = batch_histogram(args.port)
                 results["rss_mb"][mode + "_after"] = round(rss_mb(proc.pid), 1)
@@ -464,12 +640,22 @@ def print_table(results: dict) -> None:
     rows = results["rows"]
     key = {(r["mode"], r["model"], r["concurrency"]): r for r in rows}
     modes = [m for m in ("raw", "noop", "unbatched", "batched", "litserve") if any(r["mode"] == m for r in rows)]
-    ratios = [(a, b) for a, b in (("noop", "raw"), ("batched", "noop"), ("batched", "unbatched"),
-                                  ("batched", "litserve"))
-              if a in modes and b in modes]
-    print("\n| model | conc. | " + " | ".join(f"{m} req/s" for m in modes) + " | "
-          + " | ".join(f"{a}/{b}" for a, b in ratios) + " | p99 ms " + " / ".join(modes)
-          + " | machine CPU us per request " + " / ".join(modes) + " |")
+    ratios = [
+        (a, b)
+        for a, b in (("noop", "raw"), ("batched", "noop"), ("batched", "unbatched"), ("batched", "litserve"))
+        if a in modes and b in modes
+    ]
+    print(
+        "\n| model | conc. | "
+        + " | ".join(f"{m} req/s" for m in modes)
+        + " | "
+        + " | ".join(f"{a}/{b}" for a, b in ratios)
+        + " | p99 ms "
+        + " / ".join(modes)
+        + " | machine CPU us per request "
+        + " / ".join(modes)
+        + " |"
+    )
     print("|---" * (4 + len(modes) + len(ratios)) + "|")
     for model in dict.fromkeys(r["model"] for r in rows):
         for c in dict.fromkeys(r["concurrency"] for r in rows):
@@ -481,10 +667,12 @@ def print_table(results: dict) -> None:
             p99 = " / ".join(f"{got[m]['p99_ms']:.1f}" for m in modes)  # type: ignore[index]
             cpu = " / ".join(str(got[m].get("cpu_us_per_request", "-")) for m in modes)  # type: ignore[union-attr]
             print(f"| {model} | {c} | {rps} | {ratio} | {p99} | {cpu} |")
-    print(f"\nresident memory (MB): {results['rss_mb']}; mean batch size (batched run): "
-          f"{results.get('mean_batch_size')}")
+    print(
+        f"\nresident memory (MB): {results['rss_mb']}; mean batch size (batched run): {results.get('mean_batch_size')}"
+    )
     if "idle_cores" in results:
         print(f"idle servers' CPU (cores, while nothing was sent): {results['idle_cores']}")
+
 
 if __name__ == "__main__":
     main()

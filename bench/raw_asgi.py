@@ -14,9 +14,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-BODY = json.dumps({"model": "raw", "version": "0", "results": [{
-    "user_id": "1", "items": [{"item_id": str(i), "score": 0.0} for i in range(10)], "unknown_items": [],
-    "excluded": {"seen": 0, "future": 0, "requested": 0}, "history_truncated": False}]}).encode()
+BODY = json.dumps(
+    {
+        "model": "raw",
+        "version": "0",
+        "results": [
+            {
+                "user_id": "1",
+                "items": [{"item_id": str(i), "score": 0.0} for i in range(10)],
+                "unknown_items": [],
+                "excluded": {"seen": 0, "future": 0, "requested": 0},
+                "history_truncated": False,
+            }
+        ],
+    }
+).encode()
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
 
 

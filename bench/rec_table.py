@@ -26,14 +26,18 @@ def best_full_ndcg(baselines: dict[str, Any]) -> float:
 
 def row(name: str, m: dict[str, Any], *, ratio: float, minutes: str) -> str:
     full, pop, uni = m.get("full", NAN), m.get("popularity", NAN), m.get("uniform", NAN)
-    return (f"| {name} | {full['HR@1']:.4f} | {full['HR@10']:.4f} | {full['NDCG@10']:.4f} | {full['MRR']:.4f} | "
-            f"{ratio:.2f}x | {pop['HR@10']:.4f} | {pop['NDCG@10']:.4f} | {pop['MRR']:.4f} | "
-            f"{uni['NDCG@10']:.4f} | {minutes} |")
+    return (
+        f"| {name} | {full['HR@1']:.4f} | {full['HR@10']:.4f} | {full['NDCG@10']:.4f} | {full['MRR']:.4f} | "
+        f"{ratio:.2f}x | {pop['HR@10']:.4f} | {pop['NDCG@10']:.4f} | {pop['MRR']:.4f} | "
+        f"{uni['NDCG@10']:.4f} | {minutes} |"
+    )
 
 
 def main(folders: list[str]) -> None:
-    print("| model | full HR@1 | full HR@10 | full NDCG@10 | full MRR | x best baseline "
-          "| pop-100 HR@10 | pop-100 NDCG@10 | pop-100 MRR | uniform-100 NDCG@10 | train min |")
+    print(
+        "| model | full HR@1 | full HR@10 | full NDCG@10 | full MRR | x best baseline "
+        "| pop-100 HR@10 | pop-100 NDCG@10 | pop-100 MRR | uniform-100 NDCG@10 | train min |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     baselines: dict[str, Any] = {}
     for f in folders:

@@ -75,8 +75,12 @@ def build(src: Path, dst: Path, *, users: int, events: int, layout: str, seed: i
         for u in range(users):
             row = picks[u * events : (u + 1) * events].tolist()
             ts = times[u * events : (u + 1) * events].tolist()
-            f.write(("," if u else "") + json.dumps(ids[u]) + ":" +
-                    json.dumps([[raws[i - N_SPECIAL], t] for i, t in zip(row, ts, strict=True)]))
+            f.write(
+                ("," if u else "")
+                + json.dumps(ids[u])
+                + ":"
+                + json.dumps([[raws[i - N_SPECIAL], t] for i, t in zip(row, ts, strict=True)])
+            )
         f.write("}")
     (dst / "users.json").write_text(json.dumps({"pad": 0, "unk": 1, "ids": ids}))
 
@@ -118,8 +122,9 @@ def _memory(pids: list[int]) -> tuple[float, float, float]:
     return rss / 1e6, pss / 1e6, anon / 1e6
 
 
-async def _by_user(url: str, model: str, users: list[str], *, clients: int, seconds: float | None,
-                   total: int | None) -> tuple[int, int]:
+async def _by_user(
+    url: str, model: str, users: list[str], *, clients: int, seconds: float | None, total: int | None
+) -> tuple[int, int]:
     """Requests for random users from `clients` connections; (answered 200, other)."""
     ok = bad = sent = 0
     stop = time.perf_counter() + (seconds or 1e9)
@@ -138,17 +143,32 @@ async def _by_user(url: str, model: str, users: list[str], *, clients: int, seco
     return ok, bad
 
 
-def measure(root: Path, *, model: str, users: list[str], workers: int, code: Path, requests: int,
-            seconds: float) -> dict[str, float]:
+def measure(
+    root: Path, *, model: str, users: list[str], workers: int, code: Path, requests: int, seconds: float
+) -> dict[str, float]:
     port = _free_port()
     state = Path(tempfile.mkdtemp(prefix="scale-state-"))
-    env = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(root), "SEQSERVE_HOST": "127.0.0.1",
-           "SEQSERVE_PORT": str(port), "SEQSERVE_WORKERS": str(workers), "SEQSERVE_LOG_LEVEL": "WARNING",
-           "SEQSERVE_STATE_DIR": str(state), "SEQSERVE_HISTORY_PATH": str(state / "histories.sqlite3"),
-           "SEQSERVE_TORCH_THREADS": "1", "PYTHONPATH": str(code)}
+    env = {
+        **os.environ,
+        "SEQSERVE_ARTIFACTS_DIR": str(root),
+        "SEQSERVE_HOST": "127.0.0.1",
+        "SEQSERVE_PORT": str(port),
+        "SEQSERVE_WORKERS": str(workers),
+        "SEQSERVE_LOG_LEVEL": "WARNING",
+        "SEQSERVE_STATE_DIR": str(state),
+        "SEQSERVE_HISTORY_PATH": str(state / "histories.sqlite3"),
+        "SEQSERVE_TORCH_THREADS": "1",
+        "PYTHONPATH": str(code),
+    }
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "app.server"], cwd=code, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.server"],
+        cwd=code,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     peak = 0.0
     try:
@@ -169,8 +189,16 @@ def measure(root: Path, *, model: str, users: list[str], workers: int, code: Pat
         rss1, pss1, anon1 = _memory(_tree(proc.pid))
         ok2, bad2 = asyncio.run(_by_user(url, model, users, clients=16, seconds=seconds, total=None))
         assert bad == bad2 == 0, f"{bad + bad2} requests failed"
-        return {"ready_s": ready_s, "peak_start_rss_gb": peak, "rss_gb": rss0, "pss_gb": pss0,
-                "rss_after_gb": rss1, "pss_after_gb": pss1, "anon_after_gb": anon1, "req_s_16": ok2 / seconds}
+        return {
+            "ready_s": ready_s,
+            "peak_start_rss_gb": peak,
+            "rss_gb": rss0,
+            "pss_gb": pss0,
+            "rss_after_gb": rss1,
+            "pss_after_gb": pss1,
+            "anon_after_gb": anon1,
+            "req_s_16": ok2 / seconds,
+        }
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -182,8 +210,12 @@ def measure(root: Path, *, model: str, users: list[str], workers: int, code: Pat
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--artifact", type=Path, default=ROOT / "artifacts" / "sasrec-ml100k",
-                   help="an artifact name folder (its newest version is copied)")
+    p.add_argument(
+        "--artifact",
+        type=Path,
+        default=ROOT / "artifacts" / "sasrec-ml100k",
+        help="an artifact name folder (its newest version is copied)",
+    )
     p.add_argument("--users", type=int, nargs="+", default=[0, 1_000_000, 5_000_000])
     p.add_argument("--events", type=int, default=20)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
@@ -191,13 +223,19 @@ def main() -> None:
     p.add_argument("--code", type=Path, default=ROOT, help="the checkout whose service is measured")
     p.add_argument("--requests", type=int, default=5000)
     p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
-                   help="drop the page cache before each user count (needs root; --no-cold keeps it)")
+    p.add_argument(
+        "--cold",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="drop the page cache before each user count (needs root; --no-cold keeps it)",
+    )
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "scale_serve")
     args = p.parse_args()
     src = latest_versions(args.artifact.parent)[args.artifact.name]
-    print(f"| users | layout | workers | artifact GB | ready s | peak RSS at start GB | RSS GB | PSS GB |"
-          f" RSS after {args.requests} users GB | PSS after GB | of which anonymous GB | by-user req/s, 16 clients |")
+    print(
+        f"| users | layout | workers | artifact GB | ready s | peak RSS at start GB | RSS GB | PSS GB |"
+        f" RSS after {args.requests} users GB | PSS after GB | of which anonymous GB | by-user req/s, 16 clients |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.users:
         root = args.work / f"{args.layout}-{n}"
@@ -211,11 +249,21 @@ def main() -> None:
             _drop_page_cache()
         ids = user_ids(n) if n else (list(HistoryTable(src / "histories").users()))
         for w in args.workers:
-            m = measure(root, model=args.artifact.name, users=ids, workers=w, code=args.code,
-                        requests=args.requests, seconds=args.seconds)
-            print(f"| {n or len(ids)} | {args.layout} | {w} | {size:.2f} | {m['ready_s']:.1f} |"
-                  f" {m['peak_start_rss_gb']:.2f} | {m['rss_gb']:.2f} | {m['pss_gb']:.2f} | {m['rss_after_gb']:.2f} |"
-                  f" {m['pss_after_gb']:.2f} | {m['anon_after_gb']:.2f} | {m['req_s_16']:.0f} |", flush=True)
+            m = measure(
+                root,
+                model=args.artifact.name,
+                users=ids,
+                workers=w,
+                code=args.code,
+                requests=args.requests,
+                seconds=args.seconds,
+            )
+            print(
+                f"| {n or len(ids)} | {args.layout} | {w} | {size:.2f} | {m['ready_s']:.1f} |"
+                f" {m['peak_start_rss_gb']:.2f} | {m['rss_gb']:.2f} | {m['pss_gb']:.2f} | {m['rss_after_gb']:.2f} |"
+                f" {m['pss_after_gb']:.2f} | {m['anon_after_gb']:.2f} | {m['req_s_16']:.0f} |",
+                flush=True,
+            )
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -96,11 +96,15 @@ def main() -> None:
     print("|---|---|---|" + "---|" * len(args.metric))
     for name in results[0].get("baselines_test") or {}:
         paths = [re.sub(r"^test\.", f"baselines_test.{name}.", p) for p in args.metric]
-        print(f"| baseline: {name} | {len(results)} | - | "
-              f"{' | '.join(cell([dig(m, p) for m in results]) for p in paths)} |")
+        print(
+            f"| baseline: {name} | {len(results)} | - | "
+            f"{' | '.join(cell([dig(m, p) for m in results]) for p in paths)} |"
+        )
     for label, ms in by_label.items():
-        print(f"| {label} | {len(ms)} | {cell([dig(m, 'train_seconds') for m in ms])} | "
-              f"{' | '.join(cell([dig(m, p) for m in ms]) for p in args.metric)} |")
+        print(
+            f"| {label} | {len(ms)} | {cell([dig(m, 'train_seconds') for m in ms])} | "
+            f"{' | '.join(cell([dig(m, p) for m in ms]) for p in args.metric)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -158,8 +158,11 @@ def read_history_table(folder: Path) -> history_table.HistoryTable:
     """The version's history table; an artifact of the earlier JSON layout is refused with the command
     that converts it."""
     if not (folder / HISTORIES).is_dir() and (folder / OLD_HISTORIES).is_file():
-        raise ArtifactError(OLD_HISTORIES, "histories in the earlier JSON layout; convert the version with "
-                                           "`python -m training convert-histories <version folder>`")
+        raise ArtifactError(
+            OLD_HISTORIES,
+            "histories in the earlier JSON layout; convert the version with "
+            "`python -m training convert-histories <version folder>`",
+        )
     try:
         return history_table.HistoryTable(folder / HISTORIES)
     except history_table.HistoryTableError as exc:
@@ -183,4 +186,3 @@ def read_model(folder: Path, manifest: Manifest, expected: type[Any], map_locati
 def check(condition: bool, file: str, problem: str) -> None:
     if not condition:
         raise ArtifactError(file, problem)
-

@@ -30,8 +30,15 @@ from models.ids import N_SPECIAL, IdMap
 
 FOLDER = "histories"
 _COLUMNS = ("hashes", "key_ends", "keys", "ends", "items", "times")
-_DTYPES: dict[str, type[np.generic]] = {"hashes": np.uint64, "key_ends": np.int64, "keys": np.uint8, "ends": np.int64,
-           "items": np.int32, "times": np.float64, "actions": np.int32}
+_DTYPES: dict[str, type[np.generic]] = {
+    "hashes": np.uint64,
+    "key_ends": np.int64,
+    "keys": np.uint8,
+    "ends": np.int64,
+    "items": np.int32,
+    "times": np.float64,
+    "actions": np.int32,
+}
 EXTRA_IDS = "extra_ids.json"
 
 
@@ -49,8 +56,9 @@ def _map(path: Path, want: type[np.generic]) -> np.ndarray:
     try:
         with path.open("rb") as f:
             version = np.lib.format.read_magic(f)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                np.lib.format.read_array_header_2_0
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
             shape, _fortran, dtype = read_header(f)  # never unpickles: object arrays are refused below
             if dtype != want or len(shape) != 1:
                 raise HistoryTableError(f"{name}: expected a 1-d {np.dtype(want)} array, found {len(shape)}-d {dtype}")
@@ -104,10 +112,14 @@ class HistoryTable:
         users, steps = len(self.hashes), len(self.items)
         problems = [
             (len(self.key_ends) != users or len(self.ends) != users, "hashes, key_ends and ends differ in length"),
-            (len(self.times) != steps or (self.actions is not None and len(self.actions) != steps),
-             "items, times and actions differ in length"),
-            (users > 0 and (int(self.ends[-1]) != steps or int(self.key_ends[-1]) != len(self.keys)),
-             "the last row does not end where the columns do"),
+            (
+                len(self.times) != steps or (self.actions is not None and len(self.actions) != steps),
+                "items, times and actions differ in length",
+            ),
+            (
+                users > 0 and (int(self.ends[-1]) != steps or int(self.key_ends[-1]) != len(self.keys)),
+                "the last row does not end where the columns do",
+            ),
         ]
         for bad, what in problems:
             if bad:
@@ -143,8 +155,9 @@ class HistoryTable:
 
     def row(self, index: int) -> Row:
         start, end = (int(self.ends[index - 1]) if index else 0), int(self.ends[index])
-        return Row(self.items[start:end], self.times[start:end],
-                   None if self.actions is None else self.actions[start:end])
+        return Row(
+            self.items[start:end], self.times[start:end], None if self.actions is None else self.actions[start:end]
+        )
 
     def get(self, user: str) -> Row | None:
         found = self.find(user)
@@ -177,8 +190,14 @@ class HistoryTable:
 
 
 def write_table(
-    folder: Path, users: Sequence[str], lengths: Sequence[int] | np.ndarray, *, items: np.ndarray,
-    times: np.ndarray, actions: np.ndarray | None = None, extra_ids: Sequence[str] = (),
+    folder: Path,
+    users: Sequence[str],
+    lengths: Sequence[int] | np.ndarray,
+    *,
+    items: np.ndarray,
+    times: np.ndarray,
+    actions: np.ndarray | None = None,
+    extra_ids: Sequence[str] = (),
 ) -> None:
     """Write a table into `folder` (created). Steps are given user by user in `users` order, each
     user's `lengths[u]` steps oldest first; rows are reordered by hash here."""
@@ -192,8 +211,12 @@ def write_table(
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else np.zeros(0, np.int64)
     # Step positions of the rows in hash order, without a Python loop over steps.
     sorted_len = lengths[order]
-    take = np.repeat(starts[order] - np.concatenate([[0], np.cumsum(sorted_len)[:-1]]), sorted_len) + np.arange(
-        int(sorted_len.sum()), dtype=np.int64) if len(order) else np.zeros(0, np.int64)
+    take = (
+        np.repeat(starts[order] - np.concatenate([[0], np.cumsum(sorted_len)[:-1]]), sorted_len)
+        + np.arange(int(sorted_len.sum()), dtype=np.int64)
+        if len(order)
+        else np.zeros(0, np.int64)
+    )
     encoded = [users[i].encode() for i in order.tolist()]
     folder.mkdir(parents=True, exist_ok=True)
     cols = {
@@ -231,14 +254,22 @@ class HistoryColumns:
             uniques, codes = np.unique(np.asarray(flat, dtype=object)[unknown], return_inverse=True)
             index[unknown] = len(self.ids) + codes
             extra = [str(u) for u in uniques]
-        times = np.fromiter((math.nan if t is None else t for seq in self.times for t in seq), dtype=np.float64,
-                            count=len(flat))
+        times = np.fromiter(
+            (math.nan if t is None else t for seq in self.times for t in seq), dtype=np.float64, count=len(flat)
+        )
         acts = None
         if self.actions is not None:
             assert self.action_ids is not None
             acts = np.asarray(self.action_ids.indices([a for seq in self.actions for a in seq]), dtype=np.int32)
-        write_table(folder, list(self.users), [len(s) for s in self.steps], items=index, times=times, actions=acts,
-                    extra_ids=extra)
+        write_table(
+            folder,
+            list(self.users),
+            [len(s) for s in self.steps],
+            items=index,
+            times=times,
+            actions=acts,
+            extra_ids=extra,
+        )
 
 
 @dataclass

@@ -39,8 +39,9 @@ def decoder_mask(seq: torch.Tensor) -> torch.Tensor:
     return key_padding_mask(seq) | causal_attention_mask(seq.size(1), seq.device)
 
 
-def rope_tables(length: int, dim: int, device: torch.device | None = None,
-                base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    length: int, dim: int, device: torch.device | None = None, base: float = 10000.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position tables (cos, sin), each (L, dim / 2) (Su et al., RoFormer)."""
     inv = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
     angles = torch.arange(length, dtype=torch.float32, device=device)[:, None] * inv[None, :]
@@ -75,8 +76,13 @@ class Attention(nn.Module):
         return x.view(b, n, self.h, self.dh).transpose(1, 2)  # (B, H, L, Dh)
 
     def forward(
-        self, x: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None = None, *,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None, need_weights: bool = False,
+        self,
+        x: torch.Tensor,
+        kv: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, Lq, D) queries, kv: (B, Lk, D), mask broadcastable to (B, H, Lq, Lk)
         -> (output (B, Lq, D), weights (B, H, Lq, Lk) or None)."""
@@ -100,6 +106,7 @@ class Attention(nn.Module):
         b, _, lq, _ = y.shape
         return self.out(y.transpose(1, 2).reshape(b, lq, self.h * self.dh)), weights
 
+
 class FeedForward(nn.Sequential):
     def __init__(self, d: int, d_ff: int, dropout: float) -> None:
         super().__init__(nn.Linear(d, d_ff), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_ff, d))
@@ -115,14 +122,19 @@ class EncoderLayer(nn.Module):
         self.ff = FeedForward(d, d_ff, dropout)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False, *,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        need_weights: bool = False,
+        *,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, L, D), mask broadcastable to (B, H, L, L) -> (B, L, D) and the map if asked."""
         h = self.norm1(x)
         a, w = self.attn(h, h, mask, rope=rope, need_weights=need_weights)
         x = x + self.drop(a)
         return x + self.drop(self.ff(self.norm2(x))), w
-
 
 
 def last_valid_index(seq: torch.Tensor) -> torch.Tensor:
@@ -220,8 +232,14 @@ class SequenceEncoder(nn.Module):
         return self.out_norm(x[:, 0])
 
 
-def _layer_eval(layer: nn.TransformerEncoderLayer, x: torch.Tensor, allowed: torch.Tensor | None, *,
-                causal: bool, read: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def _layer_eval(
+    layer: nn.TransformerEncoderLayer,
+    x: torch.Tensor,
+    allowed: torch.Tensor | None,
+    *,
+    causal: bool,
+    read: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """One pre-norm encoder layer in eval mode. x: (B, L, D), allowed: (B, 1, 1, L) bool or None.
     -> (B, L, D), or (B, 1, D) for only the rows `read` = (batch rows, positions) as queries."""
     if not layer.norm_first:
@@ -239,13 +257,17 @@ def _layer_eval(layer: nn.TransformerEncoderLayer, x: torch.Tensor, allowed: tor
         k, v = F.linear(h, w[d:], b[d:]).chunk(2, dim=-1)
     bsz, lq, lk = x.size(0), x.size(1), h.size(1)
     y = F.scaled_dot_product_attention(
-        q.view(bsz, lq, heads, -1).transpose(1, 2), k.view(bsz, lk, heads, -1).transpose(1, 2),
-        v.view(bsz, lk, heads, -1).transpose(1, 2), attn_mask=allowed, is_causal=causal,
+        q.view(bsz, lq, heads, -1).transpose(1, 2),
+        k.view(bsz, lk, heads, -1).transpose(1, 2),
+        v.view(bsz, lk, heads, -1).transpose(1, 2),
+        attn_mask=allowed,
+        is_causal=causal,
     )  # (B, H, Lq, Dh)
     x = x + F.linear(y.transpose(1, 2).reshape(bsz, lq, d), mha.out_proj.weight, mha.out_proj.bias)
     n2 = layer.norm2
-    ff = F.linear(F.layer_norm(x, n2.normalized_shape, n2.weight, n2.bias, n2.eps), layer.linear1.weight,
-                  layer.linear1.bias)
+    ff = F.linear(
+        F.layer_norm(x, n2.normalized_shape, n2.weight, n2.bias, n2.eps), layer.linear1.weight, layer.linear1.bias
+    )
     return x + F.linear(layer.activation(ff), layer.linear2.weight, layer.linear2.bias)
 
 

@@ -47,9 +47,17 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "kind": self.kind, "task": self.task, "format_version": self.format_version,
-            "version": self.version, "created_at": self.created_at, "namespace": self.namespace,
-            "data": self.data, "config": self.config, "metrics": self.metrics, **self.extra,
+            "name": self.name,
+            "kind": self.kind,
+            "task": self.task,
+            "format_version": self.format_version,
+            "version": self.version,
+            "created_at": self.created_at,
+            "namespace": self.namespace,
+            "data": self.data,
+            "config": self.config,
+            "metrics": self.metrics,
+            **self.extra,
         }
 
     @classmethod
@@ -57,8 +65,18 @@ class Manifest:
         """Parse and type-check a manifest document; raises ManifestError naming the field."""
         if not isinstance(obj, dict):
             raise ManifestError(f"must be a JSON object, not {type(obj).__name__}")
-        known = {"name", "kind", "task", "format_version", "version", "created_at", "namespace", "data", "config",
-                 "metrics"}
+        known = {
+            "name",
+            "kind",
+            "task",
+            "format_version",
+            "version",
+            "created_at",
+            "namespace",
+            "data",
+            "config",
+            "metrics",
+        }
         config = _field(obj, "config", dict, {})
         name = _field(obj, "name", str, "")
         data_cfg = config.get("data")
@@ -79,10 +97,29 @@ class Manifest:
         )
 
     @classmethod
-    def new(cls, *, name: str, kind: str, task: str, namespace: str, data: dict[str, Any], config: dict[str, Any],
-            metrics: dict[str, Any], extra: dict[str, Any] | None = None) -> Manifest:
+    def new(
+        cls,
+        *,
+        name: str,
+        kind: str,
+        task: str,
+        namespace: str,
+        data: dict[str, Any],
+        config: dict[str, Any],
+        metrics: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+    ) -> Manifest:
         """A manifest for a run finishing now."""
         now = dt.datetime.now(dt.UTC)
-        return cls(name=name, kind=kind, task=task, version=now.strftime("%Y%m%dT%H%M%SZ"),
-                   created_at=now.isoformat(), namespace=namespace or name, data=data, config=config,
-                   metrics=metrics, extra=extra or {})
+        return cls(
+            name=name,
+            kind=kind,
+            task=task,
+            version=now.strftime("%Y%m%dT%H%M%SZ"),
+            created_at=now.isoformat(),
+            namespace=namespace or name,
+            data=data,
+            config=config,
+            metrics=metrics,
+            extra=extra or {},
+        )

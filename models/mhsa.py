@@ -50,9 +50,7 @@ class MHSA(nn.Module):
         self.encoder = nn.TransformerEncoder(layer, config.n_layers, norm=nn.LayerNorm(d), enable_nested_tensor=False)
         self.user_emb = nn.Embedding(config.n_users, d, padding_idx=PAD)
         self.head_drop = nn.Dropout(config.dropout)
-        self.head_ff = nn.Sequential(
-            nn.Linear(d, d * 2), nn.GELU(), nn.Dropout(config.dropout), nn.Linear(d * 2, d)
-        )
+        self.head_ff = nn.Sequential(nn.Linear(d, d * 2), nn.GELU(), nn.Dropout(config.dropout), nn.Linear(d * 2, d))
         self.head_norm = nn.LayerNorm(d)
         self.out = nn.Linear(d, config.n_locations)
         if config.pointer:
@@ -74,8 +72,9 @@ class MHSA(nn.Module):
         pad = pad & ~pad.all(1, keepdim=True)
         # is_causal says what the mask is: torch would otherwise compare it with a causal one on every
         # call (a value-dependent step a trace cannot keep).
-        return self.encoder(x, mask=causal_mask(length, b.loc.device), src_key_padding_mask=pad,
-                            is_causal=True)  # (B, L, D)
+        return self.encoder(
+            x, mask=causal_mask(length, b.loc.device), src_key_padding_mask=pad, is_causal=True
+        )  # (B, L, D)
 
     def forward(self, b: StayBatch) -> torch.Tensor:
         """-> log-probabilities over all locations (B, V); padding is -inf."""
@@ -104,4 +103,3 @@ class MHSA(nn.Module):
         if b.target is None:
             raise ValueError("the batch has no targets")
         return F.nll_loss(self(b), b.target, ignore_index=PAD)
-

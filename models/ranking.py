@@ -196,4 +196,3 @@ def recommend(
         ref = torch.tensor([float("inf") if r is None else r for r in reference], device=device)
         fut = future_mask(release.to(device), ref)
     return rank_sparse(scored, k, seen=seen, future=fut, requested=req)
-

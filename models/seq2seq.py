@@ -69,8 +69,14 @@ class DecoderLayer(nn.Module):
         self.ff = FeedForward(d, d_ff, dropout)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, y: torch.Tensor, memory: torch.Tensor, self_mask: torch.Tensor, memory_mask: torch.Tensor,
-                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def forward(
+        self,
+        y: torch.Tensor,
+        memory: torch.Tensor,
+        self_mask: torch.Tensor,
+        memory_mask: torch.Tensor,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         h = self.norm1(y)
         a, ws = self.self_attn(h, h, self_mask, need_weights=need_weights)
         y = y + self.drop(a)
@@ -116,8 +122,9 @@ class Seq2Seq(nn.Module):
         pos = self.pos_table[:length] if self.learned_pos is None else self.learned_pos.weight[:length]
         return self.drop(self.embed(tokens) * math.sqrt(self.config.d_model) + pos[None])
 
-    def encode(self, src: torch.Tensor, src_pad: torch.Tensor | None = None, need_weights: bool = False
-               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def encode(
+        self, src: torch.Tensor, src_pad: torch.Tensor | None = None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """src: (B, S) -> memory (B, S, D) and the encoder's attention maps (if asked).
 
         src_pad: the (B, 1, 1, S) padding mask; by default the PAD positions of `src`.
@@ -130,8 +137,9 @@ class Seq2Seq(nn.Module):
                 maps.append(w)
         return self.enc_norm(x), maps
 
-    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor, need_weights: bool = False
-               ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    def decode(
+        self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor, need_weights: bool = False
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """tgt_in: (B, T), memory (B, S, D), src_pad (B, 1, 1, S) -> logits (B, T, V); the decoder's self
         and cross maps (if asked)."""
         y, self_mask, memory_mask = self._embed(tgt_in), decoder_mask(tgt_in), src_pad

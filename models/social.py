@@ -89,14 +89,18 @@ class SocialBatch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device, non_blocking=non_blocking)
 
-        return SocialBatch(self.targets.to(device, non_blocking=non_blocking),
-                           self.actions.to(device, non_blocking=non_blocking),
-                           self.ago.to(device, non_blocking=non_blocking),
-                           move(self.next_target), move(self.next_action))
+        return SocialBatch(
+            self.targets.to(device, non_blocking=non_blocking),
+            self.actions.to(device, non_blocking=non_blocking),
+            self.ago.to(device, non_blocking=non_blocking),
+            move(self.next_target),
+            move(self.next_action),
+        )
 
 
-def pack_steps(rows: list[list[tuple[int, int, float]]], *, query_times: list[float], max_history: int,
-               n_buckets: int) -> SocialBatch:
+def pack_steps(
+    rows: list[list[tuple[int, int, float]]], *, query_times: list[float], max_history: int, n_buckets: int
+) -> SocialBatch:
     """Per query its steps (target index, action index, unix time; oldest first) -> a left-padded batch
     of the newest `max_history`; `ago` from each query's time. A query with no step gets one UNK step."""
     width = max(1, *(min(len(r), max_history) for r in rows)) if rows else 1
@@ -144,8 +148,11 @@ class SocialModel(nn.Module):
             x = x + self.pos_emb(back)[None]
         if self.time_emb is not None:
             x = x + self.time_emb(b.ago)
-        rope = rope_tables(length, self.config.d_model // self.config.n_heads, x.device) \
-            if self.config.positions == "rope" else None
+        rope = (
+            rope_tables(length, self.config.d_model // self.config.n_heads, x.device)
+            if self.config.positions == "rope"
+            else None
+        )
         mask = (b.targets == PAD)[:, None, None, :]  # (B, 1, 1, L) True = hidden
         x = self.drop(x)
         for layer in self.layers:

@@ -36,7 +36,12 @@ class StayBatch:
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> StayBatch:
         return StayBatch(
-            fn(self.loc), fn(self.hour), fn(self.quarter), fn(self.weekday), fn(self.duration), fn(self.user),
+            fn(self.loc),
+            fn(self.hour),
+            fn(self.quarter),
+            fn(self.weekday),
+            fn(self.duration),
+            fn(self.user),
             None if self.target is None else fn(self.target),
         )
 
@@ -61,7 +66,11 @@ def collate_staypoints(
     loc, start_min, weekday, duration = t
     hour, quarter = hour_quarter(time_slot(start_min))
     return StayBatch(
-        loc=loc, hour=hour, quarter=quarter, weekday=weekday, duration=duration_bin(duration),
+        loc=loc,
+        hour=hour,
+        quarter=quarter,
+        weekday=weekday,
+        duration=duration_bin(duration),
         user=torch.tensor(users, dtype=torch.long),
         target=None if targets is None else torch.tensor(targets, dtype=torch.long),
     )

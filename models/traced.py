@@ -83,16 +83,21 @@ class TracedScores(Generic[B]):
                 raise NotTraceable(f"tracing failed: {str(exc).splitlines()[0]}") from exc
         # A TracerWarning marks a tensor turned into a Python value: a branch or a size fixed for
         # every later batch. Such a trace could be right on the examples and wrong on others.
-        fixed = [f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0]}"
-                 for w in seen if issubclass(w.category, torch.jit.TracerWarning)]
+        fixed = [
+            f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0]}"
+            for w in seen
+            if issubclass(w.category, torch.jit.TracerWarning)
+        ]
         if fixed:
             raise NotTraceable("value-dependent step in scores(): " + " | ".join(fixed))
         with torch.inference_mode():
             for n, ex in enumerate(examples):
                 want, got = _eager(model)(ex), self(ex)
                 if want.shape != got.shape or not torch.allclose(want, got, atol=atol, equal_nan=True):
-                    raise NotTraceable(f"traced scores differ from eager ones on example batch {n} "
-                                       f"of shape {tuple(_flatten(ex)[1][0].shape)}")
+                    raise NotTraceable(
+                        f"traced scores differ from eager ones on example batch {n} "
+                        f"of shape {tuple(_flatten(ex)[1][0].shape)}"
+                    )
 
     def __call__(self, batch: B) -> torch.Tensor:
         names, tensors = _flatten(batch)
@@ -117,8 +122,9 @@ def example_rows(low: int, high: int, *, max_len: int, seed: int = 0) -> list[li
     return out
 
 
-def serving_scores(model: nn.Module, examples: Callable[[], Sequence[B]], *,
-                   enabled: bool) -> tuple[Callable[[B], torch.Tensor], str]:
+def serving_scores(
+    model: nn.Module, examples: Callable[[], Sequence[B]], *, enabled: bool
+) -> tuple[Callable[[B], torch.Tensor], str]:
     """-> (the scores function to serve with, how it runs: "traced", or "eager" and why)."""
     if not enabled:
         return _eager(model), "eager (tracing off)"

@@ -85,8 +85,15 @@ def run_job(overrides: list[str], out: Path, data: Path | None = None, config: P
 
 
 TINY_REC = [
-    "model.max_len=16", "model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32",
-    "train.epochs=3", "train.batch_size=16", "train.patience=5", "eval.n_negatives=10",
+    "model.max_len=16",
+    "model.d_model=16",
+    "model.n_heads=2",
+    "model.n_layers=1",
+    "model.d_ff=32",
+    "train.epochs=3",
+    "train.batch_size=16",
+    "train.patience=5",
+    "eval.n_negatives=10",
 ]
 
 
@@ -108,11 +115,23 @@ def tiny_location_artifact(
 
     root = tmp_path_factory.mktemp("artifacts-all")
     shutil.copytree(tiny_artifacts, root, dirs_exist_ok=True)
-    run_job([
-        "model.kind='mhsa'", "name='mhsa-tiny'", "model.d_model=16", "model.n_heads=2", "model.d_ff=32",
-        "model.n_layers=1", "model.pointer=true", "train.epochs=2", "train.batch_size=32",
-        "train.novel_as_unknown=true", "train.clip_grad_norm=1.0",
-    ], root, staypoint_file)
+    run_job(
+        [
+            "model.kind='mhsa'",
+            "name='mhsa-tiny'",
+            "model.d_model=16",
+            "model.n_heads=2",
+            "model.d_ff=32",
+            "model.n_layers=1",
+            "model.pointer=true",
+            "train.epochs=2",
+            "train.batch_size=32",
+            "train.novel_as_unknown=true",
+            "train.clip_grad_norm=1.0",
+        ],
+        root,
+        staypoint_file,
+    )
     return root
 
 
@@ -165,9 +184,18 @@ def social_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 TINY_SOCIAL = [
-    "model.kind='social'", "name='social-tiny'", "model.emb_dim=8", "model.n_heads=2", "model.n_layers=1",
-    "model.d_ff=16", "model.max_history=8", "model.positions='time'", "train.epochs=2", "train.batch_size=64",
-    "train.refit_epochs=1", "data.name='tinysocial'",
+    "model.kind='social'",
+    "name='social-tiny'",
+    "model.emb_dim=8",
+    "model.n_heads=2",
+    "model.n_layers=1",
+    "model.d_ff=16",
+    "model.max_history=8",
+    "model.positions='time'",
+    "train.epochs=2",
+    "train.batch_size=64",
+    "train.refit_epochs=1",
+    "data.name='tinysocial'",
 ]
 
 

@@ -25,16 +25,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_api(artifacts: Path, env: Mapping[str, str] | None = None, port: int | None = None,
-              timeout_s: float = 60) -> tuple[subprocess.Popen[bytes], str]:
+def start_api(
+    artifacts: Path, env: Mapping[str, str] | None = None, port: int | None = None, timeout_s: float = 60
+) -> tuple[subprocess.Popen[bytes], str]:
     """Start the service's process (`python -m app.server`) and wait until /readyz answers 200."""
     port = port or free_port()
-    full = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(artifacts), "SEQSERVE_LOG_LEVEL": "WARNING",
-            "SEQSERVE_TORCH_THREADS": "1", "SEQSERVE_HOST": "127.0.0.1", "SEQSERVE_PORT": str(port),
-            "SEQSERVE_DRAIN_S": "20", **(env or {})}
+    full = {
+        **os.environ,
+        "SEQSERVE_ARTIFACTS_DIR": str(artifacts),
+        "SEQSERVE_LOG_LEVEL": "WARNING",
+        "SEQSERVE_TORCH_THREADS": "1",
+        "SEQSERVE_HOST": "127.0.0.1",
+        "SEQSERVE_PORT": str(port),
+        "SEQSERVE_DRAIN_S": "20",
+        **(env or {}),
+    }
     # Its own process group: with several workers, stop() ends the supervisor and its workers together.
-    proc = subprocess.Popen([sys.executable, "-m", "app.server"], cwd=ROOT, env=full, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.server"],
+        cwd=ROOT,
+        env=full,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while True:
@@ -86,9 +100,25 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--protected-mode",
+                "yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 20
         while True:

@@ -68,8 +68,10 @@ def test_entrypoints_are_the_scripts_used_here(compose: dict[str, Any]) -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r'^ENTRYPOINT \["scripts/serve\.sh"\]$', dockerfile, re.M)
     assert "scripts/serve.sh" in (ROOT / "README.md").read_text()
-    for name, script in (("trainer", ["scripts/train_defaults.sh"]),
-                         ("retrain", ["scripts/train_defaults.sh", "--force"])):
+    for name, script in (
+        ("trainer", ["scripts/train_defaults.sh"]),
+        ("retrain", ["scripts/train_defaults.sh", "--force"]),
+    ):
         assert compose["services"][name]["entrypoint"] == script
     for script in ("serve.sh", "train_defaults.sh", "bootstrap.sh"):
         assert os.access(ROOT / "scripts" / script, os.X_OK), script
@@ -92,8 +94,9 @@ def test_dockerfile_shape() -> None:
 
 def test_trainer_does_nothing_when_models_exist(tiny_artifacts: Path) -> None:
     env = {**os.environ, "SEQSERVE_ARTIFACTS_DIR": str(tiny_artifacts)}
-    out = subprocess.run([str(ROOT / "scripts" / "train_defaults.sh")], env=env, capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "train_defaults.sh")], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
     assert "already holds models" in out.stderr
 
 
@@ -155,14 +158,19 @@ def test_secrets_script_makes_one_password_and_keeps_it(compose: dict[str, Any],
     assert (tmp_path / "redis-password").read_text() == password  # kept across starts
     given = tmp_path / "given"
     given.mkdir()
-    subprocess.run(["sh", "-c", script.replace(str(tmp_path), str(given))],
-                   env={**env, "SEQSERVE_REDIS_PASSWORD": "chosen"}, check=True)
+    subprocess.run(
+        ["sh", "-c", script.replace(str(tmp_path), str(given))],
+        env={**env, "SEQSERVE_REDIS_PASSWORD": "chosen"},
+        check=True,
+    )
     assert (given / "redis-password").read_text() == "chosen"
 
 
 def test_api_keys_can_come_from_compose_secrets() -> None:
     override = yaml.safe_load((ROOT / "docker-compose.secrets.yml").read_text())
     env = override["services"]["api"]["environment"]
-    assert env == {"SEQSERVE_ADMIN_API_KEY_FILE": "/run/secrets/admin_key",
-                   "SEQSERVE_EVENTS_API_KEY_FILE": "/run/secrets/events_key"}
+    assert env == {
+        "SEQSERVE_ADMIN_API_KEY_FILE": "/run/secrets/admin_key",
+        "SEQSERVE_EVENTS_API_KEY_FILE": "/run/secrets/events_key",
+    }
     assert set(override["secrets"]) == {"admin_key", "events_key"}

@@ -35,10 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--artifact", type=Path, required=True, help="artifact version folder")
     pr.add_argument("--k", type=int, default=10)
     pr.add_argument("--out", type=Path, default=Path("predictions"))
-    cv = sub.add_parser("convert-histories", help="convert a version written with histories.json to the"
-                                                  " memory-mapped table (published as a new version)")
-    cv.add_argument("artifact", type=Path, help="artifact version folder, or an artifacts folder: the newest"
-                                                " version of each name that needs it")
+    cv = sub.add_parser(
+        "convert-histories",
+        help="convert a version written with histories.json to the memory-mapped table (published as a new version)",
+    )
+    cv.add_argument(
+        "artifact",
+        type=Path,
+        help="artifact version folder, or an artifacts folder: the newest version of each name that needs it",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

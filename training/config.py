@@ -128,9 +128,10 @@ def parse(raw: dict[str, Any], *, data: type[D], train: type[T], eval: type[E]) 
     kind = kind_of(raw)
     model.pop("kind")
     return RunConfig(
-        kind=kind, model=model, name=str(raw.get("name", kind)),
+        kind=kind,
+        model=model,
+        name=str(raw.get("name", kind)),
         data=section(data, raw.get("data", {}), "data"),
         train=section(train, raw.get("train", {}), "train"),
         eval=section(eval, raw.get("eval", {}), "eval"),
     )
-

@@ -45,8 +45,9 @@ def convert_histories(folder: Path) -> Path:
         for f in folder.iterdir():
             if f.name != A.OLD_HISTORIES and f.is_file():
                 shutil.copy2(f, tmp / f.name)
-        HistoryColumns(users, steps, times, ids, actions=actions if action_ids is not None else None,
-                       action_ids=action_ids).write(tmp / A.HISTORIES)
+        HistoryColumns(
+            users, steps, times, ids, actions=actions if action_ids is not None else None, action_ids=action_ids
+        ).write(tmp / A.HISTORIES)
         m = json.loads((tmp / A.MANIFEST).read_text())
         m.setdefault("converted_from", folder.name)
         (tmp / A.MANIFEST).write_text(json.dumps(m))
@@ -67,4 +68,3 @@ def convert_root(root: Path) -> list[Path]:
     if not root.is_dir():
         raise ValueError(f"{root}: no such folder")
     return [convert_histories(v) for v in A.latest_versions(root).values() if needs_conversion(v)]
-

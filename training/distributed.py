@@ -97,8 +97,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if gpus == 0:
         raise ValueError(f"train.device={name!r} but CUDA is not available")
     if local_world > gpus:
-        raise ValueError(f"{local_world} ranks on this host but {gpus} CUDA device(s): start at most {gpus} "
-                         "per host (torchrun --nproc-per-node) or set train.device='cpu'")
+        raise ValueError(
+            f"{local_world} ranks on this host but {gpus} CUDA device(s): start at most {gpus} "
+            "per host (torchrun --nproc-per-node) or set train.device='cpu'"
+        )
     return torch.device("cuda", local_rank) if local_world > 1 else dev
 
 

@@ -95,8 +95,13 @@ def draw_negatives(
         if lo and time.monotonic() - last_line >= LOG_EVERY_S:  # over a large catalog the draws take minutes
             last_line = time.monotonic()
             done, spent = lo / len(data.targets), last_line - t0
-            log.info("drawing %s negatives: %.0f%% of %d users, about %.0fs left", protocol.negatives,
-                     100 * done, len(data.targets), spent / done - spent)
+            log.info(
+                "drawing %s negatives: %.0f%% of %d users, about %.0fs left",
+                protocol.negatives,
+                100 * done,
+                len(data.targets),
+                spent / done - spent,
+            )
         out.append(draw(data.interacted[lo : lo + bs], weights, protocol.n_negatives, gen))
     return out
 
@@ -106,9 +111,7 @@ def draw_negatives(
 REJECTION_FROM = 200_000
 
 
-def _draw_by_masking(
-    interacted: list[list[int]], weights: torch.Tensor, n: int, gen: torch.Generator
-) -> torch.Tensor:
+def _draw_by_masking(interacted: list[list[int]], weights: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
     touched = index_mask(pad_rows(interacted), len(weights))
     probs = weights[None, :].expand(len(touched), -1).masked_fill(touched, 0.0)
     if int((probs > 0).sum(1).min()) < n:
@@ -173,8 +176,14 @@ def evaluate(
         if lo and time.monotonic() - last_line >= LOG_EVERY_S:  # a long evaluation (many users) says how far
             last_line = time.monotonic()
             done, spent = lo / len(data.targets), last_line - t0
-            log.info("evaluating (%s): %.0f%% of %d users, %.0f users/s, about %.0fs left", protocol.negatives,
-                     100 * done, len(data.targets), lo / spent, spent / done - spent)
+            log.info(
+                "evaluating (%s): %.0f%% of %d users, %.0f users/s, about %.0fs left",
+                protocol.negatives,
+                100 * done,
+                len(data.targets),
+                lo / spent,
+                spent / done - spent,
+            )
         hist = data.histories[lo : lo + bs]
         seq = pack_histories(hist, max_history).to(device)
         targets = torch.tensor(data.targets[lo : lo + bs])
@@ -275,8 +284,9 @@ def transitions_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
 KNN_BLOCK_PAIRS = 20_000_000  # co-occurring (item, item) pairs formed at once: bounds item-kNN's memory
 
 
-def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _knn_neighbours(
+    known: list[list[int]], vocab_size: int, neighbours: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each item's `neighbours` most similar items by cosine over users, as (item, neighbour, similarity).
 
     Built over blocks of items whose co-occurring pairs number at most about KNN_BLOCK_PAIRS, each

@@ -46,7 +46,12 @@ def plot_curves(history: History, path: Path, *, title: str, keys: tuple[str, ..
 
 
 def export_artifact(
-    out_root: Path, *, manifest: Manifest, model: nn.Module, files: dict[str, Any], history: History,
+    out_root: Path,
+    *,
+    manifest: Manifest,
+    model: nn.Module,
+    files: dict[str, Any],
+    history: History,
     curve_keys: tuple[str, ...],
 ) -> Path:
     """Write weights, the given files, metrics, config, curves and the manifest, then publish."""

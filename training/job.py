@@ -57,8 +57,15 @@ class Job(ABC, Generic[D, T, E]):
     curve_keys: ClassVar[tuple[str, ...]] = ("NDCG@10", "HR@10")
     default_out: ClassVar[Path] = Path("artifacts")
 
-    def __init__(self, cfg: RunConfig[D, T, E], *, out_root: Path | None = None, data_path: Path | None = None,
-                 dist: Dist | None = None, shared_data: Path | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig[D, T, E],
+        *,
+        out_root: Path | None = None,
+        data_path: Path | None = None,
+        dist: Dist | None = None,
+        shared_data: Path | None = None,
+    ) -> None:
         self.cfg = cfg
         self.out_root = out_root or self.default_out
         self.data_path = data_path
@@ -143,8 +150,15 @@ class Job(ABC, Generic[D, T, E]):
         validate = self.validate if self.validates() else None
         self._untimed = 0.0
         log.info("training %s (%s) on %s", self.cfg.name, self.cfg.kind, self.device)
-        history = train(model, self.train_batches(model), t, validate=validate,
-                        key_metric=self.key_metric, dist=self.dist, device=self.device)
+        history = train(
+            model,
+            self.train_batches(model),
+            t,
+            validate=validate,
+            key_metric=self.key_metric,
+            dist=self.dist,
+            device=self.device,
+        )
         self.history = history
         loop_seconds = time.monotonic() - t0
         self.after_training(model, history)
@@ -154,21 +168,31 @@ class Job(ABC, Generic[D, T, E]):
             return None
         t1 = time.monotonic()
         metrics: dict[str, Any] = {
-            "train_seconds": round(train_seconds, 1), "best_epoch": history.best_epoch,
-            "epochs_run": len(history.epoch), "stopped": history.stopped, "ranks": self.dist.world,
+            "train_seconds": round(train_seconds, 1),
+            "best_epoch": history.best_epoch,
+            "epochs_run": len(history.epoch),
+            "stopped": history.stopped,
+            "ranks": self.dist.world,
             "device": str(self.device),
         }
         metrics.update(self.evaluate(model))
         metrics["eval_seconds"] = round(time.monotonic() - t1, 1)
-        metrics["history"] = {"epoch": history.epoch, "loss": history.loss, "val": history.val,
-                              "seconds": history.seconds}
+        metrics["history"] = {
+            "epoch": history.epoch,
+            "loss": history.loss,
+            "val": history.val,
+            "seconds": history.seconds,
+        }
         t2 = time.monotonic()
         pieces = self.export(model)
         # Each phase on its own clock: train.max_minutes bounds the training loop only.
         metrics["seconds"] = {
-            "data": round(data_seconds, 1), "training_loop": round(loop_seconds, 1),
-            "after_training": round(after_seconds, 1), "evaluation": metrics["eval_seconds"],
-            "export_files": round(time.monotonic() - t2, 1), "budget": t.max_minutes * 60,
+            "data": round(data_seconds, 1),
+            "training_loop": round(loop_seconds, 1),
+            "after_training": round(after_seconds, 1),
+            "evaluation": metrics["eval_seconds"],
+            "export_files": round(time.monotonic() - t2, 1),
+            "budget": t.max_minutes * 60,
         }
         log.info("seconds: %s", " | ".join(f"{k} {v:g}" for k, v in metrics["seconds"].items()))
         run_config = self.cfg.to_dict()
@@ -176,7 +200,21 @@ class Job(ABC, Generic[D, T, E]):
         if dataclasses.is_dataclass(config) and not isinstance(config, type):
             run_config["model"] = dataclasses.asdict(config)
         run_config.update(pieces.run_config)
-        manifest = Manifest.new(name=self.cfg.name, kind=self.cfg.kind, task=self.task, namespace=pieces.namespace,
-                                data=pieces.data, config=run_config, metrics=metrics, extra=pieces.extra)
-        return export_artifact(self.out_root, manifest=manifest, model=model, files=pieces.files,
-                               history=history, curve_keys=self.curve_keys)
+        manifest = Manifest.new(
+            name=self.cfg.name,
+            kind=self.cfg.kind,
+            task=self.task,
+            namespace=pieces.namespace,
+            data=pieces.data,
+            config=run_config,
+            metrics=metrics,
+            extra=pieces.extra,
+        )
+        return export_artifact(
+            self.out_root,
+            manifest=manifest,
+            model=model,
+            files=pieces.files,
+            history=history,
+            curve_keys=self.curve_keys,
+        )

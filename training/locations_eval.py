@@ -64,9 +64,7 @@ def _unvisited_last(s: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
     return s
 
 
-def markov_scores(
-    transitions: torch.Tensor, last: torch.Tensor
-) -> torch.Tensor:
+def markov_scores(transitions: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     """First-order Markov chain: transitions (V, V) counts fitted on train, last: (N,) -> (N, V)."""
     s = transitions[last].double()
     s[:, :1] = -math.inf  # padding
@@ -79,4 +77,3 @@ def fit_transitions(sequences: list[list[int]], vocab: int) -> torch.Tensor:
         for a, b in itertools.pairwise(seq):
             m[a, b] += 1
     return m
-

@@ -75,8 +75,10 @@ def window_batches(windows: torch.Tensor, batch_size: int) -> Callable[[torch.Ge
     lengths = (windows != 0).sum(1).cpu()
 
     def make(gen: torch.Generator) -> list[torch.Tensor]:
-        return [windows[idx.to(windows.device)][:, : int(lengths[idx].max())]
-                for idx in length_buckets(lengths, batch_size, gen)]
+        return [
+            windows[idx.to(windows.device)][:, : int(lengths[idx].max())]
+            for idx in length_buckets(lengths, batch_size, gen)
+        ]
 
     return make
 
@@ -101,8 +103,9 @@ def _score(val: dict[str, float], key: str, train_loss: float) -> float:
     return sign * val[name] if name in val else -train_loss
 
 
-def lr_schedule(opt: torch.optim.Optimizer, cfg: LoopConfig, *, steps_per_epoch: int
-                ) -> torch.optim.lr_scheduler.LambdaLR:
+def lr_schedule(
+    opt: torch.optim.Optimizer, cfg: LoopConfig, *, steps_per_epoch: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up over `cfg.warmup_steps`, then constant or a cosine decay to 0 at `cfg.epochs`."""
     warm, total = cfg.warmup_steps, max(cfg.epochs * steps_per_epoch, cfg.warmup_steps + 1)
 
@@ -175,8 +178,15 @@ def train(
             elif bar.disable and time.monotonic() - last_line >= LOG_EVERY_S:
                 last_line = time.monotonic()
                 done, spent = (n + 1) / len(batches), last_line - te
-                log.info("epoch %d: %.0f%% of %d batches, loss %.4f, %.0f rows/s, about %.0fs left in the epoch",
-                         epoch, 100 * done, len(batches), total.item() / seen, seen / spent, spent / done - spent)
+                log.info(
+                    "epoch %d: %.0f%% of %d batches, loss %.4f, %.0f rows/s, about %.0fs left in the epoch",
+                    epoch,
+                    100 * done,
+                    len(batches),
+                    total.item() / seen,
+                    seen / spent,
+                    spent / done - spent,
+                )
         epoch_loss = total.item() / max(seen, 1)
         model.eval()
         val = validate(model) if validate and dist.is_main else {}
@@ -187,9 +197,12 @@ def train(
         score, elapsed = dist.from_main(_score(val, key_metric, epoch_loss), time.monotonic() - t0)
         hist.seconds.append(elapsed)
         log.info(
-            "epoch %d loss %.4f %s (%.0fs, %.0f rows/s)", epoch, epoch_loss,
+            "epoch %d loss %.4f %s (%.0fs, %.0f rows/s)",
+            epoch,
+            epoch_loss,
             " ".join(f"{k} {v:.4f}" for k, v in val.items() if k != "n"),
-            hist.seconds[-1], seen / (time.monotonic() - te),
+            hist.seconds[-1],
+            seen / (time.monotonic() - te),
         )
         if score > best_score:
             best_score, bad, hist.best_epoch = score, 0, epoch

@@ -30,8 +30,12 @@ def rank_metrics(ranks: torch.Tensor, k: int = 10) -> dict[str, float]:
         return {"n": 0}
     hit = ranks <= k
     ndcg = torch.where(hit, 1.0 / torch.log2(ranks + 1.0), torch.zeros_like(ranks))
-    return {f"HR@{k}": float(hit.float().mean()), f"NDCG@{k}": float(ndcg.mean()),
-            "MRR": float((1.0 / ranks).mean()), "n": len(ranks)}
+    return {
+        f"HR@{k}": float(hit.float().mean()),
+        f"NDCG@{k}": float(ndcg.mean()),
+        "MRR": float((1.0 / ranks).mean()),
+        "n": len(ranks),
+    }
 
 
 def split_metrics(ranks: torch.Tensor, repeat: torch.Tensor) -> dict[str, dict[str, float]]:
@@ -64,11 +68,20 @@ class QuerySet:
         return cand
 
 
-def evaluate_scorer(queries: QuerySet, score: Callable[[slice], torch.Tensor], *, batch_size: int = 512
-                    ) -> dict[str, dict[str, float]]:
+def evaluate_scorer(
+    queries: QuerySet, score: Callable[[slice], torch.Tensor], *, batch_size: int = 512
+) -> dict[str, dict[str, float]]:
     """Metrics of a scorer: a function from a slice of the queries to their (B, V) scores."""
-    ranks = torch.cat([target_ranks(score(part), queries.target[part], queries.candidates(part))
-                       for part in queries.batches(batch_size)]) if len(queries) else torch.zeros(0)
+    ranks = (
+        torch.cat(
+            [
+                target_ranks(score(part), queries.target[part], queries.candidates(part))
+                for part in queries.batches(batch_size)
+            ]
+        )
+        if len(queries)
+        else torch.zeros(0)
+    )
     return split_metrics(ranks, queries.repeat)
 
 
@@ -141,4 +154,3 @@ class Baselines:
             return out.scatter_add_(1, targets, valid.float())
 
         return score
-

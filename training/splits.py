@@ -65,4 +65,3 @@ def windows(sequences: list[list[int]], length: int, min_len: int = 2) -> list[l
 
 def pad_right(rows: list[list[int]], length: int) -> list[list[int]]:
     return [r + [PAD] * (length - len(r)) for r in rows]
-

@@ -130,8 +130,9 @@ class MicroBatcher(Generic[Q, R]):
                 p.future.set_exception(BatcherStoppedError("the batcher stopped before answering"))
         self._executor.shutdown(wait=True)
 
-    async def submit(self, items: Sequence[Q], timeout: float | None = None, *,
-                     abandoned: Callable[[], bool] | None = None) -> list[R]:
+    async def submit(
+        self, items: Sequence[Q], timeout: float | None = None, *, abandoned: Callable[[], bool] | None = None
+    ) -> list[R]:
         """Queue `items` (one request) and wait for their results, in order. When `abandoned()` is true
         at the request's turn (or at a chunk's), it is not run: AbandonedError."""
         if self._stopped:
@@ -157,8 +158,13 @@ class MicroBatcher(Generic[Q, R]):
                 timer.cancel()
         return await self._submit_chunks(loop, items, timeout, abandoned)
 
-    async def _submit_chunks(self, loop: asyncio.AbstractEventLoop, items: Sequence[Q], timeout: float | None,
-                             abandoned: Callable[[], bool] | None) -> list[R]:
+    async def _submit_chunks(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        items: Sequence[Q],
+        timeout: float | None,
+        abandoned: Callable[[], bool] | None,
+    ) -> list[R]:
         """A request larger than a batch, queued as chunks of at most max_batch_size queries: when its
         client goes (the caller is cancelled) or it times out, the chunks the model has not run yet
         are dropped, instead of one model call over all of it that nothing can stop."""

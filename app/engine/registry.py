@@ -193,8 +193,14 @@ class ModelRegistry:
             except Exception as exc:  # any defect of one artifact stays with that artifact
                 self.broken[key] = public_reason(exc)
                 cause = f" ({exc.__cause__})" if exc.__cause__ else ""
-                log.error("artifact %s (%s) not loaded: %s%s", key, folder, exc, cause,
-                          exc_info=not isinstance(exc, ArtifactError))
+                log.error(
+                    "artifact %s (%s) not loaded: %s%s",
+                    key,
+                    folder,
+                    exc,
+                    cause,
+                    exc_info=not isinstance(exc, ArtifactError),
+                )
                 continue
             self.broken.pop(key, None)
             return served
@@ -225,8 +231,12 @@ class ModelRegistry:
             t0 = time.perf_counter()
             dropped = self.store.fold(engine.namespace, engine.manifest.data_hash, engine.stored_events)
             if dropped:  # None: this data hash was folded before; 0: no live event was in it
-                log.info("history store namespace %s: %d live events folded into the artifact's histories in"
-                         " %.1f s", engine.namespace, dropped, time.perf_counter() - t0)
+                log.info(
+                    "history store namespace %s: %d live events folded into the artifact's histories in %.1f s",
+                    engine.namespace,
+                    dropped,
+                    time.perf_counter() - t0,
+                )
         except StoreError as exc:
             log.error("could not fold live events of namespace %s: %s", engine.namespace, exc)
 
@@ -236,6 +246,12 @@ class ModelRegistry:
         old = self.models.get(served.name)
         self.models[served.name] = served
         m = served.engine.manifest
-        log.info("serving %s (%s, version %s) on %s, scores %s", served.name, m.kind, served.version,
-                 served.engine.device, served.engine.scoring)
+        log.info(
+            "serving %s (%s, version %s) on %s, scores %s",
+            served.name,
+            m.kind,
+            served.version,
+            served.engine.device,
+            served.engine.scoring,
+        )
         return old

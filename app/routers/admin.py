@@ -17,5 +17,6 @@ async def reload(services: ServicesDep) -> ReloadReport:
         report = await services.registry.reload(services.settings.artifacts_dir)
         return ReloadReport(**report, workers={"self": services.registry.versions()}, all_workers=True)
     report, complete, workers = await services.coordinator.reload_everywhere(services.settings.reload_wait_s)
-    return ReloadReport(**report, workers={str(pid): w.versions for pid, w in sorted(workers.items())},
-                        all_workers=complete)
+    return ReloadReport(
+        **report, workers={str(pid): w.versions for pid, w in sorted(workers.items())}, all_workers=complete
+    )

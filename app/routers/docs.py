@@ -10,8 +10,12 @@ from app.schemas import ErrorResponse
 
 def body_doc(schema: str) -> dict[str, Any]:
     """openapi_extra for a route whose JSON body a dependency parses (see app.deps.parse_body)."""
-    return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
+        }
+    }
 
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:

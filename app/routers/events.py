@@ -13,8 +13,11 @@ router = APIRouter(tags=["events"])
 
 
 @router.post(
-    "/events", response_model=EventsResponse, openapi_extra=body_doc("EventsRequest"),
-    responses=errors(401, 403, 404, 409, 422, 503), dependencies=[WriterKey],
+    "/events",
+    response_model=EventsResponse,
+    openapi_extra=body_doc("EventsRequest"),
+    responses=errors(401, 403, 404, 409, 422, 503),
+    dependencies=[WriterKey],
 )
 async def post_events(body: EventsBody, services: ServicesDep, request: Request) -> Response:
     """Append interactions to users' histories; answered only once they are durably stored.
@@ -28,8 +31,17 @@ async def post_events(body: EventsBody, services: ServicesDep, request: Request)
     """
     with services.registry.lease(body.model, "recommend", services.settings.default_model) as served:
         request.state.model = served.name
-        out = await serving.post_events(served, body.events, store=services.store,
-                                        skew_s=services.settings.event_skew_s)
-        return json_response({"model": served.name, "namespace": out.namespace, "stored": out.stored,
-                              "duplicates": out.duplicates, "dropped_old": out.dropped_old,
-                              "rejected": out.rejected, "results": out.results})
+        out = await serving.post_events(
+            served, body.events, store=services.store, skew_s=services.settings.event_skew_s
+        )
+        return json_response(
+            {
+                "model": served.name,
+                "namespace": out.namespace,
+                "stored": out.stored,
+                "duplicates": out.duplicates,
+                "dropped_old": out.dropped_old,
+                "rejected": out.rejected,
+                "results": out.results,
+            }
+        )

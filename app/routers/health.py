@@ -32,7 +32,11 @@ async def readyz(services: ServicesDep) -> Response:
             ok = False
     degraded = reg.health()
     kind = services.settings.history_store
-    body = Readiness(ready=bool(reg.names) and ok and not any(d == "batcher stopped" for d in degraded.values()),
-                     models=reg.names, broken=reg.broken, degraded=degraded,
-                     history_store=f"{kind}: {'ok' if ok else 'unavailable'}")
+    body = Readiness(
+        ready=bool(reg.names) and ok and not any(d == "batcher stopped" for d in degraded.values()),
+        models=reg.names,
+        broken=reg.broken,
+        degraded=degraded,
+        history_store=f"{kind}: {'ok' if ok else 'unavailable'}",
+    )
     return json_response(body.model_dump(), status=200 if body.ready else 503)

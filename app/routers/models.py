@@ -18,11 +18,23 @@ async def list_models(services: ServicesDep) -> ModelsResponse:
     infos = []
     for name, served in sorted(reg.models.items()):
         m, engine = served.engine.manifest, served.engine
-        infos.append(ModelInfo(
-            name=name, kind=m.kind, task=m.task, version=served.version, created_at=m.created_at or None,
-            catalog_size=engine.catalog_size, device=str(engine.device), scoring=engine.scoring, actions=engine.actions,
-            metrics={k: m.metrics[k] for k in SHOWN_METRICS if k in m.metrics},
-        ))
-    return ModelsResponse(default=reg.default("recommend", preferred),
-                          default_next_location=reg.default("next_location", preferred),
-                          models=infos, broken=reg.broken)
+        infos.append(
+            ModelInfo(
+                name=name,
+                kind=m.kind,
+                task=m.task,
+                version=served.version,
+                created_at=m.created_at or None,
+                catalog_size=engine.catalog_size,
+                device=str(engine.device),
+                scoring=engine.scoring,
+                actions=engine.actions,
+                metrics={k: m.metrics[k] for k in SHOWN_METRICS if k in m.metrics},
+            )
+        )
+    return ModelsResponse(
+        default=reg.default("recommend", preferred),
+        default_next_location=reg.default("next_location", preferred),
+        models=infos,
+        broken=reg.broken,
+    )

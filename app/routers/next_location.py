@@ -24,7 +24,9 @@ def to_step(s: StayStep) -> LocStep:
 
 
 @router.post(
-    "/next-location", response_model=NextLocationResponse, openapi_extra=body_doc("NextLocationRequest"),
+    "/next-location",
+    response_model=NextLocationResponse,
+    openapi_extra=body_doc("NextLocationRequest"),
     responses=errors(404, 422, 503, 504),
 )
 async def next_location(request: Request) -> Response:
@@ -34,11 +36,25 @@ async def next_location(request: Request) -> Response:
     with services.registry.lease(body.model, "next_location", services.settings.default_model) as served:
         request.state.model = served.name
         queries = [LocQuery(q.user_id, [to_step(s) for s in q.history], q.k) for q in body.queries]
-        results = await serving.answer(served, queries, store=services.store,
-                                       timeout_s=services.settings.request_timeout_s,
-                                       abandoned=closed_connection(request))
-        return json_response({"model": served.name, "version": served.version, "results": [
-            {"locations": [{"location_id": i, "probability": p} for i, p in r.locations],
-             "unknown_locations": r.unknown_locations, "unknown_user": r.unknown_user,
-             "history_truncated": r.truncated}
-            for r in results]})
+        results = await serving.answer(
+            served,
+            queries,
+            store=services.store,
+            timeout_s=services.settings.request_timeout_s,
+            abandoned=closed_connection(request),
+        )
+        return json_response(
+            {
+                "model": served.name,
+                "version": served.version,
+                "results": [
+                    {
+                        "locations": [{"location_id": i, "probability": p} for i, p in r.locations],
+                        "unknown_locations": r.unknown_locations,
+                        "unknown_user": r.unknown_user,
+                        "history_truncated": r.truncated,
+                    }
+                    for r in results
+                ],
+            }
+        )

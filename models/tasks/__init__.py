@@ -37,12 +37,30 @@ class Task:
 TASKS: dict[str, Task] = {
     t.name: t
     for t in (
-        Task("recommend", ("sasrec", "bert4rec"), "training.jobs.recommend", route="recommend",
-             load=recommend.load_artifact, engine=recommend.RecEngine),
-        Task("next_location", ("mhsa",), "training.jobs.next_location", route="next_location",
-             load=next_location.load_artifact, engine=next_location.LocEngine),
-        Task("social", ("social",), "training.jobs.social", route="recommend",
-             load=social.load_artifact, engine=social.SocialEngine),
+        Task(
+            "recommend",
+            ("sasrec", "bert4rec"),
+            "training.jobs.recommend",
+            route="recommend",
+            load=recommend.load_artifact,
+            engine=recommend.RecEngine,
+        ),
+        Task(
+            "next_location",
+            ("mhsa",),
+            "training.jobs.next_location",
+            route="next_location",
+            load=next_location.load_artifact,
+            engine=next_location.LocEngine,
+        ),
+        Task(
+            "social",
+            ("social",),
+            "training.jobs.social",
+            route="recommend",
+            load=social.load_artifact,
+            engine=social.SocialEngine,
+        ),
         Task("copy", ("seq2seq",), "training.jobs.copy"),  # proves the attention blocks; trained, not served
     )
 }

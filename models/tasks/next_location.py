@@ -31,12 +31,18 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Loc
     """Load and cross-check a next-location artifact; raises ArtifactError on any defect."""
     manifest = A.read_manifest(folder)
     # Features computed differently from how the model was trained would be silently wrong.
-    A.check(manifest.extra.get("bucketing") == BUCKETING, A.MANIFEST,
-            f"bucketing {manifest.extra.get('bucketing')} differs from this code's {BUCKETING}")
+    A.check(
+        manifest.extra.get("bucketing") == BUCKETING,
+        A.MANIFEST,
+        f"bucketing {manifest.extra.get('bucketing')} differs from this code's {BUCKETING}",
+    )
     model: MHSA = A.read_model(folder, manifest, MHSA, map_location)
     locations, users = A.read_id_map(folder, A.LOCATIONS), A.read_id_map(folder, A.USERS)
-    A.check(model.config.n_locations == len(locations) and model.config.n_users == len(users), A.LOCATIONS,
-            f"model vocabularies do not match {A.LOCATIONS}/{A.USERS}")
+    A.check(
+        model.config.n_locations == len(locations) and model.config.n_users == len(users),
+        A.LOCATIONS,
+        f"model vocabularies do not match {A.LOCATIONS}/{A.USERS}",
+    )
     return LocArtifact(folder, manifest, model, locations, users)
 
 
@@ -87,9 +93,14 @@ class LocEngine(Engine[LocQuery, LocPrepared, LocResult]):
         # length (tests/models/test_traced.py checks lengths it never saw).
         rows = example_rows(N_SPECIAL, c.n_locations, max_len=min(c.max_len, 64))
         # A place every 97 minutes of the week, staying 0-299 minutes: the batches span every bucket.
-        return [collate_staypoints([[(x, 97 * i % 1440, i % 7, 37 * i % 300) for i, x in enumerate(r)] for r in batch],
-                                   [n % c.n_users for n in range(len(batch))], max_len=c.max_len).to(self.device)
-                for batch in rows]
+        return [
+            collate_staypoints(
+                [[(x, 97 * i % 1440, i % 7, 37 * i % 300) for i, x in enumerate(r)] for r in batch],
+                [n % c.n_users for n in range(len(batch))],
+                max_len=c.max_len,
+            ).to(self.device)
+            for batch in rows
+        ]
 
     @property
     def catalog_size(self) -> int:
@@ -111,16 +122,18 @@ class LocEngine(Engine[LocQuery, LocPrepared, LocResult]):
                     steps=[(li, s.start_min, s.weekday, s.duration_min) for li, s in zip(locs, q.history, strict=True)],
                     # An unknown user gets no user-embedding contribution: index 0 is the zero embedding.
                     user=PAD if user == UNK else user,
-                    unknown=list(dict.fromkeys(s.location_id for s, li in zip(q.history, locs, strict=True)
-                                               if li == UNK)),
+                    unknown=list(
+                        dict.fromkeys(s.location_id for s, li in zip(q.history, locs, strict=True) if li == UNK)
+                    ),
                 )
             )
         return out
 
     def run(self, batch: list[LocPrepared]) -> torch.return_types.topk:
         """All prepared queries go through one forward pass."""
-        tensors = collate_staypoints([p.steps for p in batch], [p.user for p in batch],
-                                     max_len=self.model.config.max_len)
+        tensors = collate_staypoints(
+            [p.steps for p in batch], [p.user for p in batch], max_len=self.model.config.max_len
+        )
         k = min(max(p.query.k for p in batch), self.catalog_size + 1)
         return self.scores(tensors.to(self.device)).topk(k, dim=1)
 

@@ -44,8 +44,11 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Rec
     manifest = A.read_manifest(folder)
     model: SequentialRecommender = A.read_model(folder, manifest, SequentialRecommender, map_location)
     items = A.read_id_map(folder, A.ITEMS)
-    A.check(model.config.vocab_size == len(items), A.ITEMS,
-            f"{len(items)} ids for a model vocabulary of {model.config.vocab_size}")
+    A.check(
+        model.config.vocab_size == len(items),
+        A.ITEMS,
+        f"{len(items)} ids for a model vocabulary of {model.config.vocab_size}",
+    )
     meta = A.read_typed(folder, A.ITEM_META, _ITEM_META)
     unit = meta.get("unit")
     A.check(unit is None or unit in RELEASE_UNITS, A.ITEM_META, f"unit must be one of {RELEASE_UNITS} or null")
@@ -53,9 +56,15 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Rec
         release = _RELEASE.validate_python(meta.get("release", {}))
     except ValueError:
         raise A.ArtifactError(A.ITEM_META, "release must map item ids to numbers") from None
-    return RecArtifact(folder=folder, manifest=manifest, model=model, items=items,
-                       release_unit=unit if isinstance(unit, str) else None, release=release,
-                       histories=A.read_history_table(folder))
+    return RecArtifact(
+        folder=folder,
+        manifest=manifest,
+        model=model,
+        items=items,
+        release_unit=unit if isinstance(unit, str) else None,
+        release=release,
+        histories=A.read_history_table(folder),
+    )
 
 
 @dataclass
@@ -137,9 +146,7 @@ class RecEngine(UserQueryEngine):
         self.histories, self.entity_ids = art.histories, art.items
         self.model = (art.model.half() if options.half else art.model).to(self.device).eval()
         self.scores, self.scoring = serving_scores(self.model, self._examples, enabled=options.trace)
-        self.release = (
-            release_tensor(art.items.raws(), art.release).to(self.device) if art.release_unit else None
-        )
+        self.release = release_tensor(art.items.raws(), art.release).to(self.device) if art.release_unit else None
 
     @property
     def catalog_size(self) -> int:
@@ -192,9 +199,15 @@ class RecEngine(UserQueryEngine):
     def run(self, batch: list[Prepared]) -> Ranked:
         """All prepared queries go through one forward pass."""
         return recommend(
-            self.model, [p.history for p in batch], k=max(p.query.k for p in batch),
-            exclude_seen=[p.exclude_seen for p in batch], requested=[p.requested for p in batch],
-            release=self.release, reference=[p.reference for p in batch], device=self.device, scores=self.scores,
+            self.model,
+            [p.history for p in batch],
+            k=max(p.query.k for p in batch),
+            exclude_seen=[p.exclude_seen for p in batch],
+            requested=[p.requested for p in batch],
+            release=self.release,
+            reference=[p.reference for p in batch],
+            device=self.device,
+            scores=self.scores,
         )
 
     def results(self, batch: list[Prepared], output: Ranked) -> list[RecResult]:
@@ -216,6 +229,13 @@ def ranked_results(
         kq = p.query.k
         items = [(str(raw(i)), s) for i, s in zip(idx[row][:kq], scores[row][:kq], strict=True) if s != -math.inf]
         seen, fut, req = counts[row]
-        out.append(RecResult(p.query.user_id, items, p.unknown, {"seen": seen, "future": fut, "requested": req},
-                             len(p.history) > max_history))
+        out.append(
+            RecResult(
+                p.query.user_id,
+                items,
+                p.unknown,
+                {"seen": seen, "future": fut, "requested": req},
+                len(p.history) > max_history,
+            )
+        )
     return out

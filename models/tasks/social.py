@@ -51,8 +51,11 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Soc
     model: SocialModel = A.read_model(folder, manifest, SocialModel, map_location)
     users, actions = A.read_id_map(folder, A.USERS), A.read_id_map(folder, A.ACTIONS)
     A.check(model.config.n_users == len(users), A.USERS, f"{len(users)} ids for {model.config.n_users} model users")
-    A.check(model.config.n_actions == len(actions), A.ACTIONS,
-            f"{len(actions)} ids for {model.config.n_actions} model actions")
+    A.check(
+        model.config.n_actions == len(actions),
+        A.ACTIONS,
+        f"{len(actions)} ids for {model.config.n_actions} model actions",
+    )
     meta = A.read_json(folder, A.USER_META)
     A.check(isinstance(meta, dict) and meta.get("unit") == "second", A.USER_META, "unit must be 'second'")
     try:
@@ -107,8 +110,10 @@ class SocialEngine(UserQueryEngine):
         """An event's action: one the user performed (its incoming form is added to the target's timeline)."""
         problem = self.check_step(action)
         if problem is None and is_incoming(action):
-            return (f"{action!r} is what a user receives; post the event as its actor's, with one of "
-                    f"{[a for a in self.art.actions.raws() if not is_incoming(a)]}")
+            return (
+                f"{action!r} is what a user receives; post the event as its actor's, with one of "
+                f"{[a for a in self.art.actions.raws() if not is_incoming(a)]}"
+            )
         return problem
 
     def check_step(self, action: str | None) -> str | None:
@@ -151,14 +156,19 @@ class SocialEngine(UserQueryEngine):
         when = q.as_of if q.as_of is not None else last
         # A step without a time is taken as happening at the query: the newest time bucket.
         query_time = when if when is not None else 0.0
-        steps = stored[0] + [(x, a, query_time if t is None else t)
-                             for x, a, (_, t, _) in zip(given, acts, events, strict=True)]
-        seen = sorted(set(stored[1]) | {x for x, (_, _, a) in zip(given, events, strict=True)
-                                          if x >= N_SPECIAL and not is_incoming(a)})
+        steps = stored[0] + [
+            (x, a, query_time if t is None else t) for x, a, (_, t, _) in zip(given, acts, events, strict=True)
+        ]
+        seen = sorted(
+            set(stored[1])
+            | {x for x, (_, _, a) in zip(given, events, strict=True) if x >= N_SPECIAL and not is_incoming(a)}
+        )
         actor = self.art.users.index(q.user_id) if q.user_id is not None else UNK
         requested = [x for x in self.art.users.indices(q.exclude_items) if x >= N_SPECIAL]
         return Prepared(
-            query=q, history=seen, exclude_seen=bool(q.exclude_seen),
+            query=q,
+            history=seen,
+            exclude_seen=bool(q.exclude_seen),
             requested=requested + ([actor] if actor >= N_SPECIAL else []),
             unknown=list(dict.fromkeys(i for (i, _, _), x in zip(events, given, strict=True) if x < N_SPECIAL)),
             reference=when if q.exclude_future else None,
@@ -169,23 +179,42 @@ class SocialEngine(UserQueryEngine):
         c, now = self.model.config, 1.7e9
         rows = example_rows(N_SPECIAL, N_SPECIAL + self.art.users.n_entities, max_len=c.max_history)
         # Steps an hour apart before the query, so the batches span the time buckets.
-        return [pack_steps([[(x, N_SPECIAL + x % max(1, c.n_actions - N_SPECIAL), now - 3600.0 * (len(r) - i))
-                             for i, x in enumerate(r)] for r in batch],
-                           query_times=[now] * len(batch), max_history=c.max_history,
-                           n_buckets=c.n_time_buckets).to(self.device) for batch in rows]
+        return [
+            pack_steps(
+                [
+                    [
+                        (x, N_SPECIAL + x % max(1, c.n_actions - N_SPECIAL), now - 3600.0 * (len(r) - i))
+                        for i, x in enumerate(r)
+                    ]
+                    for r in batch
+                ],
+                query_times=[now] * len(batch),
+                max_history=c.max_history,
+                n_buckets=c.n_time_buckets,
+            ).to(self.device)
+            for batch in rows
+        ]
 
     def run(self, batch: list[Prepared]) -> Ranked:
         c = self.model.config
         extras = [p.extra for p in batch]
         assert all(isinstance(e, SocialExtra) for e in extras)
-        b = pack_steps([e.steps for e in extras if isinstance(e, SocialExtra)],
-                       query_times=[e.query_time for e in extras if isinstance(e, SocialExtra)],
-                       max_history=c.max_history, n_buckets=c.n_time_buckets).to(self.device)
+        b = pack_steps(
+            [e.steps for e in extras if isinstance(e, SocialExtra)],
+            query_times=[e.query_time for e in extras if isinstance(e, SocialExtra)],
+            max_history=c.max_history,
+            n_buckets=c.n_time_buckets,
+        ).to(self.device)
         scores = self.scores(b).float()
         seen = index_rows([p.history if p.exclude_seen else [] for p in batch], self.device)
         ref = torch.tensor([math.inf if p.reference is None else p.reference for p in batch], device=self.device)
-        return rank_sparse(scores, max(p.query.k for p in batch), seen=seen, future=future_mask(self.first, ref),
-                           requested=index_rows([p.requested for p in batch], self.device))
+        return rank_sparse(
+            scores,
+            max(p.query.k for p in batch),
+            seen=seen,
+            future=future_mask(self.first, ref),
+            requested=index_rows([p.requested for p in batch], self.device),
+        )
 
     def results(self, batch: list[Prepared], output: Ranked) -> list[RecResult]:
         return ranked_results(batch, output, raw=self.art.users.raw, max_history=self.model.config.max_history)

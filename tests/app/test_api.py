@@ -19,8 +19,9 @@ from tests.conftest import stored
 
 @pytest.fixture(scope="module")
 def client(tiny_artifacts: Path) -> Iterator[TestClient]:
-    app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", default_model="sasrec-tiny", max_queries=8,
-                              max_history=50))
+    app = create_app(
+        Settings(artifacts_dir=tiny_artifacts, device="cpu", default_model="sasrec-tiny", max_queries=8, max_history=50)
+    )
     with TestClient(app) as c:
         yield c
 
@@ -40,8 +41,10 @@ def test_health_ready_models(client: TestClient) -> None:
     assert all(m["catalog_size"] == 30 and m["device"] == "cpu" for m in models["models"])
     assert all(m["scoring"] == "traced" for m in models["models"])  # models/traced.py, checked at load
     # Operators see whether each model beats the best simple baseline of its own training run.
-    assert all(m["metrics"]["full_ndcg10_vs_best_baseline"]["baseline"] in {"popularity", "transitions", "item_knn"}
-               for m in models["models"])
+    assert all(
+        m["metrics"]["full_ndcg10_vs_best_baseline"]["baseline"] in {"popularity", "transitions", "item_knn"}
+        for m in models["models"]
+    )
 
 
 @pytest.mark.parametrize("model", ["sasrec-tiny", "bert4rec-tiny"])
@@ -58,14 +61,16 @@ def test_known_user_gets_unseen_released_items(client: TestClient, tiny_artifact
     scores = [i["score"] for i in res["items"]]
     assert scores == sorted(scores, reverse=True)
     assert res["excluded"]["seen"] == len(seen)
-    assert res["excluded"]["future"] == sum(
-        1 for i, y in art.release.items() if y > last_year and i not in seen
-    )
+    assert res["excluded"]["future"] == sum(1 for i, y in art.release.items() if y > last_year and i not in seen)
 
 
 def test_flags_history_requested_and_unknown_items(client: TestClient) -> None:
-    q = {"history": [{"item_id": "12"}, {"item_id": "nope"}, {"item_id": "13"}], "k": 30,
-         "exclude_future": False, "exclude_items": ["14", "15", "also-unknown"]}
+    q = {
+        "history": [{"item_id": "12"}, {"item_id": "nope"}, {"item_id": "13"}],
+        "k": 30,
+        "exclude_future": False,
+        "exclude_items": ["14", "15", "also-unknown"],
+    }
     status, body = _post(client, {"queries": [q]})
     assert status == 200
     res = body["results"][0]
@@ -85,8 +90,9 @@ def test_as_of_and_appended_history(client: TestClient) -> None:
     items = [i["item_id"] for i in body["results"][0]["items"]]
     assert items and all(1990 + int(i) % 10 <= 1993 for i in items)
     # Items given after the stored history count as seen too.
-    status, body = _post(client, {"queries": [{"user_id": "u1", "history": [{"item_id": "39"}], "k": 30,
-                                                "exclude_future": False}]})
+    status, body = _post(
+        client, {"queries": [{"user_id": "u1", "history": [{"item_id": "39"}], "k": 30, "exclude_future": False}]}
+    )
     assert "39" not in {i["item_id"] for i in body["results"][0]["items"]}
 
 
@@ -130,8 +136,10 @@ def test_unknown_and_broken_model(tiny_artifacts: Path, tmp_path: Path) -> None:
         ({"queries": [{"user_id": "u1", "k": "ten"}]}, ["body", "queries", 0, "k"]),
         ({"queries": [{"user_id": ""}]}, ["body", "queries", 0, "user_id"]),
         ({"queries": [{"user_id": "u1", "bogus": 1}]}, ["body", "queries", 0, "bogus"]),
-        ({"queries": [{"history": [{"item_id": "1", "timestamp": -5}]}]},
-         ["body", "queries", 0, "history", 0, "timestamp"]),
+        (
+            {"queries": [{"history": [{"item_id": "1", "timestamp": -5}]}]},
+            ["body", "queries", 0, "history", 0, "timestamp"],
+        ),
         ({"queries": [{"user_id": "u1"}] * 9}, ["body", "queries"]),
         ({"queries": [{"user_id": "u1", "k": 5000}]}, ["body", "queries", 0, "k"]),
         ({"queries": [{"history": [{"item_id": "12"}] * 51}]}, ["body", "queries", 0, "history"]),
@@ -146,8 +154,11 @@ def test_malformed_bodies_are_422_naming_the_field(client: TestClient, body: obj
 
 
 def test_form_content_type_gets_a_hint(client: TestClient) -> None:
-    r = client.post("/recommend", content=b'{"queries":[{"user_id":"u1"}]}',
-                    headers={"content-type": "application/x-www-form-urlencoded"})
+    r = client.post(
+        "/recommend",
+        content=b'{"queries":[{"user_id":"u1"}]}',
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
     assert r.status_code == 422 and "Content-Type: application/json" in r.json()["error"]["message"]
 
 
@@ -194,10 +205,20 @@ def test_request_totals_are_bounded_naming_the_field(tiny_location_artifact: Pat
         assert c.post("/recommend", json=ok).status_code == 200
         cases = [
             ("/recommend", {"queries": [{"user_id": "u1", "k": 20}, {"user_id": "u2", "k": 11}]}, "k add up"),
-            ("/recommend", {"queries": [{"user_id": "u1", "history": [{"item_id": "12"}] * 6,
-                                         "exclude_items": ["13"] * 5}]}, "excluded items add up"),
-            ("/next-location", {"queries": [{"history": [{"location_id": "a", "start_min": 1, "weekday": 1,
-                                                          "duration_min": 5}] * 11}]}, "steps add up"),
+            (
+                "/recommend",
+                {"queries": [{"user_id": "u1", "history": [{"item_id": "12"}] * 6, "exclude_items": ["13"] * 5}]},
+                "excluded items add up",
+            ),
+            (
+                "/next-location",
+                {
+                    "queries": [
+                        {"history": [{"location_id": "a", "start_min": 1, "weekday": 1, "duration_min": 5}] * 11}
+                    ]
+                },
+                "steps add up",
+            ),
         ]
         for path, body, msg in cases:
             r = c.post(path, json=body)
@@ -210,8 +231,10 @@ def test_request_path_routes_are_documented(client: TestClient) -> None:
     """/recommend and /next-location are served by plain Starlette routes (app/routers/lean.py): the
     document still names their body, their answer and their errors, from the app's bounded models."""
     doc = client.get("/openapi.json").json()
-    for path, body, answer in (("/recommend", "RecommendRequest", "RecommendResponse"),
-                               ("/next-location", "NextLocationRequest", "NextLocationResponse")):
+    for path, body, answer in (
+        ("/recommend", "RecommendRequest", "RecommendResponse"),
+        ("/next-location", "NextLocationRequest", "NextLocationResponse"),
+    ):
         op = doc["paths"][path]["post"]
         assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"] == f"#/components/schemas/{body}"
         assert op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(answer)
@@ -225,8 +248,9 @@ def test_request_path_routes_are_documented(client: TestClient) -> None:
 
 def test_noop_parses_and_answers_like_recommend(tiny_artifacts: Path) -> None:
     """The load bench's no-op validates the same body and answers the same shape, without a model."""
-    with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", bench_endpoints=True,
-                                        max_queries=8))) as c:
+    with TestClient(
+        create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", bench_endpoints=True, max_queries=8))
+    ) as c:
         r = c.post("/bench/noop", json={"queries": [{"user_id": "u1", "k": 3}, {"history": [{"item_id": "12"}]}]})
         assert r.status_code == 200 and r.headers["x-request-id"]
         real = c.post("/recommend", json={"queries": [{"user_id": "u1", "k": 3}]}).json()
@@ -259,11 +283,18 @@ def test_models_on_the_cpu_batch_up_to_32_queries(client: TestClient) -> None:
     assert batchers and all(b.max_batch_size == 32 for b in batchers.values())
 
 
-@pytest.mark.parametrize(("ctype", "status"), [
-    ("APPLICATION/JSON", 200), ("application/json; charset=utf-8", 200), ("Application/Json ; charset=UTF-8", 200),
-    ("application/vnd.api+json", 200), ("application/jsonx", 422), ("text/plain; charset=json", 422),
-    ("text/json-ish", 422),
-])
+@pytest.mark.parametrize(
+    ("ctype", "status"),
+    [
+        ("APPLICATION/JSON", 200),
+        ("application/json; charset=utf-8", 200),
+        ("Application/Json ; charset=UTF-8", 200),
+        ("application/vnd.api+json", 200),
+        ("application/jsonx", 422),
+        ("text/plain; charset=json", 422),
+        ("text/json-ish", 422),
+    ],
+)
 def test_media_type_is_parsed_not_matched_as_a_substring(client: TestClient, ctype: str, status: int) -> None:
     r = client.post("/recommend", content=b'{"queries":[{"user_id":"u1"}]}', headers={"content-type": ctype})
     assert r.status_code == status, r.text
@@ -301,8 +332,11 @@ def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts:
     app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", max_batch_size=1))
     with TestClient(app) as c:
         gate, entered, sizes = _blocked_model(app, "sasrec-tiny")
-        first = threading.Thread(target=c.post, args=("/recommend",),
-                                 kwargs={"json": {"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]}})
+        first = threading.Thread(
+            target=c.post,
+            args=("/recommend",),
+            kwargs={"json": {"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]}},
+        )
         first.start()
         assert entered.wait(10)
         body = json.dumps({"model": "sasrec-tiny", "queries": [{"user_id": "u2"}]}).encode()
@@ -328,11 +362,21 @@ def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts:
                 hang_up.set()
 
             # As the service's server gives it: true once the connection is closed (app/server.py).
-            scope = {"type": "http", "method": "POST", "path": "/recommend", "raw_path": b"/recommend",
-                     "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
-                     "server": ("test", 80), "client": ("c", 1), "state": {},
-                     "extensions": {CONNECTION_CLOSED: hang_up.is_set},
-                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+            scope = {
+                "type": "http",
+                "method": "POST",
+                "path": "/recommend",
+                "raw_path": b"/recommend",
+                "query_string": b"",
+                "root_path": "",
+                "scheme": "http",
+                "http_version": "1.1",
+                "server": ("test", 80),
+                "client": ("c", 1),
+                "state": {},
+                "extensions": {CONNECTION_CLOSED: hang_up.is_set},
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
             waiter = asyncio.ensure_future(later())
             await asyncio.wait_for(app(scope, receive, send), 10)
             await waiter
@@ -351,14 +395,17 @@ def test_a_large_request_answers_what_its_queries_answer_alone(tiny_artifacts: P
     """Above serving.PREPARE_INLINE_QUERIES the queries are prepared in a thread: same answers, same order."""
     from app.serving import PREPARE_INLINE_QUERIES
 
-    queries = [{"user_id": f"u{n % 40}", "k": 3 + n % 4,
-                **({"history": [{"item_id": str(10 + n % 30)}]} if n % 3 else {})}
-               for n in range(PREPARE_INLINE_QUERIES + 36)]
+    queries = [
+        {"user_id": f"u{n % 40}", "k": 3 + n % 4, **({"history": [{"item_id": str(10 + n % 30)}]} if n % 3 else {})}
+        for n in range(PREPARE_INLINE_QUERIES + 36)
+    ]
     with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu"))) as c:
         together = c.post("/recommend", json={"model": "sasrec-tiny", "queries": queries})
         assert together.status_code == 200, together.text
-        alone = [c.post("/recommend", json={"model": "sasrec-tiny", "queries": [q]}).json()["results"][0]
-                 for q in queries[:: 7]]
-    got = together.json()["results"][:: 7]
+        alone = [
+            c.post("/recommend", json={"model": "sasrec-tiny", "queries": [q]}).json()["results"][0]
+            for q in queries[::7]
+        ]
+    got = together.json()["results"][::7]
     assert [[i["item_id"] for i in r["items"]] for r in got] == [[i["item_id"] for i in r["items"]] for r in alone]
     assert [r["user_id"] for r in together.json()["results"]] == [q["user_id"] for q in queries]

@@ -214,7 +214,8 @@ def test_a_failing_request_in_a_full_batch_costs_a_bounded_number_of_calls() -> 
 
     res = run(go())
     assert isinstance(res[17], ValueError) and [r for n, r in enumerate(res) if n != 17] == [
-        [n * 10] for n in range(32) if n != 17]
+        [n * 10] for n in range(32) if n != 17
+    ]
     assert attempts[0] == 32 and len(attempts) <= 11, attempts
 
 

@@ -12,8 +12,11 @@ from pydantic import BaseModel
 from app.bodies import MAX_DETAILS, BodyError, is_json, parse, parse_large
 from app.schemas import Limits, bounded
 
-MODELS = bounded(Limits(max_queries=8, max_k=50, max_history=20, max_exclude_items=5, max_total_k=100,
-                        max_total_items=60, max_events=10))
+MODELS = bounded(
+    Limits(
+        max_queries=8, max_k=50, max_history=20, max_exclude_items=5, max_total_k=100, max_total_items=60, max_events=10
+    )
+)
 STEP = {"item_id": "12", "timestamp": 1.5e9}
 BODIES: list[tuple[str, Any]] = [
     ("recommend", {"queries": [{"user_id": "u1", "k": 5, "history": [STEP] * 3, "exclude_items": ["9"]}]}),
@@ -30,10 +33,26 @@ BODIES: list[tuple[str, Any]] = [
     ("recommend", {"model": 3, "queries": [{"user_id": "u1"}]}),
     ("recommend", [1, 2]),
     ("recommend", {}),
-    ("next_location", {"queries": [{"history": [{"location_id": "a", "start_min": 5, "weekday": 1,
-                                                  "duration_min": 3}], "k": 2}]}),
-    ("next_location", {"queries": [{"history": [{"location_id": "a", "started_at": "2024-01-01T10:00:00+01:00",
-                                                  "finished_at": "2024-01-01T09:00:00+01:00"}]}]}),
+    (
+        "next_location",
+        {"queries": [{"history": [{"location_id": "a", "start_min": 5, "weekday": 1, "duration_min": 3}], "k": 2}]},
+    ),
+    (
+        "next_location",
+        {
+            "queries": [
+                {
+                    "history": [
+                        {
+                            "location_id": "a",
+                            "started_at": "2024-01-01T10:00:00+01:00",
+                            "finished_at": "2024-01-01T09:00:00+01:00",
+                        }
+                    ]
+                }
+            ]
+        },
+    ),
     ("events", {"events": [{"event_id": "e", "user_id": "u", "item_id": "i", "timestamp": 1}]}),
     ("events", {"events": [{"event_id": "e", "user_id": "u", "item_id": "i", "timestamp": -1, "z": 0}]}),
 ]
@@ -56,14 +75,27 @@ def test_large_path_answers_what_the_one_pass_path_answers(route: str, body: Any
 def test_bad_json_is_named_on_both_paths() -> None:
     raw = b'{"queries": [{"user_id": "u1"'
     assert outcome(lambda r, m: parse_large(r, m, budget=10**6), raw, MODELS.recommend) == outcome(
-        parse, raw, MODELS.recommend)
+        parse, raw, MODELS.recommend
+    )
 
 
 def test_the_budget_admits_the_largest_body_within_the_limits() -> None:
     step = {"item_id": "1", "timestamp": 1.0, "action": "a"}
-    full = {"queries": [{"user_id": "u", "k": 1, "exclude_seen": True, "exclude_future": False, "as_of": 1.0,
-                         "exclude_items": ["a", "b"], "history": [step] * 10}
-                        for _ in range(4)] + [{"user_id": "u", "history": [STEP] * 4}] * 3}  # 60 items
+    full = {
+        "queries": [
+            {
+                "user_id": "u",
+                "k": 1,
+                "exclude_seen": True,
+                "exclude_future": False,
+                "as_of": 1.0,
+                "exclude_items": ["a", "b"],
+                "history": [step] * 10,
+            }
+            for _ in range(4)
+        ]
+        + [{"user_id": "u", "history": [STEP] * 4}] * 3
+    }  # 60 items
     raw = orjson.dumps(full)
     assert parse_large(raw, MODELS.recommend, budget=MODELS.budget(MODELS.recommend)) == parse(raw, MODELS.recommend)
 
@@ -81,8 +113,11 @@ def test_unknown_keys_are_counted_not_each_described() -> None:
     with pytest.raises(BodyError) as err:
         parse_large(orjson.dumps({"queries": [query]}), MODELS.recommend, budget=10**7)
     assert len(err.value.details) == MAX_DETAILS and err.value.total == 200_000
-    assert err.value.details[0] == {"loc": ["body", "queries", 0, "0"], "msg": "Extra inputs are not permitted",
-                                    "type": "extra_forbidden"}
+    assert err.value.details[0] == {
+        "loc": ["body", "queries", 0, "0"],
+        "msg": "Extra inputs are not permitted",
+        "type": "extra_forbidden",
+    }
 
 
 def test_one_pass_errors_are_capped_too() -> None:
@@ -91,10 +126,18 @@ def test_one_pass_errors_are_capped_too() -> None:
     assert len(err.value.details) == MAX_DETAILS and err.value.total == 300
 
 
-@pytest.mark.parametrize(("ctype", "ok"), [
-    ("application/json", True), ("APPLICATION/JSON", True), ("application/json ; charset=utf-8", True),
-    ("application/problem+json", True), ("application/jsonx", False), ("text/plain; charset=json", False),
-    ("json", False), ("", False),
-])
+@pytest.mark.parametrize(
+    ("ctype", "ok"),
+    [
+        ("application/json", True),
+        ("APPLICATION/JSON", True),
+        ("application/json ; charset=utf-8", True),
+        ("application/problem+json", True),
+        ("application/jsonx", False),
+        ("text/plain; charset=json", False),
+        ("json", False),
+        ("", False),
+    ],
+)
 def test_media_types(ctype: str, ok: bool) -> None:
     assert is_json(ctype) is ok

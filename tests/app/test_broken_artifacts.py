@@ -28,6 +28,7 @@ def _manifest(**change: object) -> Callable[[Path], None]:
         m = json.loads((folder / "manifest.json").read_text())
         m.update(change)
         (folder / "manifest.json").write_text(json.dumps(m))
+
     return edit
 
 
@@ -37,8 +38,10 @@ CORRUPTIONS: dict[str, Callable[[Path], None]] = {
     "history columns of different lengths": lambda f: np.save(f / "histories" / "times.npy", np.zeros(3)),
     "a history column of another type": lambda f: np.save(f / "histories" / "ends.npy", np.zeros(40)),
     "a history column is garbage": lambda f: (f / "histories" / "hashes.npy").write_bytes(b"\x93NUMPY garbage"),
-    "histories in the earlier JSON layout": lambda f: (shutil.rmtree(f / "histories"),
-                                                       _json("histories.json", {"u1": [["1", 5.0]]})(f)),
+    "histories in the earlier JSON layout": lambda f: (
+        shutil.rmtree(f / "histories"),
+        _json("histories.json", {"u1": [["1", 5.0]]})(f),
+    ),
     "config is not a table": _manifest(config="sasrec"),
     "kind of another task": _manifest(kind="mhsa"),
     "manifest.json not JSON": lambda f: (f / "manifest.json").write_text("{"),
@@ -49,8 +52,9 @@ CORRUPTIONS: dict[str, Callable[[Path], None]] = {
 
 
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
-def test_a_broken_newest_version_falls_back_to_the_older_one(tiny_location_artifact: Path, tmp_path: Path,
-                                                             corrupt: Callable[[Path], None]) -> None:
+def test_a_broken_newest_version_falls_back_to_the_older_one(
+    tiny_location_artifact: Path, tmp_path: Path, corrupt: Callable[[Path], None]
+) -> None:
     root = tmp_path / "arts"
     shutil.copytree(tiny_location_artifact, root)
     old = latest_versions(root)["sasrec-tiny"]
@@ -86,5 +90,7 @@ def test_reload_onto_a_broken_version_keeps_serving_and_says_why(tiny_artifacts:
         assert r.status_code == 200, r.text
         failed = r.json()["failed"]
         assert list(failed) == [f"sasrec-tiny/{NEWER}"] and failed[f"sasrec-tiny/{NEWER}"].startswith("items.json: ")
-        assert c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]}).json()[
-            "version"] == old.name
+        assert (
+            c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]}).json()["version"]
+            == old.name
+        )

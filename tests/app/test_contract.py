@@ -24,19 +24,29 @@ LOADED = ["sasrec-tiny", "bert4rec-tiny", "mhsa-tiny", "social-tiny"]
 
 
 @pytest.fixture(scope="module")
-def api_schema(tiny_location_artifact: Path, tiny_social_artifact: Path, tmp_path_factory: pytest.TempPathFactory
-               ) -> Any:
+def api_schema(
+    tiny_location_artifact: Path, tiny_social_artifact: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Any:
     root = tmp_path_factory.mktemp("artifacts-contract")
     for src in (tiny_location_artifact, tiny_social_artifact):
         shutil.copytree(src, root, dirs_exist_ok=True)
     # Small bounds keep the run short. The sums over a request (max_total_k, max_total_items) are the
     # one kind of limit JSON Schema cannot state: these bounds keep them out of reach, and
     # tests/app/test_api.py checks their 422 on its own.
-    app = create_app(Settings(
-        artifacts_dir=root, device="cpu", max_queries=4, max_k=50, max_history=20, max_exclude_items=5,
-        max_events=5, history_path=tmp_path_factory.mktemp("state") / "history.sqlite3",
-        admin_api_key=SecretStr("contract-admin"), events_api_key=SecretStr("contract-writer"),
-    ))
+    app = create_app(
+        Settings(
+            artifacts_dir=root,
+            device="cpu",
+            max_queries=4,
+            max_k=50,
+            max_history=20,
+            max_exclude_items=5,
+            max_events=5,
+            history_path=tmp_path_factory.mktemp("state") / "history.sqlite3",
+            admin_api_key=SecretStr("contract-admin"),
+            events_api_key=SecretStr("contract-writer"),
+        )
+    )
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
@@ -78,8 +88,12 @@ def test_schemathesis_finds_nothing(api_schema: Any, mode: GenerationMode) -> No
         cases = cases.filter(lambda c: not _inexpressible(c))
 
     @given(case=cases)
-    @settings(max_examples=300, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+    @settings(
+        max_examples=300,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
     def run(case: Any) -> None:
         case.call_and_validate()  # raises with the failed checks and a curl line to reproduce
 

@@ -19,8 +19,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 STEP = {"location_id": "home1", "start_min": 420, "weekday": 1, "duration_min": 600}
 REQUESTS = [
-    ("/recommend", {"model": "sasrec-tiny",
-                    "queries": [{"user_id": "u3", "k": 5}, {"history": [{"item_id": "12"}, {"item_id": "13"}]}]}),
+    (
+        "/recommend",
+        {
+            "model": "sasrec-tiny",
+            "queries": [{"user_id": "u3", "k": 5}, {"history": [{"item_id": "12"}, {"item_id": "13"}]}],
+        },
+    ),
     ("/recommend", {"model": "bert4rec-tiny", "queries": [{"user_id": "u3", "k": 5}]}),
     ("/recommend", {"model": "social-tiny", "queries": [{"user_id": "s3", "k": 5, "exclude_seen": True}]}),
     ("/next-location", {"queries": [{"user_id": "1", "history": [STEP, {**STEP, "location_id": "work1"}], "k": 5}]}),

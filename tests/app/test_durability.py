@@ -39,8 +39,10 @@ def _post_until_killed(url: str, proc_pid: int, after_s: float) -> list[Event]:
     with httpx.Client(base_url=url, timeout=5) as c:
         while not killed.is_set() or n == 0:
             ids = [f"k{n}-{j}" for j in range(5)]
-            events = [{"event_id": e, "user_id": f"u{n % 40}", "item_id": str(10 + (n + j) % 30),
-                       "timestamp": 1.2e9 + n} for j, e in enumerate(ids)]
+            events = [
+                {"event_id": e, "user_id": f"u{n % 40}", "item_id": str(10 + (n + j) % 30), "timestamp": 1.2e9 + n}
+                for j, e in enumerate(ids)
+            ]
             try:
                 r = c.post("/events", json={"model": NS, "events": events})
             except httpx.HTTPError:
@@ -118,15 +120,25 @@ def test_two_instances_share_one_redis(tiny_artifacts: Path, redis_server: Redis
             query = {"model": NS, "queries": [{"user_id": "u9", "k": 3}]}
             before = c.post(f"{url_b}/recommend", json=query).json()["results"][0]
             top = before["items"][0]["item_id"]
-            r = c.post(f"{url_a}/events", json={"model": NS, "events": [
-                {"event_id": "shared-1", "user_id": "u9", "item_id": top, "timestamp": 1.5e9}]})
+            r = c.post(
+                f"{url_a}/events",
+                json={
+                    "model": NS,
+                    "events": [{"event_id": "shared-1", "user_id": "u9", "item_id": top, "timestamp": 1.5e9}],
+                },
+            )
             assert r.status_code == 200 and r.json()["stored"] == 1
             after = c.post(f"{url_b}/recommend", json=query).json()["results"][0]
             assert top not in {i["item_id"] for i in after["items"]}
             assert after["excluded"]["seen"] == before["excluded"]["seen"] + 1
             # The replay is a no-op whichever instance it reaches.
-            r = c.post(f"{url_b}/events", json={"model": NS, "events": [
-                {"event_id": "shared-1", "user_id": "u9", "item_id": top, "timestamp": 1.5e9}]})
+            r = c.post(
+                f"{url_b}/events",
+                json={
+                    "model": NS,
+                    "events": [{"event_id": "shared-1", "user_id": "u9", "item_id": top, "timestamp": 1.5e9}],
+                },
+            )
             assert r.json()["duplicates"] == 1
     finally:
         stop(a)
@@ -149,8 +161,14 @@ def test_restart_does_not_fold_again_or_lose_events(
     for attempt in range(2):
         proc, url = start_api(tiny_artifacts, env)
         try:
-            r = httpx.post(f"{url}/events", json={"model": NS, "events": [
-                {"event_id": "r1", "user_id": "u1", "item_id": "11", "timestamp": 1.5e9}]}, timeout=10)
+            r = httpx.post(
+                f"{url}/events",
+                json={
+                    "model": NS,
+                    "events": [{"event_id": "r1", "user_id": "u1", "item_id": "11", "timestamp": 1.5e9}],
+                },
+                timeout=10,
+            )
             assert r.json()["stored" if attempt == 0 else "duplicates"] == 1
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -37,8 +37,10 @@ def test_new_events_are_excluded_as_seen_at_once(client: TestClient, tiny_artifa
     top = [i["item_id"] for i in before["items"][:3]]
     art = load_rec_artifact(latest_versions(tiny_artifacts)["sasrec-tiny"])
     t_last = max(t for _, t, _ in stored(art, "u3"))
-    events = [{"event_id": f"u3-{n}", "user_id": "u3", "item_id": i, "timestamp": t_last + 60 * (n + 1)}
-              for n, i in enumerate(top)]
+    events = [
+        {"event_id": f"u3-{n}", "user_id": "u3", "item_id": i, "timestamp": t_last + 60 * (n + 1)}
+        for n, i in enumerate(top)
+    ]
     r = client.post("/events", json={"events": events})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -59,8 +61,9 @@ def test_new_events_are_excluded_as_seen_at_once(client: TestClient, tiny_artifa
 def test_event_time_moves_the_future_cut(client: TestClient) -> None:
     results = {u: _rec(client, u, k=30) for u in (f"u{n}" for n in range(40))}
     user, before = next((u, r) for u, r in results.items() if r["excluded"]["future"])
-    r = client.post("/events", json={"events": [{"event_id": "late", "user_id": user, "item_id": "10",
-                                                 "timestamp": Y2005}]})
+    r = client.post(
+        "/events", json={"events": [{"event_id": "late", "user_id": user, "item_id": "10", "timestamp": Y2005}]}
+    )
     assert r.status_code == 200
     after = _rec(client, user, k=30)
     # Released 1990..1999: nothing is in the future of a 2005 interaction.
@@ -69,19 +72,26 @@ def test_event_time_moves_the_future_cut(client: TestClient) -> None:
 
 
 def test_unknown_item_is_stored_flagged_and_listed(client: TestClient) -> None:
-    r = client.post("/events", json={"events": [{"event_id": "x1", "user_id": "u7", "item_id": "brand-new",
-                                                 "timestamp": Y2005}]})
+    r = client.post(
+        "/events", json={"events": [{"event_id": "x1", "user_id": "u7", "item_id": "brand-new", "timestamp": Y2005}]}
+    )
     assert r.status_code == 200
-    assert r.json()["results"][0] == {"index": 0, "event_id": "x1", "status": "stored", "unknown_item": True,
-                                      "errors": []}
+    assert r.json()["results"][0] == {
+        "index": 0,
+        "event_id": "x1",
+        "status": "stored",
+        "unknown_item": True,
+        "errors": [],
+    }
     assert _rec(client, "u7")["unknown_items"] == ["brand-new"]
 
 
 def test_a_new_user_is_served_from_events(client: TestClient) -> None:
     r = client.post("/recommend", json={"queries": [{"user_id": "newcomer"}]})
     assert r.status_code == 404
-    client.post("/events", json={"events": [{"event_id": "n1", "user_id": "newcomer", "item_id": "12",
-                                             "timestamp": Y2005}]})
+    client.post(
+        "/events", json={"events": [{"event_id": "n1", "user_id": "newcomer", "item_id": "12", "timestamp": Y2005}]}
+    )
     res = _rec(client, "newcomer")
     assert len(res["items"]) == 5 and "12" not in {i["item_id"] for i in res["items"]}
 
@@ -115,16 +125,23 @@ def test_a_late_event_is_rejected_alone_a_malformed_one_refuses_the_request(clie
     r = client.post("/events", json={"events": malformed})
     assert r.status_code == 422, r.text
     locs = {tuple(d["loc"]) for d in r.json()["error"]["details"]}
-    assert locs == {("body", "events", 1, "timestamp"), ("body", "events", 2, "timestamp"),
-                    ("body", "events", 3, "rating"), ("body", "events", 4, "event_id"), ("body", "events", 5)}
+    assert locs == {
+        ("body", "events", 1, "timestamp"),
+        ("body", "events", 2, "timestamp"),
+        ("body", "events", 3, "rating"),
+        ("body", "events", 4, "event_id"),
+        ("body", "events", 5),
+    }
     r = client.post("/events", json={"events": malformed[:1]})  # nothing of the refused request was stored
     assert r.status_code == 200 and r.json()["results"][0]["status"] == "stored"
 
 
 def test_ids_that_are_not_utf8_are_rejected_not_500(client: TestClient) -> None:
-    body = ('{"events": [{"event_id": "\\ud800", "user_id": "u1", "item_id": "12", "timestamp": 1},'
-            ' {"event_id": "ok", "user_id": "u1", "item_id": "\\udfff", "timestamp": 1},'
-            ' {"event_id": "fine", "user_id": "u1", "item_id": "12", "timestamp": 1}]}')
+    body = (
+        '{"events": [{"event_id": "\\ud800", "user_id": "u1", "item_id": "12", "timestamp": 1},'
+        ' {"event_id": "ok", "user_id": "u1", "item_id": "\\udfff", "timestamp": 1},'
+        ' {"event_id": "fine", "user_id": "u1", "item_id": "12", "timestamp": 1}]}'
+    )
     # Lone surrogates are JSON escapes that encode no text: the body is refused whole, naming where.
     r = client.post("/events", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 422, r.text
@@ -148,8 +165,12 @@ def test_malformed_is_422_and_limits_hold(client: TestClient) -> None:
 def test_store_down_answers_503_and_readyz_says_why(tiny_artifacts: Path) -> None:
     from tests.servers import free_port
 
-    settings = Settings(artifacts_dir=tiny_artifacts, device="cpu", history_store="redis",
-                        redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    settings = Settings(
+        artifacts_dir=tiny_artifacts,
+        device="cpu",
+        history_store="redis",
+        redis_url=f"redis://127.0.0.1:{free_port()}/0",
+    )
     with TestClient(create_app(settings)) as c:
         ready = c.get("/readyz")
         assert ready.status_code == 503 and ready.json()["history_store"].startswith("redis: ")

@@ -15,23 +15,34 @@ from models.tasks.recommend import load_artifact as load_rec_artifact
 from tests.conftest import item_lists, stored, stored_users
 
 
-def test_exported_log_holds_base_and_events(tiny_artifacts: Path, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_exported_log_holds_base_and_events(
+    tiny_artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tests.conftest import TINY_REC, run_job
     from training.data import load_interactions
 
     with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu"))) as c:
-        r = c.post("/events", json={"model": "sasrec-tiny", "events": [
-            {"event_id": "n1", "user_id": "u1", "item_id": "brand-new", "timestamp": 1.5e9},
-            {"event_id": "n2", "user_id": "newcomer", "item_id": "12", "timestamp": 1.5e9}]})
+        r = c.post(
+            "/events",
+            json={
+                "model": "sasrec-tiny",
+                "events": [
+                    {"event_id": "n1", "user_id": "u1", "item_id": "brand-new", "timestamp": 1.5e9},
+                    {"event_id": "n2", "user_id": "newcomer", "item_id": "12", "timestamp": 1.5e9},
+                ],
+            },
+        )
         assert r.json()["results"][0]["unknown_item"] is True
     out = tmp_path / "log.csv"
     assert export(["--namespace", "sasrec-tiny", "--out", str(out), "--artifacts", str(tiny_artifacts)]) == 0
     base = load_rec_artifact(latest_versions(tiny_artifacts)["sasrec-tiny"])
     data = load_interactions(out)
     assert data.n_interactions == len(base.histories.items) + 2
-    folder = run_job(["model.kind='sasrec'", "name='retrained'", "model.n_negatives=8", *TINY_REC, "train.epochs=1"],
-                     tmp_path / "arts", out)
+    folder = run_job(
+        ["model.kind='sasrec'", "name='retrained'", "model.n_negatives=8", *TINY_REC, "train.epochs=1"],
+        tmp_path / "arts",
+        out,
+    )
     art = load_rec_artifact(folder)
     assert "brand-new" in art.items.raws() and art.histories.find("newcomer") is not None
     assert export(["--namespace", "nothing-here", "--out", str(tmp_path / "none.csv")]) == 1
@@ -44,8 +55,10 @@ HOSTILE = ["a b", "c,d", 'say "hi"', "two\nlines", "tab\there", "cr\r\nlf", "ün
 def test_hostile_ids_round_trip_exactly(tiny_artifacts: Path, tmp_path: Path) -> None:
     from training.data import load_interactions
 
-    events = [{"event_id": f"h{n}", "user_id": f"user {u}", "item_id": item, "timestamp": 1.6e9 + n}
-              for n, (u, item) in enumerate((u, i) for u in HOSTILE[:3] for i in HOSTILE)]
+    events = [
+        {"event_id": f"h{n}", "user_id": f"user {u}", "item_id": item, "timestamp": 1.6e9 + n}
+        for n, (u, item) in enumerate((u, i) for u in HOSTILE[:3] for i in HOSTILE)
+    ]
     with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu"))) as c:
         r = c.post("/events", json={"model": "sasrec-tiny", "events": events[:20]})
         assert r.status_code == 200 and r.json()["stored"] == 20
@@ -64,8 +77,13 @@ def test_a_social_namespace_exports_each_event_once_and_retrains(tiny_social_art
     from training.data.social import load_social
 
     with TestClient(create_app(Settings(artifacts_dir=tiny_social_artifact, device="cpu"))) as c:
-        r = c.post("/events", json={"model": "social-tiny", "events": [
-            {"event_id": "x1", "user_id": "s3", "item_id": "s9", "action": "c2q", "timestamp": 1.7e9}]})
+        r = c.post(
+            "/events",
+            json={
+                "model": "social-tiny",
+                "events": [{"event_id": "x1", "user_id": "s3", "item_id": "s9", "action": "c2q", "timestamp": 1.7e9}],
+            },
+        )
         assert r.status_code == 200 and r.json()["stored"] == 1
     out = tmp_path / "social.csv"
     assert export(["--namespace", "tinysocial", "--out", str(out), "--artifacts", str(tiny_social_artifact)]) == 0

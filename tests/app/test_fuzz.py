@@ -24,22 +24,42 @@ NUMS = st.integers(-5, 3000) | st.floats(allow_nan=True, allow_infinity=True) | 
 HISTORY_EVENT = st.fixed_dictionaries({"item_id": IDS}, optional={"timestamp": NUMS})
 REC_QUERY = st.fixed_dictionaries(
     {},
-    optional={"user_id": IDS | st.none(), "history": st.lists(HISTORY_EVENT, max_size=5) | st.none(),
-              "k": NUMS, "exclude_seen": st.booleans() | NUMS, "exclude_future": st.booleans(),
-              "exclude_items": st.lists(IDS, max_size=3), "as_of": NUMS},
+    optional={
+        "user_id": IDS | st.none(),
+        "history": st.lists(HISTORY_EVENT, max_size=5) | st.none(),
+        "k": NUMS,
+        "exclude_seen": st.booleans() | NUMS,
+        "exclude_future": st.booleans(),
+        "exclude_items": st.lists(IDS, max_size=3),
+        "as_of": NUMS,
+    },
 )
 STAY = st.fixed_dictionaries(
     {"location_id": IDS},
-    optional={"start_min": NUMS, "weekday": NUMS, "duration_min": NUMS,
-              "started_at": st.sampled_from(["2024-01-01T10:00:00", "2024-01-01T10:00:00+05:00", "nope", ""]),
-              "finished_at": st.sampled_from(["2024-01-01T12:00:00", "2023-01-01T00:00:00Z", "x"])},
+    optional={
+        "start_min": NUMS,
+        "weekday": NUMS,
+        "duration_min": NUMS,
+        "started_at": st.sampled_from(["2024-01-01T10:00:00", "2024-01-01T10:00:00+05:00", "nope", ""]),
+        "finished_at": st.sampled_from(["2024-01-01T12:00:00", "2023-01-01T00:00:00Z", "x"]),
+    },
 )
-LOC_QUERY = st.fixed_dictionaries({}, optional={"user_id": IDS | st.none(), "history": st.lists(STAY, max_size=4),
-                                                "k": NUMS})
-EVENT = st.fixed_dictionaries(
-    {}, optional={"event_id": IDS | NUMS, "user_id": IDS | NUMS, "item_id": IDS | NUMS, "timestamp": NUMS,
-                  "extra": JSON},
-) | JSON
+LOC_QUERY = st.fixed_dictionaries(
+    {}, optional={"user_id": IDS | st.none(), "history": st.lists(STAY, max_size=4), "k": NUMS}
+)
+EVENT = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "event_id": IDS | NUMS,
+            "user_id": IDS | NUMS,
+            "item_id": IDS | NUMS,
+            "timestamp": NUMS,
+            "extra": JSON,
+        },
+    )
+    | JSON
+)
 HEADERS = {"content-type": "application/json"}
 
 

@@ -29,8 +29,9 @@ def test_listed_and_ready(client: TestClient) -> None:
 
 
 def test_probabilities_ranked_with_unknown_class(client: TestClient) -> None:
-    body = {"queries": [{"user_id": "1", "history": [STEP, {**STEP, "location_id": "work1", "start_min": 540}],
-                         "k": 200}]}
+    body = {
+        "queries": [{"user_id": "1", "history": [STEP, {**STEP, "location_id": "work1", "start_min": 540}], "k": 200}]
+    }
     r = client.post("/next-location", json=body)
     assert r.status_code == 200, r.text
     res = r.json()["results"][0]
@@ -43,8 +44,11 @@ def test_probabilities_ranked_with_unknown_class(client: TestClient) -> None:
 
 
 def test_unknown_user_and_locations_and_iso_times(client: TestClient) -> None:
-    step = {"location_id": "never-seen", "started_at": "2024-03-04T07:00:00+01:00",
-            "finished_at": "2024-03-04T17:00:00+01:00"}
+    step = {
+        "location_id": "never-seen",
+        "started_at": "2024-03-04T07:00:00+01:00",
+        "finished_at": "2024-03-04T17:00:00+01:00",
+    }
     r = client.post("/next-location", json={"queries": [{"user_id": "zz", "history": [step, STEP], "k": 3}]})
     assert r.status_code == 200, r.text
     res = r.json()["results"][0]
@@ -69,16 +73,31 @@ def test_iso_times_equal_relative_fields(client: TestClient) -> None:
         ({"history": [{**STEP, "start_min": 1440}]}, ["body", "queries", 0, "history", 0, "start_min"]),
         ({"history": [{**STEP, "weekday": 7}]}, ["body", "queries", 0, "history", 0, "weekday"]),
         ({"history": [{"location_id": "a", "start_min": 3}]}, ["body", "queries", 0, "history", 0]),
-        ({"history": [{"location_id": "a", "started_at": "yesterday", "finished_at": "2024-01-01T00:00:00Z"}]},
-         ["body", "queries", 0, "history", 0, "started_at"]),
+        (
+            {"history": [{"location_id": "a", "started_at": "yesterday", "finished_at": "2024-01-01T00:00:00Z"}]},
+            ["body", "queries", 0, "history", 0, "started_at"],
+        ),
         # Unix seconds as text and times without an offset are not RFC 3339 date-times.
-        ({"history": [{"location_id": "a", "started_at": "0", "finished_at": "2024-01-01T00:00:00Z"}]},
-         ["body", "queries", 0, "history", 0, "started_at"]),
-        ({"history": [{"location_id": "a", "started_at": "2024-01-01T00:00:00Z",
-                       "finished_at": "2024-01-01T01:00:00"}]},
-         ["body", "queries", 0, "history", 0, "finished_at"]),
-        ({"history": [{"location_id": "a", "started_at": "2024-01-02T00:00:00Z",
-                       "finished_at": "2024-01-01T00:00:00Z"}]}, ["body", "queries", 0, "history", 0]),
+        (
+            {"history": [{"location_id": "a", "started_at": "0", "finished_at": "2024-01-01T00:00:00Z"}]},
+            ["body", "queries", 0, "history", 0, "started_at"],
+        ),
+        (
+            {
+                "history": [
+                    {"location_id": "a", "started_at": "2024-01-01T00:00:00Z", "finished_at": "2024-01-01T01:00:00"}
+                ]
+            },
+            ["body", "queries", 0, "history", 0, "finished_at"],
+        ),
+        (
+            {
+                "history": [
+                    {"location_id": "a", "started_at": "2024-01-02T00:00:00Z", "finished_at": "2024-01-01T00:00:00Z"}
+                ]
+            },
+            ["body", "queries", 0, "history", 0],
+        ),
     ],
 )
 def test_bad_history_is_422_naming_the_field(client: TestClient, query: dict, loc: list) -> None:

@@ -70,10 +70,18 @@ def test_metrics_show_batches_above_one_under_concurrency(tiny_artifacts: Path) 
     assert 'seqserve_requests_total{endpoint="/recommend",model="sasrec-tiny",status="404"} 1.0' in text
     assert 'seqserve_requests_total{endpoint="/recommend",model="-",status="422"} 1.0' in text
     assert 'seqserve_rejected_total{reason="invalid_request"} 1.0' in text
-    count = float(next(ln.split()[-1] for ln in text.splitlines()
-                       if ln.startswith('seqserve_batch_size_count{model="sasrec-tiny"}')))
-    total = float(next(ln.split()[-1] for ln in text.splitlines()
-                       if ln.startswith('seqserve_batch_size_sum{model="sasrec-tiny"}')))
+    count = float(
+        next(
+            ln.split()[-1]
+            for ln in text.splitlines()
+            if ln.startswith('seqserve_batch_size_count{model="sasrec-tiny"}')
+        )
+    )
+    total = float(
+        next(
+            ln.split()[-1] for ln in text.splitlines() if ln.startswith('seqserve_batch_size_sum{model="sasrec-tiny"}')
+        )
+    )
     assert total == 30 and count < 30  # some model calls carried more than one request
     assert 'seqserve_queue_depth{model="sasrec-tiny"} 0.0' in text
     assert "seqserve_requests_in_progress 1.0" in text  # the /metrics request itself; the 32 others ended
@@ -85,13 +93,24 @@ def test_metrics_of_several_workers_are_summed(tmp_path: Path) -> None:
     import sys
 
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    count = ("from app.observability import Metrics; m = Metrics(); "
-             "[m.requests.labels('/recommend', 'm', '200').inc() for _ in range({n})]")
+    count = (
+        "from app.observability import Metrics; m = Metrics(); "
+        "[m.requests.labels('/recommend', 'm', '200').inc() for _ in range({n})]"
+    )
     for n in (3, 4):  # two worker processes, one after the other
         subprocess.run([sys.executable, "-c", count.format(n=n)], env=env, check=True, cwd=ROOT)
-    out = subprocess.run([sys.executable, "-c", "from app.observability import Metrics; "
-                          "import sys; sys.stdout.write(Metrics().render().decode())"],
-                         env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from app.observability import Metrics; import sys; sys.stdout.write(Metrics().render().decode())",
+        ],
+        env=env,
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("seqserve_requests_total{"))
     assert float(line.split()[-1]) == 7.0
 
@@ -137,9 +156,23 @@ def test_a_dead_worker_s_gauges_leave_the_sum(tmp_path: Path) -> None:
     import sys
 
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    subprocess.run([sys.executable, "-c", "from app.observability import Metrics; "
-                    "Metrics().queue_depth.labels('m').set(5)"], env=env, check=True, cwd=ROOT)
-    out = subprocess.run([sys.executable, "-c", "from app.observability import Metrics; import sys; m = Metrics(); "
-                          "m.queue_depth.labels('m').set(2); sys.stdout.write(m.render().decode())"],
-                         env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    subprocess.run(
+        [sys.executable, "-c", "from app.observability import Metrics; Metrics().queue_depth.labels('m').set(5)"],
+        env=env,
+        check=True,
+        cwd=ROOT,
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from app.observability import Metrics; import sys; m = Metrics(); "
+            "m.queue_depth.labels('m').set(2); sys.stdout.write(m.render().decode())",
+        ],
+        env=env,
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert 'seqserve_queue_depth{model="m"} 2.0' in out  # the live worker's 2, not 7

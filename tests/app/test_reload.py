@@ -34,8 +34,10 @@ def _new_version(root: Path, name: str, version: str, nudge: float = 0.0) -> Pat
     if nudge:
         ckpt = torch.load(dst / "model.pt", weights_only=True)
         gen = torch.Generator().manual_seed(0)
-        ckpt["state_dict"] = {k: v + nudge * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
-                              for k, v in ckpt["state_dict"].items()}
+        ckpt["state_dict"] = {
+            k: v + nudge * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
+            for k, v in ckpt["state_dict"].items()
+        }
         torch.save(ckpt, dst / "model.pt")
     return dst
 
@@ -49,12 +51,16 @@ def test_admin_needs_the_key(tiny_artifacts: Path, tmp_path: Path) -> None:
         assert c.post("/admin/reload").status_code == 401
         assert c.post("/admin/reload", headers={"X-API-Key": "nope"}).status_code == 403
         r = c.post("/admin/reload", headers=KEY)
-        assert r.status_code == 200 and r.json()["loaded"] == {} and set(r.json()["unchanged"]) == {
-            "sasrec-tiny", "bert4rec-tiny"}
+        assert (
+            r.status_code == 200
+            and r.json()["loaded"] == {}
+            and set(r.json()["unchanged"]) == {"sasrec-tiny", "bert4rec-tiny"}
+        )
 
 
-def test_empty_keys_from_the_environment_are_no_keys(tiny_artifacts: Path, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_empty_keys_from_the_environment_are_no_keys(
+    tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # docker-compose.yml passes `${SEQSERVE_ADMIN_API_KEY:-}`: an empty key must leave admin off (an
     # empty X-API-Key header would otherwise match it) and /events open, as with no variable at all.
     monkeypatch.setenv("SEQSERVE_ADMIN_API_KEY", "")
@@ -65,13 +71,23 @@ def test_empty_keys_from_the_environment_are_no_keys(tiny_artifacts: Path, tmp_p
     with TestClient(create_app(settings)) as c:
         r = c.post("/admin/reload", headers={"X-API-Key": ""})
         assert r.status_code == 403 and "disabled" in r.json()["error"]["message"]
-        r = c.post("/events", json={"model": "sasrec-tiny", "events": [
-            {"event_id": "k1", "user_id": "u1", "item_id": "12", "timestamp": 1.5e9}]})
+        r = c.post(
+            "/events",
+            json={
+                "model": "sasrec-tiny",
+                "events": [{"event_id": "k1", "user_id": "u1", "item_id": "12", "timestamp": 1.5e9}],
+            },
+        )
         assert r.status_code == 200, r.text
-    with TestClient(create_app(Settings(artifacts_dir=settings.artifacts_dir, device="cpu",
-                                        events_api_key="w"))) as c:
-        r = c.post("/events", headers={"X-API-Key": ""}, json={"model": "sasrec-tiny", "events": [
-            {"event_id": "k2", "user_id": "u1", "item_id": "12", "timestamp": 1.5e9}]})
+    with TestClient(create_app(Settings(artifacts_dir=settings.artifacts_dir, device="cpu", events_api_key="w"))) as c:
+        r = c.post(
+            "/events",
+            headers={"X-API-Key": ""},
+            json={
+                "model": "sasrec-tiny",
+                "events": [{"event_id": "k2", "user_id": "u1", "item_id": "12", "timestamp": 1.5e9}],
+            },
+        )
         assert r.status_code == 401
 
 
@@ -94,8 +110,9 @@ def test_new_version_swaps_in_and_broken_one_keeps_the_old(tiny_artifacts: Path,
         assert r["failed"] == {"bert4rec-tiny/29990101T000000Z": "model.pt: unreadable checkpoint"}
         ok = c.post("/recommend", json={"model": "bert4rec-tiny", "queries": [{"user_id": "u1"}]})
         assert ok.status_code == 200 and ok.json()["version"] == old_bert  # the old version keeps serving
-        assert c.get("/readyz").json()["broken"] == {"bert4rec-tiny/29990101T000000Z":
-                                                      "model.pt: unreadable checkpoint"}
+        assert c.get("/readyz").json()["broken"] == {
+            "bert4rec-tiny/29990101T000000Z": "model.pt: unreadable checkpoint"
+        }
 
 
 def test_reload_under_load_fails_no_request(tiny_artifacts: Path, tmp_path: Path) -> None:
@@ -106,11 +123,13 @@ def test_reload_under_load_fails_no_request(tiny_artifacts: Path, tmp_path: Path
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+
                 async def client(i: int) -> list[int]:
                     codes = []
                     for j in range(15):
-                        r = await c.post("/recommend", json={"model": "sasrec-tiny",
-                                                             "queries": [{"user_id": f"u{(i + j) % 40}"}]})
+                        r = await c.post(
+                            "/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": f"u{(i + j) % 40}"}]}
+                        )
                         codes.append(r.status_code)
                     return codes
 
@@ -148,8 +167,9 @@ def test_a_request_keeps_its_model_version_through_a_reload(tiny_artifacts: Path
             store.events, store.local_reads = slow_events, False
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-                req = asyncio.create_task(c.post("/recommend", json={"model": "sasrec-tiny",
-                                                                     "queries": [{"user_id": "u1"}]}))
+                req = asyncio.create_task(
+                    c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]})
+                )
                 await asyncio.sleep(0.2)
                 old = services.registry.models["sasrec-tiny"]
                 assert old.holders == 1  # leased, waiting on the store
@@ -171,8 +191,12 @@ def test_one_reload_reaches_every_worker(tiny_artifacts: Path, tmp_path: Path) -
     from tests.servers import start_api, stop
 
     root = _root(tiny_artifacts, tmp_path)
-    env = {"SEQSERVE_WORKERS": "2", "SEQSERVE_ADMIN_API_KEY": "s3cret", "SEQSERVE_STATE_DIR": str(tmp_path / "state"),
-           "SEQSERVE_HOUSEKEEPING_S": "0.2"}
+    env = {
+        "SEQSERVE_WORKERS": "2",
+        "SEQSERVE_ADMIN_API_KEY": "s3cret",
+        "SEQSERVE_STATE_DIR": str(tmp_path / "state"),
+        "SEQSERVE_HOUSEKEEPING_S": "0.2",
+    }
     proc, url = start_api(root, env)
     try:
         with httpx.Client(base_url=url, timeout=30) as c:
@@ -191,8 +215,11 @@ def test_one_reload_reaches_every_worker(tiny_artifacts: Path, tmp_path: Path) -
         versions = set()
         for _ in range(20):  # new connections: the kernel spreads them over both workers
             with httpx.Client(base_url=url, timeout=30) as c:
-                versions.add(c.post("/recommend", json={"model": "sasrec-tiny",
-                                                        "queries": [{"user_id": "u1"}]}).json()["version"])
+                versions.add(
+                    c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]}).json()[
+                        "version"
+                    ]
+                )
         assert versions == {"29990101T000000Z"}
     finally:
         stop(proc)

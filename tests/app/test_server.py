@@ -33,7 +33,8 @@ def server(tiny_artifacts: Path):  # type: ignore[no-untyped-def]
 
 
 VALID = [{"queries": [{"user_id": f"u{i}", "k": 5}]} for i in range(40)] + [
-    {"model": "bert4rec-tiny", "queries": [{"history": [{"item_id": "12"}, {"item_id": "13"}]}] * 3}]
+    {"model": "bert4rec-tiny", "queries": [{"history": [{"item_id": "12"}, {"item_id": "13"}]}] * 3}
+]
 INVALID = [{"queries": []}, {"queries": [{"k": 0}]}, {"queries": [{"user_id": "ghost"}]}, [1], {"model": "x"}]
 
 
@@ -118,8 +119,12 @@ def test_requests_in_flight_at_sigterm_are_answered(tiny_artifacts: Path) -> Non
 
 # --- what a client can do to a connection ------------------------------------------------------------
 
-LIMITS = {"SEQSERVE_MAX_HEADER_BYTES": "4096", "SEQSERVE_REQUEST_READ_TIMEOUT_S": "1.5",
-          "SEQSERVE_MAX_CONNECTIONS": "6", "SEQSERVE_LOG_LEVEL": "INFO"}
+LIMITS = {
+    "SEQSERVE_MAX_HEADER_BYTES": "4096",
+    "SEQSERVE_REQUEST_READ_TIMEOUT_S": "1.5",
+    "SEQSERVE_MAX_CONNECTIONS": "6",
+    "SEQSERVE_LOG_LEVEL": "INFO",
+}
 
 
 @pytest.fixture(scope="module")
@@ -163,17 +168,21 @@ def test_a_header_over_the_limit_is_431_and_closed(guarded) -> None:  # type: ig
     assert status == 431 and time.monotonic() - t0 < 1.0  # not left to the read deadline
     assert httpx.get(f"{url}/healthz", headers={"X-Ok": "a" * 2000}).status_code == 200
     big_body = {"queries": [{"user_id": f"u{i % 40}", "k": 1} for i in range(8)], "model": "sasrec-tiny"}
-    r = httpx.post(f"{url}/recommend", content=orjson_padded(big_body, 60_000),
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{url}/recommend", content=orjson_padded(big_body, 60_000), headers={"content-type": "application/json"}
+    )
     assert r.status_code == 200, r.text  # a large body is no header
 
 
-@pytest.mark.parametrize("sent", [
-    b"",  # connected, nothing sent
-    b"POST /recommend HTTP/1.1\r\nHost: x\r\n",  # headers never finished
-    b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
-    b"POST /recommend HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",  # chunked, unfinished
-])
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"",  # connected, nothing sent
+        b"POST /recommend HTTP/1.1\r\nHost: x\r\n",  # headers never finished
+        b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+        b"POST /recommend HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n",  # chunked, unfinished
+    ],
+)
 def test_a_request_not_received_in_time_is_408_and_closed(guarded, sent: bytes) -> None:  # type: ignore[no-untyped-def]
     _, url = guarded
     with _connect(url) as s:
@@ -203,22 +212,31 @@ def test_a_client_that_hangs_up_mid_body_is_not_a_server_error(guarded) -> None:
     _, url = guarded
 
     def counts() -> dict[str, float]:
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{url}/metrics").text
-                .splitlines() if line.startswith(("seqserve_requests_total{", "seqserve_rejected_total{"))}
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(f"{url}/metrics").text.splitlines()
+            if line.startswith(("seqserve_requests_total{", "seqserve_rejected_total{"))
+        }
 
     before = counts()
     for path in ("/recommend", "/next-location", "/events"):
         with _connect(url) as s:
-            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      "Content-Length: 100\r\n\r\n{".encode())
+            s.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 100\r\n\r\n{".encode()
+            )
     time.sleep(0.5)
     after = counts()
     grew = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
     assert not any('status="5' in k or "internal_error" in k for k in after)
-    assert grew == {'seqserve_rejected_total{reason="client_disconnected"}': 3, **{
-        f'seqserve_requests_total{{endpoint="{p}",model="-",status="499"}}': 1
-        for p in ("/recommend", "/next-location", "/events")}, 'seqserve_requests_total{endpoint="/metrics",'
-        'model="-",status="200"}': 1}
+    assert grew == {
+        'seqserve_rejected_total{reason="client_disconnected"}': 3,
+        **{
+            f'seqserve_requests_total{{endpoint="{p}",model="-",status="499"}}': 1
+            for p in ("/recommend", "/next-location", "/events")
+        },
+        'seqserve_requests_total{endpoint="/metrics",model="-",status="200"}': 1,
+    }
 
 
 def test_the_connection_closed_flag_sees_a_client_leave_after_a_large_body() -> None:
@@ -253,8 +271,14 @@ def test_the_connection_closed_flag_sees_a_client_leave_after_a_large_body() -> 
         await send({"type": "http.response.body", "body": b""})
 
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                            http=partial(GuardedHttpTools, limits=ConnectionLimits()))  # type: ignore[arg-type]
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        http=partial(GuardedHttpTools, limits=ConnectionLimits()),
+    )  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -22,8 +22,9 @@ def test_secrets_come_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert Settings(admin_api_key="direct").admin_api_key.get_secret_value() == "direct"  # type: ignore[union-attr]
 
 
-def test_an_unreadable_secret_file_names_the_variable_not_the_content(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreadable_secret_file_names_the_variable_not_the_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SEQSERVE_EVENTS_API_KEY_FILE", str(tmp_path / "missing"))
     with pytest.raises(ValidationError, match="SEQSERVE_EVENTS_API_KEY_FILE: cannot read the file"):
         Settings()

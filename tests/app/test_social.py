@@ -36,8 +36,9 @@ def test_listed_with_its_task(client: TestClient) -> None:
     assert MODEL in client.get("/readyz").json()["models"]
 
 
-def test_returns_users_never_the_actor_and_keeps_seen_by_default(client: TestClient,
-                                                                 tiny_social_artifact: Path) -> None:
+def test_returns_users_never_the_actor_and_keeps_seen_by_default(
+    client: TestClient, tiny_social_artifact: Path
+) -> None:
     art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
     users = set(art.users.raws())
     past = {t for t, _, a in stored(art, "s3") if not a.startswith("<-")}  # whom s3 acted on
@@ -59,8 +60,9 @@ def test_users_not_yet_active_are_future(client: TestClient, tiny_social_artifac
     assert _rec(client, {"user_id": "s3", "k": 30, "as_of": cut, "exclude_future": False})["excluded"]["future"] == 0
 
 
-@pytest.mark.parametrize(("step", "msg"), [({"item_id": "s4"}, "required"), ({"item_id": "s4", "action": "likes"},
-                                                                                  "unknown action")])
+@pytest.mark.parametrize(
+    ("step", "msg"), [({"item_id": "s4"}, "required"), ({"item_id": "s4", "action": "likes"}, "unknown action")]
+)
 def test_history_step_needs_a_known_action(client: TestClient, step: dict, msg: str) -> None:
     r = client.post("/recommend", json={"model": MODEL, "queries": [{"user_id": "s3", "history": [step]}]})
     assert r.status_code == 422
@@ -68,27 +70,38 @@ def test_history_step_needs_a_known_action(client: TestClient, step: dict, msg: 
     assert detail["loc"] == ["body", "queries", 0, "history", 0, "action"] and msg in detail["msg"]
 
 
-def test_events_carry_the_action_and_condition_the_next_answer(client: TestClient,
-                                                                tiny_social_artifact: Path) -> None:
+def test_events_carry_the_action_and_condition_the_next_answer(client: TestClient, tiny_social_artifact: Path) -> None:
     art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
     t = max(t for _, t, _ in stored(art, "s5"))
-    r = client.post("/events", json={"model": MODEL, "events": [
-        {"event_id": "e0", "user_id": "s5", "item_id": "s20", "timestamp": t + 60}]})
+    r = client.post(
+        "/events",
+        json={"model": MODEL, "events": [{"event_id": "e0", "user_id": "s5", "item_id": "s20", "timestamp": t + 60}]},
+    )
     assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["body", "events", 0, "action"]
     # One wrong action refuses the request whole: the good event beside it is not stored either.
-    r = client.post("/events", json={"model": MODEL, "events": [
-        {"event_id": "e1", "user_id": "s5", "item_id": "s20", "action": "c2a", "timestamp": t + 60},
-        {"event_id": "e9", "user_id": "s5", "item_id": "s20", "action": "like", "timestamp": t + 60}]})
+    r = client.post(
+        "/events",
+        json={
+            "model": MODEL,
+            "events": [
+                {"event_id": "e1", "user_id": "s5", "item_id": "s20", "action": "c2a", "timestamp": t + 60},
+                {"event_id": "e9", "user_id": "s5", "item_id": "s20", "action": "like", "timestamp": t + 60},
+            ],
+        },
+    )
     assert r.status_code == 422 and [d["loc"][2] for d in r.json()["error"]["details"]] == [1]
     before = _rec(client, {"user_id": "s5", "k": 5, "exclude_seen": True})
-    events = [{"event_id": f"e{n}", "user_id": "s5", "item_id": "s20", "action": "c2a", "timestamp": t + 60 * n}
-              for n in range(1, 4)]
+    events = [
+        {"event_id": f"e{n}", "user_id": "s5", "item_id": "s20", "action": "c2a", "timestamp": t + 60 * n}
+        for n in range(1, 4)
+    ]
     r = client.post("/events", json={"model": MODEL, "events": events})
     assert r.status_code == 200 and r.json()["stored"] == 3
     after = _rec(client, {"user_id": "s5", "k": 5, "exclude_seen": True})
     assert "s20" not in {i["item_id"] for i in after["items"]}
-    assert after["excluded"]["seen"] == before["excluded"]["seen"] + ("s20" not in {
-        t for t, _, a in stored(art, "s5") if not a.startswith("<-")})
+    assert after["excluded"]["seen"] == before["excluded"]["seen"] + (
+        "s20" not in {t for t, _, a in stored(art, "s5") if not a.startswith("<-")}
+    )
     assert after["items"] != before["items"]
 
 
@@ -96,8 +109,10 @@ def test_an_event_reaches_its_target_as_a_received_step(client: TestClient, tiny
     art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
     t = max(t for u in stored_users(art) for _, t, _ in stored(art, u))
     before = _rec(client, {"user_id": "s20", "k": 10})
-    events = [{"event_id": f"m{n}", "user_id": "s7", "item_id": "s20", "action": "a2q", "timestamp": t + n}
-              for n in range(1, 9)]
+    events = [
+        {"event_id": f"m{n}", "user_id": "s7", "item_id": "s20", "action": "a2q", "timestamp": t + n}
+        for n in range(1, 9)
+    ]
     r = client.post("/events", json={"model": MODEL, "events": events})
     assert r.status_code == 200 and r.json()["stored"] == 8
     # Eight answers received from s7: s20's own next answer changes (the target's timeline grew)...
@@ -105,11 +120,23 @@ def test_an_event_reaches_its_target_as_a_received_step(client: TestClient, tiny
     assert after["items"] != before["items"]
     # ...and is what the same history gives when sent by hand, received steps included.
     given = [{"item_id": "s7", "action": "<-a2q", "timestamp": e["timestamp"]} for e in events]
-    base_plus = client.post("/recommend", json={"model": MODEL, "queries": [{"k": 10, "history": [
-        {"item_id": x, "action": a, "timestamp": tt} for x, tt, a in stored(art, "s20")[-20:]] + given}]})
+    base_plus = client.post(
+        "/recommend",
+        json={
+            "model": MODEL,
+            "queries": [
+                {
+                    "k": 10,
+                    "history": [{"item_id": x, "action": a, "timestamp": tt} for x, tt, a in stored(art, "s20")[-20:]]
+                    + given,
+                }
+            ],
+        },
+    )
     assert base_plus.status_code == 200
-    assert [i["item_id"] for i in base_plus.json()["results"][0]["items"] if i["item_id"] != "s20"][:5] == \
-        [i["item_id"] for i in after["items"]][:5]
+    assert [i["item_id"] for i in base_plus.json()["results"][0]["items"] if i["item_id"] != "s20"][:5] == [
+        i["item_id"] for i in after["items"]
+    ][:5]
     # A received step is never "seen": only whom s20 acted on is excluded.
     fresh = _rec(client, {"user_id": "s20", "k": 10, "exclude_seen": True})
     assert fresh["excluded"]["seen"] == len({x for x, _, a in stored(art, "s20") if not a.startswith("<-")} - {"s20"})
@@ -122,12 +149,16 @@ def test_an_event_reaches_its_target_as_a_received_step(client: TestClient, tiny
     assert _rec(client, {"user_id": "s20", "k": 10})["items"] == after["items"]
 
 
-@pytest.mark.parametrize(("event", "field", "type_"), [
-    ({"event_id": "<-x", "action": "a2q"}, "event_id", "reserved_event_id"),
-    ({"event_id": "r1", "action": "<-a2q"}, "action", "invalid_action"),
-])
-def test_received_forms_are_the_service_s_not_the_client_s(client: TestClient, event: dict, field: str,
-                                                           type_: str) -> None:
+@pytest.mark.parametrize(
+    ("event", "field", "type_"),
+    [
+        ({"event_id": "<-x", "action": "a2q"}, "event_id", "reserved_event_id"),
+        ({"event_id": "r1", "action": "<-a2q"}, "action", "invalid_action"),
+    ],
+)
+def test_received_forms_are_the_service_s_not_the_client_s(
+    client: TestClient, event: dict, field: str, type_: str
+) -> None:
     body = {"model": MODEL, "events": [{"user_id": "s5", "item_id": "s20", "timestamp": 1e9, **event}]}
     r = client.post("/events", json=body)
     assert r.status_code == 422, r.text
@@ -149,16 +180,27 @@ def test_what_others_do_to_a_user_never_pushes_out_its_own_events(tiny_social_ar
     settings = Settings(artifacts_dir=tiny_social_artifact, device="cpu", live_events=10)
     t0 = time.time() - 10_000
     with TestClient(create_app(settings)) as c:
-        own = [{"event_id": f"v{n}", "user_id": "victim", "item_id": f"s{n}", "action": "a2q", "timestamp": t0 + n}
-               for n in range(5)]
+        own = [
+            {"event_id": f"v{n}", "user_id": "victim", "item_id": f"s{n}", "action": "a2q", "timestamp": t0 + n}
+            for n in range(5)
+        ]
         assert c.post("/events", json={"model": MODEL, "events": own}).json()["stored"] == 5
-        flood = [{"event_id": f"x{n}", "user_id": "attacker", "item_id": "victim", "action": "c2q",
-                  "timestamp": t0 + 100 + n} for n in range(40)]
+        flood = [
+            {
+                "event_id": f"x{n}",
+                "user_id": "attacker",
+                "item_id": "victim",
+                "action": "c2q",
+                "timestamp": t0 + 100 + n,
+            }
+            for n in range(40)
+        ]
         out = c.post("/events", json={"model": MODEL, "events": flood}).json()
         # The attacker keeps its own newest 10 (the rest is reported dropped); the victim receives 40 steps.
         assert (out["stored"], out["dropped_old"]) == (10, 30)
-        r = c.post("/recommend", json={"model": MODEL, "queries": [{"user_id": "victim", "k": 30,
-                                                                    "exclude_seen": True}]})
+        r = c.post(
+            "/recommend", json={"model": MODEL, "queries": [{"user_id": "victim", "k": 30, "exclude_seen": True}]}
+        )
         assert r.status_code == 200, r.text
         res = r.json()["results"][0]
         # Whom the victim acted on is still its own history: excluded as seen, all five.

@@ -44,11 +44,14 @@ def test_fold_drops_what_the_artifact_holds_once_per_token(store: HistoryStore) 
 
 
 def test_append_is_idempotent_and_ordered(store: HistoryStore) -> None:
-    first = store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 25.0, "a2q"),
-                                Event("e1", "u1", "x", 30.0)])
+    first = store.append(
+        "ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 25.0, "a2q"), Event("e1", "u1", "x", 30.0)]
+    )
     assert first == ["stored", "stored", "duplicate"]  # a repeat inside one call is a duplicate too
     assert store.append("ml", [Event("e2", "u1", "y", 25.0, "a2q"), Event("e3", "new", "q", 1.0)]) == [
-        "duplicate", "stored"]
+        "duplicate",
+        "stored",
+    ]
     live = store.events("ml", ["u1", "new", "nobody"])
     assert live == {"u1": [("y", 25.0, "a2q"), ("x", 30.0, None)], "new": [("q", 1.0, None)]}  # by time
     assert sorted(store.users("ml")) == ["new", "u1"]
@@ -82,7 +85,6 @@ def test_each_user_keeps_and_reads_only_the_newest(store: HistoryStore) -> None:
     assert store.append("ml", [Event("e0", "u", "i0", 0.0)]) == ["duplicate"]
 
 
-
 def test_many_users_in_one_read(store: HistoryStore) -> None:
     store.append("ml", [Event(f"e{n}", f"u{n}", "i", float(n)) for n in range(1200)])
     live = store.events("ml", [f"u{n}" for n in range(1200)])
@@ -106,7 +108,10 @@ def test_a_password_in_the_query_string_is_redacted() -> None:
     """redis-py takes ?password=...; no log line or error may show it."""
     from tests.servers import free_port
 
-    for url in (f"redis://127.0.0.1:{free_port()}/0?password=hunter2", f"redis://127.0.0.1:{free_port()}/0?db=0&password=hunter2&socket_timeout=1"):
+    for url in (
+        f"redis://127.0.0.1:{free_port()}/0?password=hunter2",
+        f"redis://127.0.0.1:{free_port()}/0?db=0&password=hunter2&socket_timeout=1",
+    ):
         assert "hunter2" not in redact(url) and "***" in redact(url)
         s = RedisStore(url, timeout_s=0.5)
         with pytest.raises(StoreError) as err:
@@ -177,7 +182,9 @@ def test_sqlite_file_of_the_first_version_is_migrated(tmp_path: Path) -> None:
     with sqlite3.connect(p) as conn:  # the copy of the artifacts' histories is gone: their tables hold them
         assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'base'").fetchone() is None
     assert s.append("ml", [Event("old1", "u1", "x", 5.0), Event("new", "u1", "y", 6.0, "c2a")]) == [
-        "duplicate", "stored"]
+        "duplicate",
+        "stored",
+    ]
     assert s.append("ml", [Event("old1", "u1", "CHANGED", 5.0)]) == ["conflict"]
     s.close()
 
@@ -217,4 +224,3 @@ def test_an_event_trimmed_in_its_own_write_is_dropped_old(store: HistoryStore) -
     assert out == ["dropped_old", "stored"]
     assert [i for i, _, _ in store.events("ml", ["u"])["u"]] == ["i", "i", "i", "i", "k"]
     assert store.append("ml", [Event("old", "u", "j", 1.0)]) == ["duplicate"]  # its id is known
-

@@ -14,16 +14,42 @@ from tests.conftest import TINY_REC
 SWEEP = Path(__file__).resolve().parents[2] / "bench" / "sweep.py"
 
 
-def test_two_variants_two_seeds_give_a_table_of_means(synthetic_dir: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_two_variants_two_seeds_give_a_table_of_means(
+    synthetic_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = Path(__file__).resolve().parents[2] / "training" / "configs" / "sasrec_ml100k.toml"
-    argv = [str(SWEEP), "--config", str(config), "--data", str(synthetic_dir), "--seeds", "1", "2",
-            "--variant", "wide:model.d_model=16", "--variant", "narrow:model.d_model=8;model.d_ff=16",
-            "--metric", "test.full.NDCG@10", "--metric", "test.nothing.here", "--out", str(tmp_path / "sweep"),
-            "--set", "model.kind='sasrec'", "--set", "model.n_negatives=8", "--set", "data.name='syn'",
-            *[a for o in TINY_REC if not o.startswith("model.d_")
-              for a in ("--set", o.replace("train.epochs=3", "train.epochs=1"))]]
+    argv = [
+        str(SWEEP),
+        "--config",
+        str(config),
+        "--data",
+        str(synthetic_dir),
+        "--seeds",
+        "1",
+        "2",
+        "--variant",
+        "wide:model.d_model=16",
+        "--variant",
+        "narrow:model.d_model=8;model.d_ff=16",
+        "--metric",
+        "test.full.NDCG@10",
+        "--metric",
+        "test.nothing.here",
+        "--out",
+        str(tmp_path / "sweep"),
+        "--set",
+        "model.kind='sasrec'",
+        "--set",
+        "model.n_negatives=8",
+        "--set",
+        "data.name='syn'",
+        *[
+            a
+            for o in TINY_REC
+            if not o.startswith("model.d_")
+            for a in ("--set", o.replace("train.epochs=3", "train.epochs=1"))
+        ],
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     runpy.run_path(str(SWEEP), run_name="__main__")
     lines = capsys.readouterr().out.strip().splitlines()

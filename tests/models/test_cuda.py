@@ -58,11 +58,14 @@ def test_recommenders_score_alike(kind: str) -> None:
 
 
 def test_ranking_with_exclusions_matches_the_cpu() -> None:
-    cpu, gpu = _pair(lambda: SASRec(SASRecConfig(vocab_size=40, max_len=8, d_model=16, n_heads=2, n_layers=1,
-                                                 d_ff=32)))
+    cpu, gpu = _pair(lambda: SASRec(SASRecConfig(vocab_size=40, max_len=8, d_model=16, n_heads=2, n_layers=1, d_ff=32)))
     release = release_tensor([str(i) for i in range(38)], {str(i): 2000.0 + i for i in range(0, 38, 3)})
-    kw: dict[str, Any] = {"k": 10, "exclude_seen": [True, False, True], "requested": [[9], [], [30, 31]],
-                          "reference": [2012.0, None, 2030.0]}
+    kw: dict[str, Any] = {
+        "k": 10,
+        "exclude_seen": [True, False, True],
+        "requested": [[9], [], [30, 31]],
+        "reference": [2012.0, None, 2030.0],
+    }
     hist = [[2, 3, 4], [5], list(range(10, 18))]
     with torch.inference_mode():
         a = recommend(cpu, hist, release=release, **kw)  # type: ignore[arg-type]
@@ -74,8 +77,9 @@ def test_ranking_with_exclusions_matches_the_cpu() -> None:
 
 
 def test_next_location_scores_alike() -> None:
-    cpu, gpu = _pair(lambda: MHSA(MHSAConfig(n_locations=20, n_users=5, d_model=16, n_heads=2, d_ff=32, n_layers=2,
-                                             pointer=True)))
+    cpu, gpu = _pair(
+        lambda: MHSA(MHSAConfig(n_locations=20, n_users=5, d_model=16, n_heads=2, d_ff=32, n_layers=2, pointer=True))
+    )
     batch = collate_staypoints([[(3, 60, 0, 30)], [(3, 60, 0, 30), (4, 120, 0, 30), (5, 180, 3, 300)]], [2, 4])
     with torch.inference_mode():
         _close(cpu.scores(batch), gpu.scores(batch.to(CUDA)))  # type: ignore[operator]
@@ -83,10 +87,19 @@ def test_next_location_scores_alike() -> None:
 
 @pytest.mark.parametrize("positions", ["none", "learned", "rope", "time"])
 def test_social_scores_alike(positions: str) -> None:
-    cpu, gpu = _pair(lambda: SocialModel(SocialConfig(n_users=12, n_actions=5, emb_dim=8, n_heads=2, n_layers=2,
-                                                      d_ff=16, max_history=6, positions=positions)))
-    batch = pack_steps([[(3, 2, 100.0), (4, 3, 500.0), (3, 2, 900.0)], [(7, 4, 50.0)]],
-                       query_times=[1000.0, 86400.0], max_history=6, n_buckets=48)
+    cpu, gpu = _pair(
+        lambda: SocialModel(
+            SocialConfig(
+                n_users=12, n_actions=5, emb_dim=8, n_heads=2, n_layers=2, d_ff=16, max_history=6, positions=positions
+            )
+        )
+    )
+    batch = pack_steps(
+        [[(3, 2, 100.0), (4, 3, 500.0), (3, 2, 900.0)], [(7, 4, 50.0)]],
+        query_times=[1000.0, 86400.0],
+        max_history=6,
+        n_buckets=48,
+    )
     with torch.inference_mode():
         _close(cpu.scores(batch), gpu.scores(batch.to(CUDA)))  # type: ignore[operator]
 
@@ -94,8 +107,9 @@ def test_social_scores_alike(positions: str) -> None:
 def test_a_training_step_under_bf16_autocast_lowers_the_loss() -> None:
     """The training loop's default on CUDA: bf16 autocast, fp32 weights; the loss must still fall."""
     torch.manual_seed(0)
-    model = SASRec(SASRecConfig(vocab_size=30, max_len=10, d_model=32, n_heads=2, n_layers=2, d_ff=64,
-                                dropout=0.0, loss="softmax")).to(CUDA)
+    model = SASRec(
+        SASRecConfig(vocab_size=30, max_len=10, d_model=32, n_heads=2, n_layers=2, d_ff=64, dropout=0.0, loss="softmax")
+    ).to(CUDA)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     seq = (torch.arange(11)[None, :] + torch.arange(16)[:, None]) % 28 + 2  # each row walks the catalog
     seq = seq.to(CUDA)

@@ -57,16 +57,20 @@ def test_no_users_is_a_table(tmp_path: Path) -> None:
 
 def test_actions_round_trip(tmp_path: Path) -> None:
     users, acts = IdMap(["s1", "s2"]), IdMap(["a2q", "<-a2q"])
-    H.HistoryColumns(["s1"], [["s2", "s9"]], [[1.0, 2.0]], users, actions=[["a2q", "<-a2q"]],
-                     action_ids=acts).write(tmp_path / "t")
+    H.HistoryColumns(["s1"], [["s2", "s9"]], [[1.0, 2.0]], users, actions=[["a2q", "<-a2q"]], action_ids=acts).write(
+        tmp_path / "t"
+    )
     assert H.HistoryTable(tmp_path / "t").timeline("s1", users, acts) == [("s2", 1.0, "a2q"), ("s9", 2.0, "<-a2q")]
 
 
-@pytest.mark.parametrize(("column", "value", "problem"), [
-    ("times", np.zeros(2), "differ in length"),
-    ("ends", np.zeros(len(IDS)), "expected a 1-d int64"),
-    ("keys", np.zeros((2, 2), dtype=np.uint8), "expected a 1-d uint8"),
-])
+@pytest.mark.parametrize(
+    ("column", "value", "problem"),
+    [
+        ("times", np.zeros(2), "differ in length"),
+        ("ends", np.zeros(len(IDS)), "expected a 1-d int64"),
+        ("keys", np.zeros((2, 2), dtype=np.uint8), "expected a 1-d uint8"),
+    ],
+)
 def test_inconsistent_columns_are_refused_by_name(tmp_path: Path, column: str, value: np.ndarray, problem: str) -> None:
     _write(tmp_path / "t", IDS)
     np.save(tmp_path / "t" / f"{column}.npy", value)

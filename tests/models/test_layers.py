@@ -88,8 +88,9 @@ def test_loss_is_finite_and_backpropagates(model: torch.nn.Module) -> None:
 
 def test_sasrec_losses_all_train() -> None:
     for loss in ("sampled_softmax", "softmax", "bce"):
-        m = SASRec(SASRecConfig(vocab_size=V, max_len=8, d_model=8, n_heads=1, n_layers=1, d_ff=16, loss=loss,
-                                n_negatives=10))
+        m = SASRec(
+            SASRecConfig(vocab_size=V, max_len=8, d_model=8, n_heads=1, n_layers=1, d_ff=16, loss=loss, n_negatives=10)
+        )
         assert torch.isfinite(m.loss(torch.tensor([[5, 6, 7, 0]])))
     with pytest.raises(ValueError):
         SASRecConfig(vocab_size=V, loss="nope")

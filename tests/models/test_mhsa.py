@@ -15,8 +15,9 @@ def test_bucketing_worked_example() -> None:
 
 def _model(pointer: bool) -> MHSA:
     torch.manual_seed(0)
-    return MHSA(MHSAConfig(n_locations=20, n_users=5, d_model=16, n_heads=2, d_ff=32, n_layers=2,
-                           pointer=pointer)).eval()
+    return MHSA(
+        MHSAConfig(n_locations=20, n_users=5, d_model=16, n_heads=2, d_ff=32, n_layers=2, pointer=pointer)
+    ).eval()
 
 
 def test_collate_right_pads_and_truncates() -> None:
@@ -36,8 +37,10 @@ def test_causal_and_padding_masks() -> None:
             assert torch.allclose(m.encode(a)[0, :2], m.encode(b)[0, :2], atol=1e-6)
             # Ragged batch: each row's answer is what it gets alone.
             both = collate_staypoints([[(3, 60, 0, 30)], [(3, 60, 0, 30), (4, 120, 0, 30), (5, 180, 0, 30)]], [2, 2])
-            alone = [collate_staypoints([r], [2]) for r in ([(3, 60, 0, 30)],
-                                                              [(3, 60, 0, 30), (4, 120, 0, 30), (5, 180, 0, 30)])]
+            alone = [
+                collate_staypoints([r], [2])
+                for r in ([(3, 60, 0, 30)], [(3, 60, 0, 30), (4, 120, 0, 30), (5, 180, 0, 30)])
+            ]
             out = m.scores(both)
             for i, single in enumerate(alone):
                 assert torch.allclose(out[i], m.scores(single)[0], atol=1e-5)

@@ -95,8 +95,15 @@ def test_recommend_never_returns_seen_future_or_specials() -> None:
     model = SASRec(SASRecConfig(vocab_size=12, max_len=8, d_model=8, n_heads=1, n_layers=1, d_ff=16)).eval()
     release = release_tensor([str(i) for i in range(10)], {"9": 2020.0})  # index 11 released 2020
     with torch.inference_mode():
-        r = recommend(model, [[2, 3, 4], [5]], k=20, exclude_seen=[True, False], requested=[[6], []],
-                      release=release, reference=[2000.0, None])
+        r = recommend(
+            model,
+            [[2, 3, 4], [5]],
+            k=20,
+            exclude_seen=[True, False],
+            requested=[[6], []],
+            release=release,
+            reference=[2000.0, None],
+        )
     row0 = r.indices[0][torch.isfinite(r.scores[0])].tolist()
     assert set(row0) == set(range(2, 12)) - {2, 3, 4, 6, 11}
     row1 = r.indices[1][torch.isfinite(r.scores[1])].tolist()
@@ -113,8 +120,10 @@ def test_sparse_rank_matches_the_mask_version() -> None:
         b, v = 6, 40
         scores = torch.randn(b, v, generator=gen)
         scores[:, :2] = float("-inf")  # padding and unknown
-        seen_rows = [torch.randint(2, v, (int(torch.randint(0, 12, (1,), generator=gen)),), generator=gen).tolist()
-                     for _ in range(b)]  # duplicates included
+        seen_rows = [
+            torch.randint(2, v, (int(torch.randint(0, 12, (1,), generator=gen)),), generator=gen).tolist()
+            for _ in range(b)
+        ]  # duplicates included
         seen_rows[0] = []  # a row that keeps its seen items
         req_rows = [torch.randint(2, v, (3,), generator=gen).tolist() if r % 2 else [] for r in range(b)]
         if trial % 3 == 1:  # no row requests anything, or no row excludes its seen items: index_rows gives None
@@ -123,15 +132,21 @@ def test_sparse_rank_matches_the_mask_version() -> None:
             seen_rows = [[] for _ in range(b)]
         fut = torch.rand(b, v, generator=gen) < 0.2 if trial % 2 else None
         k = int(torch.randint(1, v + 5, (1,), generator=gen))
-        dense = rank_by_masks(scores, k, seen=index_mask(pad_rows(seen_rows), v), future=fut,
-                     requested=index_mask(pad_rows(req_rows), v))
-        for sparse in (rank_sparse(scores, k, seen=pad_rows(seen_rows), future=fut, requested=pad_rows(req_rows)),
-                       rank_sparse(scores, k, seen=index_rows(seen_rows), future=fut, requested=index_rows(req_rows))):
+        dense = rank_by_masks(
+            scores, k, seen=index_mask(pad_rows(seen_rows), v), future=fut, requested=index_mask(pad_rows(req_rows), v)
+        )
+        for sparse in (
+            rank_sparse(scores, k, seen=pad_rows(seen_rows), future=fut, requested=pad_rows(req_rows)),
+            rank_sparse(scores, k, seen=index_rows(seen_rows), future=fut, requested=index_rows(req_rows)),
+        ):
             assert torch.equal(dense.scores, sparse.scores)
             finite = torch.isfinite(dense.scores)
             assert torch.equal(dense.indices[finite], sparse.indices[finite])  # ties among -inf may differ
-            for a, c in ((dense.n_seen, sparse.n_seen), (dense.n_future, sparse.n_future),
-                         (dense.n_requested, sparse.n_requested)):
+            for a, c in (
+                (dense.n_seen, sparse.n_seen),
+                (dense.n_future, sparse.n_future),
+                (dense.n_requested, sparse.n_requested),
+            ):
                 assert torch.equal(a, c)
 
 

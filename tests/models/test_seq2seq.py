@@ -24,8 +24,11 @@ def test_mask_shapes_and_meaning() -> None:
     assert pad.dtype == torch.bool and pad.shape == (2, 1, 1, 3)
     assert pad[0, 0, 0].tolist() == [False, False, True]
     causal = causal_attention_mask(3)
-    assert causal.shape == (1, 1, 3, 3) and causal[0, 0].tolist() == [[False, True, True], [False, False, True],
-                                                                      [False, False, False]]
+    assert causal.shape == (1, 1, 3, 3) and causal[0, 0].tolist() == [
+        [False, True, True],
+        [False, False, True],
+        [False, False, False],
+    ]
     dec = decoder_mask(seq)
     assert dec.shape == (2, 1, 3, 3) and torch.equal(dec, pad | causal)
     assert dec[1, 0, 2].tolist() == [False, True, True]  # padding hides key 1 even below the diagonal

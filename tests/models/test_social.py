@@ -6,8 +6,9 @@ from models.social import SocialBatch, SocialConfig, SocialModel, pack_steps, ti
 
 def _model(**kw: object) -> SocialModel:
     torch.manual_seed(0)
-    cfg = SocialConfig(n_users=12, n_actions=5, emb_dim=8, n_heads=2, n_layers=2, d_ff=16, dropout=0.0,
-                       max_history=6, **kw)
+    cfg = SocialConfig(
+        n_users=12, n_actions=5, emb_dim=8, n_heads=2, n_layers=2, d_ff=16, dropout=0.0, max_history=6, **kw
+    )
     return SocialModel(cfg).eval()
 
 

@@ -30,17 +30,28 @@ def _rec(model: SASRec | BERT4Rec) -> Callable[[list[list[int]]], torch.Tensor]:
 
 def _social(cfg: SocialConfig) -> Callable[[list[list[int]]], Any]:
     def build(rows: list[list[int]]) -> Any:
-        steps = [[(x % cfg.n_users, N_SPECIAL + x % (cfg.n_actions - N_SPECIAL), 1e6 - 977.0 * (len(r) - i))
-                  for i, x in enumerate(r)] for r in rows]
-        return pack_steps(steps, query_times=[1e6] * len(rows), max_history=cfg.max_history,
-                          n_buckets=cfg.n_time_buckets)
+        steps = [
+            [
+                (x % cfg.n_users, N_SPECIAL + x % (cfg.n_actions - N_SPECIAL), 1e6 - 977.0 * (len(r) - i))
+                for i, x in enumerate(r)
+            ]
+            for r in rows
+        ]
+        return pack_steps(
+            steps, query_times=[1e6] * len(rows), max_history=cfg.max_history, n_buckets=cfg.n_time_buckets
+        )
+
     return build
 
 
 def _stays(cfg: MHSAConfig) -> Callable[[list[list[int]]], Any]:
     def build(rows: list[list[int]]) -> Any:
-        return collate_staypoints([[(x % cfg.n_locations, 61 * i % 1440, i % 7, 29 * i) for i, x in enumerate(r)]
-                                   for r in rows], [n % cfg.n_users for n in range(len(rows))], max_len=cfg.max_len)
+        return collate_staypoints(
+            [[(x % cfg.n_locations, 61 * i % 1440, i % 7, 29 * i) for i, x in enumerate(r)] for r in rows],
+            [n % cfg.n_users for n in range(len(rows))],
+            max_len=cfg.max_len,
+        )
+
     return build
 
 
@@ -52,12 +63,23 @@ def _cases() -> list[tuple[str, nn.Module, Callable[[list[list[int]]], Any]]]:
         cases.append((name, m.eval(), _rec(m)))
     for positions in ("none", "learned", "rope", "time"):
         for pooling, copy in (("mean", True), ("last", False)):
-            cfg = SocialConfig(n_users=VOCAB, n_actions=5, emb_dim=8, n_heads=2, n_layers=2, d_ff=16,
-                               max_history=MAX_LEN, positions=positions, pooling=pooling, copy_head=copy)
+            cfg = SocialConfig(
+                n_users=VOCAB,
+                n_actions=5,
+                emb_dim=8,
+                n_heads=2,
+                n_layers=2,
+                d_ff=16,
+                max_history=MAX_LEN,
+                positions=positions,
+                pooling=pooling,
+                copy_head=copy,
+            )
             cases.append((f"social-{positions}-{pooling}", SocialModel(cfg).eval(), _social(cfg)))
     for pointer in (False, True):
-        mcfg = MHSAConfig(n_locations=VOCAB, n_users=5, d_model=16, n_heads=2, d_ff=32, n_layers=2, pointer=pointer,
-                          max_len=MAX_LEN)
+        mcfg = MHSAConfig(
+            n_locations=VOCAB, n_users=5, d_model=16, n_heads=2, d_ff=32, n_layers=2, pointer=pointer, max_len=MAX_LEN
+        )
         cases.append((f"mhsa-pointer-{pointer}", MHSA(mcfg).eval(), _stays(mcfg)))
     return cases
 

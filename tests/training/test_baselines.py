@@ -51,8 +51,9 @@ def test_item_knn_sums_similarities_over_the_history() -> None:
 
 
 @pytest.mark.parametrize("block_pairs", [7, 100, 10**9])
-def test_item_knn_built_in_blocks_matches_the_dense_definition(block_pairs: int,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_item_knn_built_in_blocks_matches_the_dense_definition(
+    block_pairs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Cosine over users, self excluded, top `neighbours` per item with ties to the lower id: the same
     neighbours however the items are split into blocks."""
     from training import evaluate as ev
@@ -60,8 +61,10 @@ def test_item_knn_built_in_blocks_matches_the_dense_definition(block_pairs: int,
     monkeypatch.setattr(ev, "KNN_BLOCK_PAIRS", block_pairs)
     gen = torch.Generator().manual_seed(0)
     vocab = 40
-    known = [torch.randint(3, vocab, (int(torch.randint(1, 12, (1,), generator=gen)),), generator=gen).tolist()
-             for _ in range(60)]
+    known = [
+        torch.randint(3, vocab, (int(torch.randint(1, 12, (1,), generator=gen)),), generator=gen).tolist()
+        for _ in range(60)
+    ]
     ui = torch.zeros(len(known), vocab)
     for u, seq in enumerate(known):
         ui[u, seq] = 1.0

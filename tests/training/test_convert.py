@@ -80,8 +80,12 @@ def test_a_user_is_answered_as_its_stored_history_given_in_the_query(
     social = name == "social-tiny"
     # The social model keeps seen users by default and never ranks the actor: ask both ways alike.
     by_user = engine.answer([RecQuery(u, k=7, exclude_seen=True) for u in users])
-    given = engine.answer([RecQuery(None, list(engine.stored_timeline(u)), k=7, exclude_seen=True,
-                                    exclude_items=[u] if social else []) for u in users])
+    given = engine.answer(
+        [
+            RecQuery(None, list(engine.stored_timeline(u)), k=7, exclude_seen=True, exclude_items=[u] if social else [])
+            for u in users
+        ]
+    )
     assert len(users) > 10
     for u, a, b in zip(users, by_user, given, strict=True):
         assert a.items == b.items, u

@@ -9,10 +9,23 @@ from training.__main__ import CONFIGS
 # A few hundred steps of a small model on short sequences: enough to copy if attention, masks,
 # positions and decoding are right, and nowhere near it if any of them is broken.
 TINY_COPY = [
-    "data.vocab_size=10", "data.min_len=3", "data.max_len=6", "data.num_samples=4000", "data.val_samples=200",
-    "data.test_min_len=7", "data.test_max_len=8", "data.test_samples=50",
-    "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.d_ff=64",
-    "train.epochs=5", "train.batch_size=32", "train.warmup_steps=50", "train.lr=2e-3", "train.threads=2",
+    "data.vocab_size=10",
+    "data.min_len=3",
+    "data.max_len=6",
+    "data.num_samples=4000",
+    "data.val_samples=200",
+    "data.test_min_len=7",
+    "data.test_max_len=8",
+    "data.test_samples=50",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.n_layers=2",
+    "model.d_ff=64",
+    "train.epochs=5",
+    "train.batch_size=32",
+    "train.warmup_steps=50",
+    "train.lr=2e-3",
+    "train.threads=2",
     "eval.predictions=5",
 ]
 
@@ -24,8 +37,10 @@ def test_tiny_copy_task_learns_to_copy_and_writes_its_run(tmp_path: Path) -> Non
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["valid"]["token_acc"] >= 0.9, metrics["valid"]
     epochs = metrics["epochs"]
-    assert len(epochs) == metrics["epochs_run"] and {"train_loss", "val_loss", "val_token_acc",
-                                                      "val_seq_acc"} <= epochs[0].keys()
+    assert (
+        len(epochs) == metrics["epochs_run"]
+        and {"train_loss", "val_loss", "val_token_acc", "val_seq_acc"} <= epochs[0].keys()
+    )
     run = json.loads((folder / "run_config.json").read_text())
     best = run["best_checkpoint"]
     assert best["epoch"] == metrics["best_epoch"] and best["val_loss"] == min(e["val_loss"] for e in epochs)

@@ -18,12 +18,24 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.mark.parametrize("precision", ["auto", "fp32"])
 @pytest.mark.parametrize("kind", ["sasrec", "bert4rec"])
-def test_recommender_trained_on_cuda_beats_popularity(kind: str, precision: str, synthetic_dir: Path,
-                                                      tmp_path: Path) -> None:
+def test_recommender_trained_on_cuda_beats_popularity(
+    kind: str, precision: str, synthetic_dir: Path, tmp_path: Path
+) -> None:
     # Long enough for the tiny BERT4Rec too: 150 epochs at lr 5e-3 give 0.60-0.75 on the CPU over 4 seeds.
-    folder = run_job([f"model.kind='{kind}'", f"name='{kind}-cuda'", *TINY_REC, "train.epochs=150",
-                      "train.patience=150", "train.lr=0.005", "train.device='cuda'", f"train.precision='{precision}'"],
-                     tmp_path, synthetic_dir)
+    folder = run_job(
+        [
+            f"model.kind='{kind}'",
+            f"name='{kind}-cuda'",
+            *TINY_REC,
+            "train.epochs=150",
+            "train.patience=150",
+            "train.lr=0.005",
+            "train.device='cuda'",
+            f"train.precision='{precision}'",
+        ],
+        tmp_path,
+        synthetic_dir,
+    )
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["device"].startswith("cuda")
     # The synthetic users walk the catalog in a cycle (popularity: 0.21): a model that learned it is far above.

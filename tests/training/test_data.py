@@ -80,8 +80,13 @@ def test_a_folder_of_parquet_parts_loads_as_one_table(tmp_path: Path) -> None:
     """As Spark writes one: part files, partition folders, a _SUCCESS marker and hidden checksum files."""
     import pandas as pd
 
-    rows = pd.DataFrame({"user_id": ["a", "b", "a", "c", "b", "a"], "item_id": ["x", "y", "z", "x", "x", "y"],
-                         "timestamp": [5, 1, 2, 9, 3, 7]})
+    rows = pd.DataFrame(
+        {
+            "user_id": ["a", "b", "a", "c", "b", "a"],
+            "item_id": ["x", "y", "z", "x", "x", "y"],
+            "timestamp": [5, 1, 2, 9, 3, 7],
+        }
+    )
     rows.to_csv(tmp_path / "log.csv", index=False)
     folder = tmp_path / "log"
     (folder / "day=1").mkdir(parents=True)
@@ -120,14 +125,19 @@ def test_parquet_columns_read_as_the_strings_a_csv_would_hold(tmp_path: Path) ->
 
     from training.data.tables import read_table
 
-    pq.write_table(pa.table({
-        "int_ids": pa.array([7, 12345678901, -3], pa.int64()),
-        "str_ids": ["a b", "ü", ""],
-        "nullable": pa.array([1, None, 3], pa.int64()),
-        "floats": [2.0, 2.5, None],
-        "text_or_null": ["x", None, "z"],
-        "when": pa.array([0, 1_600_000_000_000_000, 1], pa.timestamp("us", tz="UTC")),
-    }), tmp_path / "t.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "int_ids": pa.array([7, 12345678901, -3], pa.int64()),
+                "str_ids": ["a b", "ü", ""],
+                "nullable": pa.array([1, None, 3], pa.int64()),
+                "floats": [2.0, 2.5, None],
+                "text_or_null": ["x", None, "z"],
+                "when": pa.array([0, 1_600_000_000_000_000, 1], pa.timestamp("us", tz="UTC")),
+            }
+        ),
+        tmp_path / "t.parquet",
+    )
     df = read_table(tmp_path / "t.parquet")
     assert df["int_ids"].tolist() == ["7", "12345678901", "-3"]
     assert df["str_ids"].tolist() == ["a b", "ü", ""]
@@ -142,9 +152,13 @@ def test_parquet_columns_read_as_the_strings_a_csv_would_hold(tmp_path: Path) ->
 def _log_rows(n: int, seed: int = 0) -> pd.DataFrame:
 
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({"user_id": [f"u{u}" for u in rng.integers(0, 30, n)],
-                         "item_id": [f"i {i}" for i in rng.zipf(1.5, n) % 50],
-                         "timestamp": rng.integers(0, 20, n)})  # many ties: file order must decide them
+    return pd.DataFrame(
+        {
+            "user_id": [f"u{u}" for u in rng.integers(0, 30, n)],
+            "item_id": [f"i {i}" for i in rng.zipf(1.5, n) % 50],
+            "timestamp": rng.integers(0, 20, n),
+        }
+    )  # many ties: file order must decide them
 
 
 def test_a_table_read_in_chunks_loads_as_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,8 +185,12 @@ def test_a_table_read_in_chunks_loads_as_read_whole(tmp_path: Path, monkeypatch:
         monkeypatch.setattr(tables, "CHUNK_ROWS", chunk)
         for path in (tmp_path / "log.csv", folder):
             got = load_interactions(path)
-            assert (got.users, got.item_ids, item_lists(got), time_lists(got)) == \
-                (whole.users, whole.item_ids, item_lists(whole), time_lists(whole)), (chunk, path.name)
+            assert (got.users, got.item_ids, item_lists(got), time_lists(got)) == (
+                whole.users,
+                whole.item_ids,
+                item_lists(whole),
+                time_lists(whole),
+            ), (chunk, path.name)
 
 
 def test_a_defect_in_a_later_chunk_names_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

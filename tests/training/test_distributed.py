@@ -37,10 +37,33 @@ def test_torchrun_two_cpu_ranks_write_one_artifact(tmp_path: Path, synthetic_dir
     out = tmp_path / "arts"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-         "-m", "training", "train", "--config", str(cfg), "--data", str(synthetic_dir), "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "training",
+            "train",
+            "--config",
+            str(cfg),
+            "--data",
+            str(synthetic_dir),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
@@ -54,12 +77,18 @@ def test_torchrun_two_cpu_ranks_write_one_artifact(tmp_path: Path, synthetic_dir
     assert len(art.histories) == 40
 
 
-@pytest.mark.parametrize(("gpus", "local_world", "rank", "want"), [
-    (0, 1, 0, "cpu"), (1, 1, 0, "cuda:0"), (4, 2, 1, "cuda:1"),
-    (1, 2, 1, "cpu"),  # more ranks than GPUs on the host: every rank on the CPU, never cuda:1 of 1
-])
-def test_auto_device_per_rank(gpus: int, local_world: int, rank: int, want: str,
-                              monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("gpus", "local_world", "rank", "want"),
+    [
+        (0, 1, 0, "cpu"),
+        (1, 1, 0, "cuda:0"),
+        (4, 2, 1, "cuda:1"),
+        (1, 2, 1, "cpu"),  # more ranks than GPUs on the host: every rank on the CPU, never cuda:1 of 1
+    ],
+)
+def test_auto_device_per_rank(
+    gpus: int, local_world: int, rank: int, want: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))

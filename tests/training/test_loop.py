@@ -49,8 +49,9 @@ def test_the_budget_stops_training_inside_an_epoch_with_the_best_weights() -> No
     assert hist.best_epoch == 1 and float(model.w.detach().abs().sum()) > 0  # the trained weights were kept
 
 
-def test_a_long_epoch_logs_its_progress_without_a_bar(monkeypatch: pytest.MonkeyPatch,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_a_long_epoch_logs_its_progress_without_a_bar(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(loop, "LOG_EVERY_S", 0.1)
     caplog.set_level(logging.INFO, logger="training.loop")
     loop.train(Slow(0.01), batches(60), LoopConfig(epochs=1, max_minutes=10), validate=None)
@@ -59,8 +60,7 @@ def test_a_long_epoch_logs_its_progress_without_a_bar(monkeypatch: pytest.Monkey
     assert all("rows/s" in line and "left in the epoch" in line for line in lines)
 
 
-def test_a_long_evaluation_logs_its_progress(monkeypatch: pytest.MonkeyPatch,
-                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_a_long_evaluation_logs_its_progress(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from training import evaluate as ev
     from training.splits import EvalSet
 
@@ -77,8 +77,9 @@ def test_a_long_evaluation_logs_its_progress(monkeypatch: pytest.MonkeyPatch,
     assert out["n"] == 40 and len(lines) >= 3 and all("users/s" in line for line in lines), lines
 
 
-def test_drawing_negatives_for_many_users_logs_its_progress(monkeypatch: pytest.MonkeyPatch,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_drawing_negatives_for_many_users_logs_its_progress(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from training import evaluate as ev
     from training.splits import EvalSet
 

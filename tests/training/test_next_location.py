@@ -30,8 +30,10 @@ def test_protocol_counts_worked_by_hand() -> None:
     assert len(train) == 11 and all(len(s.history) == 7 for s in train)
     assert train[0].target.day == 7 and [h.day for h in train[0].history] == list(range(7))
     # Two points a day: history = the previous 7 days plus the earlier point of the same day.
-    two = sorted([_pt("2", "A", d, 60) for d in range(10)] + [_pt("2", "B", d, 600) for d in range(10)],
-                 key=lambda p: (p.day, p.start_min))
+    two = sorted(
+        [_pt("2", "A", d, 60) for d in range(10)] + [_pt("2", "B", d, 600) for d in range(10)],
+        key=lambda p: (p.day, p.start_min),
+    )
     s = samples(two)
     assert len(s) == 6 and len(s[0].history) == 14 and len(s[1].history) == 15
     # Location ids are fitted on train: 0 padding, 1 unknown, known ids from 2.
@@ -47,8 +49,10 @@ def test_loader_errors_name_the_row(tmp_path: Path) -> None:
     p.write_text("user_id,location_id,started_at,finished_at\n1,2,2024-01-01T10:00,2024-01-01T09:00\n")
     with pytest.raises(DataFormatError, match=r"s\.csv:2: finished_at is before started_at"):
         load_staypoints(p)
-    p.write_text("user_id,location_id,started_at,finished_at\n1,2,2024-01-01T10:00,2024-01-01T12:30\n"
-                 "1,3,2024-01-03T08:15,2024-01-03T09:00\n")
+    p.write_text(
+        "user_id,location_id,started_at,finished_at\n1,2,2024-01-01T10:00,2024-01-01T12:30\n"
+        "1,3,2024-01-03T08:15,2024-01-03T09:00\n"
+    )
     pts = load_staypoints(p).points
     assert [(q.day, q.start_min, q.duration, q.weekday) for q in pts] == [(0, 600, 150, 0), (2, 495, 45, 2)]
 

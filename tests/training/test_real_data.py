@@ -1,6 +1,5 @@
 """Loaders on the real files beside the project; skipped with a reason where they are absent."""
 
-
 import pytest
 
 from tests.conftest import SHARED_DATA, time_lists

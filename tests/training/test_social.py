@@ -21,8 +21,11 @@ def _write(tmp_path: Path, text: str, name: str = "log.csv") -> Path:
 
 
 def test_loader_sorts_drops_loops_and_duplicates_and_reads_iso_times(tmp_path: Path) -> None:
-    p = _write(tmp_path, "src,dst,action,timestamp\n"
-                         "a,b,x,2020-01-01T00:00:10Z\nb,b,x,5\na,c,y,3\na,c,y,3\nc,a,follow,2020-01-01T00:00:00\n")
+    p = _write(
+        tmp_path,
+        "src,dst,action,timestamp\n"
+        "a,b,x,2020-01-01T00:00:10Z\nb,b,x,5\na,c,y,3\na,c,y,3\nc,a,follow,2020-01-01T00:00:00\n",
+    )
     log = load_social(p)
     assert list(log.src) == ["a", "c", "a"] and list(log.action) == ["y", "follow", "x"]
     assert log.dropped_self_loops == 1 and log.dropped_duplicates == 1
@@ -30,20 +33,34 @@ def test_loader_sorts_drops_loops_and_duplicates_and_reads_iso_times(tmp_path: P
     assert len(load_social(p, drop_self_loops=False)) == 4
 
 
-@pytest.mark.parametrize(("text", "where"), [
-    ("src,dst,action\na,b,x\n", "missing column(s) ['timestamp']"),
-    ("src,dst,action,timestamp\na,b,x,1\na,b,x,yesterday\n", ":3: timestamp 'yesterday'"),
-    ("src,dst,action,timestamp\na,,x,1\n", ":2: empty dst"),
-])
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("src,dst,action\na,b,x\n", "missing column(s) ['timestamp']"),
+        ("src,dst,action,timestamp\na,b,x,1\na,b,x,yesterday\n", ":3: timestamp 'yesterday'"),
+        ("src,dst,action,timestamp\na,,x,1\n", ":2: empty dst"),
+    ],
+)
 def test_malformed_logs_name_file_and_line(tmp_path: Path, text: str, where: str) -> None:
-    with pytest.raises(DataFormatError, match=where.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
-                       .replace("]", r"\]")):
+    with pytest.raises(
+        DataFormatError, match=where.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")
+    ):
         load_social(_write(tmp_path, text))
 
 
 def test_queries_need_an_earlier_actor_event_and_a_known_target(tmp_path: Path) -> None:
-    rows = [("a", "b", 1), ("b", "c", 2), ("a", "c", 3), ("a", "b", 4), ("d", "b", 5), ("a", "e", 6), ("e", "a", 7),
-            ("b", "a", 8), ("a", "d", 9), ("e", "b", 10)]
+    rows = [
+        ("a", "b", 1),
+        ("b", "c", 2),
+        ("a", "c", 3),
+        ("a", "b", 4),
+        ("d", "b", 5),
+        ("a", "e", 6),
+        ("e", "a", 7),
+        ("b", "a", 8),
+        ("a", "d", 9),
+        ("e", "b", 10),
+    ]
     p = _write(tmp_path, "src,dst,action,timestamp\n" + "".join(f"{s},{d},x,{t}\n" for s, d, t in rows))
     log = load_social(p)
     periods = Periods.of(len(log), valid_share=0.2, test_share=0.4)
@@ -91,8 +108,14 @@ def test_most_recent_baseline_ranks_the_latest_distinct_target_first(social_file
     prev = np.array([tgt[[i for i in range(e) if log.src[i] == log.src[e]][-1]] for e in events])
     src = np.array([users[s] for s in log.src[events]])
     keep = prev != src
-    qs = QuerySet(events[keep], torch.from_numpy(prev[keep]), torch.from_numpy(src[keep]),
-                  torch.ones(int(keep.sum()), dtype=torch.bool), torch.from_numpy(log.time[events[keep]]), pool)
+    qs = QuerySet(
+        events[keep],
+        torch.from_numpy(prev[keep]),
+        torch.from_numpy(src[keep]),
+        torch.ones(int(keep.sum()), dtype=torch.bool),
+        torch.from_numpy(log.time[events[keep]]),
+        pool,
+    )
     b = Baselines(tl, torch.from_numpy(tgt), log.time, len(users) + 2)
     assert evaluate_scorer(qs, b.most_recent(qs))["all"]["HR@10"] == 1.0
     assert evaluate_scorer(qs, b.most_recent(qs))["all"]["MRR"] == 1.0
@@ -101,11 +124,25 @@ def test_most_recent_baseline_ranks_the_latest_distinct_target_first(social_file
 def test_tiny_social_job_beats_popularity_and_exports_the_contract(tiny_social_artifact: Path) -> None:
     folder = latest_versions(tiny_social_artifact)["social-tiny"]
     names = {p.name for p in folder.iterdir()}
-    assert {"manifest.json", "model.pt", "users.json", "actions.json", "histories", "user_meta.json",
-            "metrics.json", "run_config.json", "curves.png"} <= names
+    assert {
+        "manifest.json",
+        "model.pt",
+        "users.json",
+        "actions.json",
+        "histories",
+        "user_meta.json",
+        "metrics.json",
+        "run_config.json",
+        "curves.png",
+    } <= names
     m = json.loads((folder / "metrics.json").read_text())
-    assert set(m["baselines_test"]) == {"popularity", "recent_popularity", "most_recent", "most_recent_contact",
-                                        "most_frequent"}
+    assert set(m["baselines_test"]) == {
+        "popularity",
+        "recent_popularity",
+        "most_recent",
+        "most_recent_contact",
+        "most_frequent",
+    }
     assert {"all", "repeat", "new"} == set(m["test"])
     assert m["test"]["all"]["NDCG@10"] > m["baselines_test"]["popularity"]["all"]["NDCG@10"]
     art = load_artifact(folder)
@@ -123,17 +160,23 @@ def _two_way(rows: list[tuple[str, str, str, int]], tmp_path: Path) -> tuple[Tim
     users = {u: n + 2 for n, u in enumerate(sorted(set(log.src) | set(log.dst)))}
     acts = {"x": 2, "<-x": 3}
     tl, row = Timelines.both_directions(
-        log.src, log.dst, src_index=np.array([users[u] for u in log.src]),
-        dst_index=np.array([users[u] for u in log.dst]), actions=np.array([acts[a] for a in log.action]),
-        incoming_actions=np.array([acts["<-" + a] for a in log.action]), times=log.time)
+        log.src,
+        log.dst,
+        src_index=np.array([users[u] for u in log.src]),
+        dst_index=np.array([users[u] for u in log.dst]),
+        actions=np.array([acts[a] for a in log.action]),
+        incoming_actions=np.array([acts["<-" + a] for a in log.action]),
+        times=log.time,
+    )
     return tl, row, users
 
 
 def test_two_way_windows_hold_what_others_did_before_and_never_at_the_same_second(tmp_path: Path) -> None:
     # b acts on a at 1; a on c at 2; d on a at 3 and a on d at 3 (same second: d's step is not a's history yet);
     # a on b at 4 is the query.
-    tl, row, u = _two_way([("b", "a", "x", 1), ("a", "c", "x", 2), ("d", "a", "x", 3), ("a", "d", "x", 3),
-                           ("a", "b", "x", 4)], tmp_path)
+    tl, row, u = _two_way(
+        [("b", "a", "x", 1), ("a", "c", "x", 2), ("d", "a", "x", 3), ("a", "d", "x", 3), ("a", "b", "x", 4)], tmp_path
+    )
     targets, actions, _ = tl.window(row[[3, 4]], 5)
     assert [x for x in targets[0].tolist() if x] == [u["b"], u["c"]]  # a->d at 3: d->a at 3 not yet seen
     assert [x for x in targets[1].tolist() if x] == [u["b"], u["c"], u["d"], u["d"]]
@@ -150,8 +193,14 @@ def test_most_recent_contact_finds_who_reached_out(tmp_path: Path) -> None:
     own = Timelines(log.src, tgt, np.zeros(len(log), dtype=np.int64), log.time)
     pool = torch.ones(len(u) + 2, dtype=torch.bool)
     pool[:2] = False
-    qs = QuerySet(np.array([2]), torch.tensor([u["c"]]), torch.tensor([u["a"]]), torch.tensor([False]),
-                  torch.from_numpy(log.time[[2]]), pool)
+    qs = QuerySet(
+        np.array([2]),
+        torch.tensor([u["c"]]),
+        torch.tensor([u["a"]]),
+        torch.tensor([False]),
+        torch.from_numpy(log.time[[2]]),
+        pool,
+    )
     b = Baselines(own, torch.from_numpy(tgt), log.time, len(u) + 2, contacts=tl2, contact_row=row)
     assert evaluate_scorer(qs, b.most_recent_contact(qs))["all"]["MRR"] == 1.0
     assert evaluate_scorer(qs, b.most_recent(qs))["all"]["MRR"] < 1.0
@@ -180,8 +229,11 @@ def test_without_received_steps_histories_and_events_are_one_way(social_file: Pa
     from models.tasks.social import SocialEngine
     from tests.conftest import TINY_SOCIAL, run_job
 
-    folder = run_job([*TINY_SOCIAL, "data.incoming=false", "train.epochs=1", "train.refit_epochs=0",
-                      "eval.baselines=false"], tmp_path, social_file)
+    folder = run_job(
+        [*TINY_SOCIAL, "data.incoming=false", "train.epochs=1", "train.refit_epochs=0", "eval.baselines=false"],
+        tmp_path,
+        social_file,
+    )
     art = load_artifact(folder)
     assert sorted(art.actions.raws()) == ["a2q", "c2a", "c2q"]
     assert not any((a or "").startswith("<-") for u in stored_users(art) for _, _, a in stored(art, u))

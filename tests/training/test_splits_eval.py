@@ -44,6 +44,7 @@ def test_sampled_negatives_avoid_interacted_items() -> None:
     from training.splits import EvalSet
 
     vocab = 2 + 200
+
     # Items the user touched (3..101) outscore the target (item 2); the 100 untouched items (102..201)
     # score below it. Only when negatives and full-ranking candidates leave the touched items out
     # does the target rank first; one touched item drawn as a negative would push it to rank 2.
@@ -90,8 +91,9 @@ def test_shared_negatives_are_the_ones_each_scorer_would_draw() -> None:
             assert not set(negs.tolist()) & set(row)
         kw = {"vocab_size": vocab, "max_history": 8, "protocol": proto, "popularity": pop}
         assert evaluate(score, data, negatives=drawn, **kw) == evaluate(score, data, **kw)  # type: ignore[arg-type]
-        other = draw_negatives(data, vocab_size=vocab, protocol=Protocol(name, 50, batch_size=32, seed=1),
-                               popularity=pop)
+        other = draw_negatives(
+            data, vocab_size=vocab, protocol=Protocol(name, 50, batch_size=32, seed=1), popularity=pop
+        )
         assert evaluate(score, data, negatives=other, **kw) != evaluate(score, data, **kw)  # type: ignore[arg-type]
 
 
@@ -144,9 +146,12 @@ def test_a_large_catalog_is_scored_in_smaller_batches_with_the_same_results(monk
 
     g = torch.Generator().manual_seed(0)
     table = torch.randn(30, 30, generator=g)
-    data = EvalSet(users=list(range(50)), histories=[[2 + u % 20, 3 + u % 25] for u in range(50)],
-                   targets=[4 + u % 26 for u in range(50)], interacted=[[2 + u % 20, 3 + u % 25, 4 + u % 26]
-                                                                         for u in range(50)])
+    data = EvalSet(
+        users=list(range(50)),
+        histories=[[2 + u % 20, 3 + u % 25] for u in range(50)],
+        targets=[4 + u % 26 for u in range(50)],
+        interacted=[[2 + u % 20, 3 + u % 25, 4 + u % 26] for u in range(50)],
+    )
 
     def scores(seq: torch.Tensor) -> torch.Tensor:
         return table[seq[:, 0]]

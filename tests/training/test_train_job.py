@@ -19,8 +19,16 @@ def test_artifact_contract(tiny_artifacts: Path) -> None:
     assert set(versions) == {"sasrec-tiny", "bert4rec-tiny"}
     for folder in versions.values():
         names = {p.name for p in folder.iterdir()}
-        assert {"manifest.json", "model.pt", "items.json", "item_meta.json", "histories",
-                "metrics.json", "run_config.json", "curves.png"} <= names
+        assert {
+            "manifest.json",
+            "model.pt",
+            "items.json",
+            "item_meta.json",
+            "histories",
+            "metrics.json",
+            "run_config.json",
+            "curves.png",
+        } <= names
         manifest = json.loads((folder / "manifest.json").read_text())
         assert manifest["format_version"] == 1 and len(manifest["data"]["sha256"]) == 64
         assert {"full", "popularity", "uniform"} <= manifest["metrics"]["test"].keys()
@@ -35,8 +43,9 @@ def test_artifact_contract(tiny_artifacts: Path) -> None:
 
 
 def test_training_is_reproducible(tiny_artifacts: Path, synthetic_dir: Path, tmp_path: Path) -> None:
-    again = run_job(["model.kind='sasrec'", "name='sasrec-tiny'", "model.n_negatives=8", *TINY_REC], tmp_path,
-                    synthetic_dir)
+    again = run_job(
+        ["model.kind='sasrec'", "name='sasrec-tiny'", "model.n_negatives=8", *TINY_REC], tmp_path, synthetic_dir
+    )
     first = latest_versions(tiny_artifacts)["sasrec-tiny"]
     a = torch.load(first / "model.pt", weights_only=True)["state_dict"]
     b = torch.load(again / "model.pt", weights_only=True)["state_dict"]
@@ -117,8 +126,18 @@ def test_refit_adds_the_validation_items(synthetic_dir: Path, tmp_path: Path) ->
 
     split = leave_one_out([[2, 3, 4, 5], [6, 7]])
     assert split.test.histories == [[2, 3, 4]] and short_sequences(split) == [[6, 7]]
-    folder = run_job(["model.kind='sasrec'", "name='refit'", "model.n_negatives=8", *TINY_REC, "train.epochs=2",
-                      "train.refit_epochs=1"], tmp_path, synthetic_dir)
+    folder = run_job(
+        [
+            "model.kind='sasrec'",
+            "name='refit'",
+            "model.n_negatives=8",
+            *TINY_REC,
+            "train.epochs=2",
+            "train.refit_epochs=1",
+        ],
+        tmp_path,
+        synthetic_dir,
+    )
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["protocol"]["refit_epochs_with_validation_items"] == 1
     assert "1 refit epochs" in metrics["stopped"] and metrics["valid"]["full"]["n"] == 40
@@ -162,8 +181,14 @@ def test_shipped_configs_parse_and_recommenders_default_to_the_product_protocol(
 
 def test_test_metrics_on_a_seeded_sample_of_users(synthetic_dir: Path, tmp_path: Path) -> None:
     """eval.test_users: the model and every baseline scored on the same sample, which metrics.json states."""
-    overrides = ["model.kind='sasrec'", "name='sampled'", "model.n_negatives=8", *TINY_REC, "train.epochs=1",
-                 "eval.test_users=10"]
+    overrides = [
+        "model.kind='sasrec'",
+        "name='sampled'",
+        "model.n_negatives=8",
+        *TINY_REC,
+        "train.epochs=1",
+        "eval.test_users=10",
+    ]
     metrics = json.loads((run_job(overrides, tmp_path / "a", synthetic_dir) / "metrics.json").read_text())
     assert metrics["protocol"]["test_users"] == {"scored": 10, "of": 40, "seed": 42}
     assert {m["n"] for m in metrics["test"].values()} == {10.0}

@@ -77,7 +77,12 @@ def per_user(flat: list[Any], ends: np.ndarray) -> list[list[Any]]:
 
 
 def group_codes(
-    user_codes: np.ndarray, users: list[str], item_codes: np.ndarray, item_ids: Sequence[str], times: np.ndarray, *,
+    user_codes: np.ndarray,
+    users: list[str],
+    item_codes: np.ndarray,
+    item_ids: Sequence[str],
+    times: np.ndarray,
+    *,
     source: str,
 ) -> Interactions:
     """Rows given as codes into `users` and `item_ids` -> per-user sequences (users keep their order);
@@ -93,16 +98,28 @@ def group_codes(
     first_seen = pd.unique(items)  # hash-based: order of appearance, no sort of the whole column
     renumber = np.zeros(len(item_ids), dtype=np.int32)
     renumber[first_seen] = np.arange(len(first_seen), dtype=np.int32)
-    return Interactions(users, np.asarray(item_ids, dtype=object)[first_seen].tolist(), ends.astype(np.int64),
-                        renumber[items], times, source=source)
+    return Interactions(
+        users,
+        np.asarray(item_ids, dtype=object)[first_seen].tolist(),
+        ends.astype(np.int64),
+        renumber[items],
+        times,
+        source=source,
+    )
 
 
 def group(users: pd.Series, items: pd.Series, times: np.ndarray, *, source: str) -> Interactions:
     """Rows of raw ids -> per-user sequences (users in order of first appearance); see group_codes."""
     user_codes, user_ids = pd.factorize(users)
     item_codes, item_ids = pd.factorize(items)
-    return group_codes(user_codes, [str(u) for u in user_ids], item_codes, [str(i) for i in item_ids],
-                       np.asarray(times, dtype=np.float64), source=source)
+    return group_codes(
+        user_codes,
+        [str(u) for u in user_ids],
+        item_codes,
+        [str(i) for i in item_ids],
+        np.asarray(times, dtype=np.float64),
+        source=source,
+    )
 
 
 class _Codes:
@@ -161,8 +178,12 @@ def load_recbole(inter: Path) -> Interactions:
             years = _release_years(meta["release_year"], meta.get("movie_title"))
             odd = years.isna() & ~meta["release_year"].str.strip().str.lower().isin(MISSING)
             for _, row in meta[odd].iterrows():
-                log.warning("%s:%d: release_year %r is not a year; item kept without one", item_file, row["_line"],
-                            row["release_year"])
+                log.warning(
+                    "%s:%d: release_year %r is not a year; item kept without one",
+                    item_file,
+                    row["_line"],
+                    row["release_year"],
+                )
             ok = years.notna()
             data.release = dict(zip(meta["item_id"][ok], years[ok].astype(float), strict=True))
             data.release_unit = "year" if data.release else None
@@ -175,15 +196,28 @@ def load_recbole(inter: Path) -> Interactions:
 
 def load_grouplens_100k(folder: Path) -> Interactions:
     udata = folder / "u.data"
-    df = read_text_table(udata, sep=r"\s+", names=("user", "item", "rating", "ts"), encoding="latin-1",
-                         expect="'user item rating timestamp'")
+    df = read_text_table(
+        udata,
+        sep=r"\s+",
+        names=("user", "item", "rating", "ts"),
+        encoding="latin-1",
+        expect="'user item rating timestamp'",
+    )
     data = group(df["user"], df["item"], numbers(df, "ts", udata, what="timestamp"), source=str(udata))
     files = [udata]
     uitem = folder / "u.item"
     if uitem.exists():
         files.append(uitem)
-        meta = pd.read_csv(uitem, sep="|", header=None, dtype=str, keep_default_na=False, encoding="latin-1",
-                           quoting=3, usecols=[0, 1, 2])
+        meta = pd.read_csv(
+            uitem,
+            sep="|",
+            header=None,
+            dtype=str,
+            keep_default_na=False,
+            encoding="latin-1",
+            quoting=3,
+            usecols=[0, 1, 2],
+        )
         meta["_line"] = np.arange(len(meta)) + 1
         dates = meta[2].str.strip()
         parsed = pd.to_datetime(dates, format="%d-%b-%Y", errors="coerce")
@@ -201,15 +235,21 @@ def load_grouplens_100k(folder: Path) -> Interactions:
 def load_grouplens_dat(folder: Path) -> Interactions:
     ratings = folder / "ratings.dat"
     # "user::item::rating::time" split on ":" gives seven fields with the ids at 0, 2, 4, 6.
-    df = read_text_table(ratings, sep=":", names=("user", "a", "item", "b", "rating", "c", "ts"),
-                         encoding="latin-1", expect="'user::item::rating::timestamp'")
+    df = read_text_table(
+        ratings,
+        sep=":",
+        names=("user", "a", "item", "b", "rating", "c", "ts"),
+        encoding="latin-1",
+        expect="'user::item::rating::timestamp'",
+    )
     data = group(df["user"], df["item"], numbers(df, "ts", ratings, what="timestamp"), source=str(ratings))
     files = [ratings]
     movies = folder / "movies.dat"
     if movies.exists():
         files.append(movies)
-        meta = read_text_table(movies, sep="::", names=("item", "title", "genres"), encoding="latin-1",
-                               expect="'item::title::genres'")
+        meta = read_text_table(
+            movies, sep="::", names=("item", "title", "genres"), encoding="latin-1", expect="'item::title::genres'"
+        )
         years = _release_years(pd.Series([""] * len(meta)), meta["title"])
         ok = years.notna()
         data.release = dict(zip(meta["item"][ok], years[ok].astype(float), strict=True))
@@ -272,8 +312,9 @@ def load_table(path: Path, item_table: Path | None = None) -> Interactions:
         raise DataFormatError(path, None, "no interactions")
     if first_missing is not None and not np.isnan(all_times).all():
         raise DataFormatError(path, first_missing, "timestamp missing where other rows have one")
-    data = group_codes(np.concatenate(user_parts), users.ids(), np.concatenate(item_parts), items.ids(), all_times,
-                       source=str(path))
+    data = group_codes(
+        np.concatenate(user_parts), users.ids(), np.concatenate(item_parts), items.ids(), all_times, source=str(path)
+    )
     files = parquet_parts(path) if path.is_dir() else [path]
     if item_table is not None:
         files.append(item_table)
@@ -326,8 +367,9 @@ def _load(path: Path, item_table: Path | None) -> Interactions:
             return load_movielens_csv(path / "ratings.csv", movies if movies.exists() else None)
         if parquet_parts(path):  # a table written as part files (Spark, Dask, DuckDB)
             return load_table(path, item_table)
-        raise DataFormatError(path, None, "no known interaction file (*.inter, u.data, ratings.dat, ratings.csv, "
-                                          "Parquet part files)")
+        raise DataFormatError(
+            path, None, "no known interaction file (*.inter, u.data, ratings.dat, ratings.csv, Parquet part files)"
+        )
     if not path.exists():
         raise DataFormatError(path, None, "no such file")
     if path.suffix == ".inter":

@@ -61,9 +61,16 @@ def load_social(path: Path, *, drop_self_loops: bool = True) -> SocialLog:
     if df.empty:
         raise DataFormatError(path, None, "no events left after dropping self-loops and duplicates")
     df = df.sort_values("time", kind="stable")
-    return SocialLog(src=df["src"].to_numpy(object), dst=df["dst"].to_numpy(object),
-                     action=df["action"].to_numpy(object), time=df["time"].to_numpy(np.float64),
-                     source=str(path.name), sha256=sha256([path]), dropped_self_loops=loops, dropped_duplicates=dup)
+    return SocialLog(
+        src=df["src"].to_numpy(object),
+        dst=df["dst"].to_numpy(object),
+        action=df["action"].to_numpy(object),
+        time=df["time"].to_numpy(np.float64),
+        source=str(path.name),
+        sha256=sha256([path]),
+        dropped_self_loops=loops,
+        dropped_duplicates=dup,
+    )
 
 
 @dataclass
@@ -121,8 +128,9 @@ class TwoWay(NamedTuple):
     event_row: np.ndarray  # (N,) each event's row as its actor's
 
 
-def two_way(src: np.ndarray, dst: np.ndarray, *, actions: np.ndarray, incoming_actions: np.ndarray,
-            times: np.ndarray) -> TwoWay:
+def two_way(
+    src: np.ndarray, dst: np.ndarray, *, actions: np.ndarray, incoming_actions: np.ndarray, times: np.ndarray
+) -> TwoWay:
     """Each event twice, as its actor's step (other = the target, the action) and as its target's
     (other = the actor, the incoming form), along the timelines. Ordered by time; at equal times a
     user's own events come before what others did to them, so a query never sees a step stamped with
@@ -131,8 +139,14 @@ def two_way(src: np.ndarray, dst: np.ndarray, *, actions: np.ndarray, incoming_a
     order = np.lexsort((np.tile(np.arange(n), 2), np.repeat([0, 1], n), np.tile(times, 2)))
     row = np.empty(2 * n, dtype=np.int64)
     row[order] = np.arange(2 * n)
-    return TwoWay(np.concatenate([src, dst])[order], np.concatenate([dst, src])[order],
-                  np.concatenate([actions, incoming_actions])[order], np.tile(times, 2)[order], order, row[:n])
+    return TwoWay(
+        np.concatenate([src, dst])[order],
+        np.concatenate([dst, src])[order],
+        np.concatenate([actions, incoming_actions])[order],
+        np.tile(times, 2)[order],
+        order,
+        row[:n],
+    )
 
 
 class Timelines:
@@ -155,9 +169,17 @@ class Timelines:
         self.times = torch.from_numpy(np.asarray(times, dtype=np.float64)[order])
 
     @classmethod
-    def both_directions(cls, src: np.ndarray, dst: np.ndarray, *, src_index: np.ndarray, dst_index: np.ndarray,
-                        actions: np.ndarray, incoming_actions: np.ndarray, times: np.ndarray
-                        ) -> tuple[Timelines, np.ndarray]:
+    def both_directions(
+        cls,
+        src: np.ndarray,
+        dst: np.ndarray,
+        *,
+        src_index: np.ndarray,
+        dst_index: np.ndarray,
+        actions: np.ndarray,
+        incoming_actions: np.ndarray,
+        times: np.ndarray,
+    ) -> tuple[Timelines, np.ndarray]:
         """Every user's timeline with what they did and what others did to them (`two_way`) ->
         (timelines, each event's row): `window(rows[events], L)` is each event's two-way history."""
         rows = two_way(src, dst, actions=actions, incoming_actions=incoming_actions, times=times)
@@ -176,5 +198,8 @@ class Timelines:
         pos = torch.from_numpy(self.position[events])[:, None] - width + torch.arange(width)[None, :]  # (B, W)
         valid = torch.arange(width)[None, :] >= (width - n)[:, None]
         pos = pos.clamp(min=0)
-        return (self.targets[pos].masked_fill(~valid, 0), self.actions[pos].masked_fill(~valid, 0),
-                self.times[pos].masked_fill(~valid, 0.0))
+        return (
+            self.targets[pos].masked_fill(~valid, 0),
+            self.actions[pos].masked_fill(~valid, 0),
+            self.times[pos].masked_fill(~valid, 0.0),
+        )

@@ -88,8 +88,9 @@ def load_staypoints(path: Path) -> StaypointData:
         mode = "timestamps"
     else:
         header = [c for c in df.columns if c != "_line"]
-        raise DataFormatError(path, 1, f"needs columns {list(GEOLIFE_COLUMNS)} or {list(TIMESTAMP_COLUMNS)}; "
-                                       f"got {header}")
+        raise DataFormatError(
+            path, 1, f"needs columns {list(GEOLIFE_COLUMNS)} or {list(TIMESTAMP_COLUMNS)}; got {header}"
+        )
     if df.empty:
         raise DataFormatError(path, None, "no staypoints")
     df["user_id"], df["location_id"] = df["user_id"].str.strip(), df["location_id"].str.strip()
@@ -104,8 +105,10 @@ def load_staypoints(path: Path) -> StaypointData:
             i = int(np.flatnonzero(duration < 0)[0])
             raise DataFormatError(path, int(df["_line"].iloc[i]), f"duration {df['duration'].iloc[i]!r} is negative")
         capped = np.minimum(duration.astype(np.int64), MAX_DURATION_MINUTES)
-        points = [Staypoint(u, loc, int(d), int(m), int(c), int(w))
-                  for u, loc, d, m, c, w in zip(users, locations, day, start, capped, weekday, strict=True)]
+        points = [
+            Staypoint(u, loc, int(d), int(m), int(c), int(w))
+            for u, loc, d, m, c, w in zip(users, locations, day, start, capped, weekday, strict=True)
+        ]
     else:
         starts, ends = _times(df, "started_at", path), _times(df, "finished_at", path)
         first_day: dict[str, dt.date] = {}
@@ -116,8 +119,11 @@ def load_staypoints(path: Path) -> StaypointData:
             if t1 < t0:
                 raise DataFormatError(path, int(line), "finished_at is before started_at")
             start_min, wd, duration_min = from_times(t0, t1)
-            points.append(Staypoint(u, loc, (t0.date() - first_day[u]).days, start_min,
-                                    min(duration_min, MAX_DURATION_MINUTES), wd))
+            points.append(
+                Staypoint(
+                    u, loc, (t0.date() - first_day[u]).days, start_min, min(duration_min, MAX_DURATION_MINUTES), wd
+                )
+            )
     return StaypointData(points, str(path), sha256([path]))
 
 
@@ -165,7 +171,5 @@ def build_protocol(data: StaypointData, previous_days: int = 7, min_history: int
     users = sorted({p.user for p in data.points}, key=_user_order)
     split = ProtocolSplit(IdMap(train_locs), IdMap(users))
     for name in ("train", "valid", "test"):
-        getattr(split, name).extend(
-            s for pts in parts[name] for s in samples(pts, previous_days, min_history)
-        )
+        getattr(split, name).extend(s for pts in parts[name] for s in samples(pts, previous_days, min_history))
     return split

@@ -35,7 +35,12 @@ def sha256(paths: Iterable[Path]) -> str:
 
 
 def read_text_table(
-    path: Path, *, sep: str, names: Sequence[str] | None = None, encoding: str = "utf-8", expect: str | None = None,
+    path: Path,
+    *,
+    sep: str,
+    names: Sequence[str] | None = None,
+    encoding: str = "utf-8",
+    expect: str | None = None,
 ) -> pd.DataFrame:
     """Every field as a string, for unquoted formats (tab, whitespace, "::", "|"); blank lines skipped.
     `names` given: no header line. A line with another number of fields than the header (or `names`)
@@ -63,8 +68,11 @@ def read_text_table(
         kind = "tab-separated " if sep == "\t" else ""
         detail = f"expected {expect}" if expect else f"expected {len(names)} {kind}fields"
         raise DataFormatError(path, int(numbers_[i]), f"{detail}, got {int(counts[i])}")
-    df = pd.DataFrame(parts.tolist(), columns=list(names), dtype=str) if len(parts) else pd.DataFrame(
-        columns=list(names), dtype=str)
+    df = (
+        pd.DataFrame(parts.tolist(), columns=list(names), dtype=str)
+        if len(parts)
+        else pd.DataFrame(columns=list(names), dtype=str)
+    )
     df["_line"] = numbers_
     return df
 
@@ -97,8 +105,15 @@ _CSV_ERRORS = (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeErr
 def _csv_chunks(path: Path, rows: int) -> Iterator[pd.DataFrame]:
     """A quoted CSV (optionally gzip-compressed) read by pandas' C parser; an empty field is ""."""
     try:
-        reader = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], skip_blank_lines=True,
-                             compression="infer", chunksize=rows)
+        reader = pd.read_csv(
+            path,
+            dtype=str,
+            keep_default_na=False,
+            na_values=[],
+            skip_blank_lines=True,
+            compression="infer",
+            chunksize=rows,
+        )
         # Row numbers as a CSV reader counts lines (exact unless a quoted field spans lines).
         line = 2
         with reader:
@@ -113,8 +128,11 @@ def _csv_chunks(path: Path, rows: int) -> Iterator[pd.DataFrame]:
 def parquet_parts(folder: Path) -> list[Path]:
     """The part files of a Parquet folder as Spark, Dask or DuckDB write one (partition folders
     included; `_SUCCESS`, `.crc` and other hidden files left out, as pyarrow does)."""
-    return sorted(p for p in folder.rglob("*.parquet")
-                  if not any(part.startswith(("_", ".")) for part in p.relative_to(folder).parts))
+    return sorted(
+        p
+        for p in folder.rglob("*.parquet")
+        if not any(part.startswith(("_", ".")) for part in p.relative_to(folder).parts)
+    )
 
 
 def _parquet_chunks(path: Path, rows: int) -> Iterator[pd.DataFrame]:
@@ -127,12 +145,15 @@ def _parquet_chunks(path: Path, rows: int) -> Iterator[pd.DataFrame]:
         try:
             file = pq.ParquetFile(part)
             if file.metadata.num_rows == 0:  # an empty table still names its columns
-                yield pd.DataFrame({name: pd.Series([], dtype=str) for name in file.schema_arrow.names}
-                                   | {"_line": np.zeros(0, np.int64)})
+                yield pd.DataFrame(
+                    {name: pd.Series([], dtype=str) for name in file.schema_arrow.names}
+                    | {"_line": np.zeros(0, np.int64)}
+                )
                 continue
             for batch in file.iter_batches(batch_size=rows):
-                df = pd.DataFrame({name: _strings(col) for name, col in zip(batch.schema.names, batch.columns,
-                                                                             strict=True)})
+                df = pd.DataFrame(
+                    {name: _strings(col) for name, col in zip(batch.schema.names, batch.columns, strict=True)}
+                )
                 df["_line"] = np.arange(line, line + len(df))
                 line += len(df)
                 yield df
@@ -210,8 +231,9 @@ def unix_times(df: pd.DataFrame, col: str, path: Path, *, what: str, allow_missi
     bad = np.isnan(values) & ~((text == "").to_numpy() & allow_missing)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise DataFormatError(path, int(df["_line"].iloc[i]),
-                              f"{what} {df[col].iloc[i]!r} is neither unix seconds nor ISO 8601")
+        raise DataFormatError(
+            path, int(df["_line"].iloc[i]), f"{what} {df[col].iloc[i]!r} is neither unix seconds nor ISO 8601"
+        )
     return values
 
 

@@ -60,8 +60,7 @@ class CopyEval:
 
 def random_sequences(n: int, *, min_len: int, max_len: int, vocab_size: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(FIRST_TOKEN, vocab_size) for _ in range(rng.randint(min_len, max_len))]
-            for _ in range(n)]
+    return [[rng.randrange(FIRST_TOKEN, vocab_size) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)]
 
 
 def collate(seqs: Sequence[list[int]]) -> Seq2SeqBatch:
@@ -95,10 +94,12 @@ class CopyJob(Job[CopyData, LoopConfig, CopyEval]):
         d = self.cfg.data
         common = {"vocab_size": d.vocab_size}
         self.train_seqs = random_sequences(d.num_samples, min_len=d.min_len, max_len=d.max_len, seed=d.seed, **common)
-        self.val_seqs = random_sequences(d.val_samples, min_len=d.min_len, max_len=d.max_len, seed=d.seed + 1,
-                                         **common)
-        self.test_seqs = random_sequences(d.test_samples, min_len=d.test_min_len, max_len=d.test_max_len,
-                                          seed=d.seed + 2, **common) if d.test_max_len else []
+        self.val_seqs = random_sequences(d.val_samples, min_len=d.min_len, max_len=d.max_len, seed=d.seed + 1, **common)
+        self.test_seqs = (
+            random_sequences(d.test_samples, min_len=d.test_min_len, max_len=d.test_max_len, seed=d.seed + 2, **common)
+            if d.test_max_len
+            else []
+        )
 
     def build_model(self) -> Seq2Seq:
         d = self.cfg.data
@@ -148,9 +149,17 @@ class CopyJob(Job[CopyData, LoopConfig, CopyEval]):
         best = h.val[h.best_epoch - 1] if h.best_epoch else {}
         d = self.cfg.data
         out: dict[str, Any] = {
-            "epochs": [{"epoch": e, "train_loss": tl, "val_loss": v.get("loss"), "val_token_acc": v.get("token_acc"),
-                        "val_seq_acc": v.get("seq_acc"), "seconds": s}
-                       for e, tl, v, s in zip(h.epoch, h.loss, h.val, h.seconds, strict=True)],
+            "epochs": [
+                {
+                    "epoch": e,
+                    "train_loss": tl,
+                    "val_loss": v.get("loss"),
+                    "val_token_acc": v.get("token_acc"),
+                    "val_seq_acc": v.get("seq_acc"),
+                    "seconds": s,
+                }
+                for e, tl, v, s in zip(h.epoch, h.loss, h.val, h.seconds, strict=True)
+            ],
             "valid": best,
             "positions": model.config.positions,
         }
@@ -164,15 +173,30 @@ class CopyJob(Job[CopyData, LoopConfig, CopyEval]):
         with torch.inference_mode():
             b = collate(shown).to(self.device)
             decoded = model.greedy(b.src, max_len=b.tgt_out.size(1) + 1).cpu().tolist()
-        predictions = [{"source": [*s, EOS], "target": [*s, EOS], "output": [*strip(o), EOS] if EOS in o else strip(o),
-                        "match": strip(o) == s}
-                       for s, o in zip(shown, decoded, strict=True)]
+        predictions = [
+            {
+                "source": [*s, EOS],
+                "target": [*s, EOS],
+                "output": [*strip(o), EOS] if EOS in o else strip(o),
+                "match": strip(o) == s,
+            }
+            for s, o in zip(shown, decoded, strict=True)
+        ]
         h = self.history
-        best = {"epoch": h.best_epoch, "path": A.WEIGHTS,
-                "val_loss": h.val[h.best_epoch - 1].get("loss") if h.best_epoch else None}
+        best = {
+            "epoch": h.best_epoch,
+            "path": A.WEIGHTS,
+            "val_loss": h.val[h.best_epoch - 1].get("loss") if h.best_epoch else None,
+        }
         d = self.cfg.data
-        info = {"source": "generated", "sha256": "", "seed": d.seed, "train": len(self.train_seqs),
-                "valid": len(self.val_seqs), "longer": len(self.test_seqs)}
+        info = {
+            "source": "generated",
+            "sha256": "",
+            "seed": d.seed,
+            "train": len(self.train_seqs),
+            "valid": len(self.val_seqs),
+            "longer": len(self.test_seqs),
+        }
         return Export(files={PREDICTIONS: predictions}, data=info, namespace="", run_config={"best_checkpoint": best})
 
 

@@ -56,8 +56,10 @@ def to_batch(
             return UNK
         return locations.index(location)
 
-    hist = [[(loc(p.user, p.location, s.target.day), p.start_min, p.weekday, p.duration) for p in s.history]
-            for s in samples]
+    hist = [
+        [(loc(p.user, p.location, s.target.day), p.start_min, p.weekday, p.duration) for p in s.history]
+        for s in samples
+    ]
     targets = [loc(s.user, s.target.location, s.target.day) for s in samples]
     return collate_staypoints(hist, [users.index(s.user) for s in samples], targets)
 
@@ -65,8 +67,12 @@ def to_batch(
 def _scores(model: MHSA, batch: StayBatch, device: torch.device, bs: int = 512) -> torch.Tensor:
     model.eval()
     with torch.inference_mode():
-        return torch.cat([model.scores(batch.index(torch.arange(lo, min(lo + bs, len(batch)))).to(device)).cpu()
-                          for lo in range(0, len(batch), bs)])
+        return torch.cat(
+            [
+                model.scores(batch.index(torch.arange(lo, min(lo + bs, len(batch)))).to(device)).cpu()
+                for lo in range(0, len(batch), bs)
+            ]
+        )
 
 
 def evaluate_split(scores: torch.Tensor, batch: StayBatch) -> dict[str, dict[str, float]]:
@@ -123,20 +129,31 @@ class NextLocationJob(Job[LocData, LocTrain, Empty]):
         path = self.data_file(c.path)
         self.data = load_staypoints(path)
         self.split = split = build_protocol(self.data, c.previous_days, c.min_history)
-        log.info("%s: %d / %d / %d samples, %d location classes, %d users", self.data.source, len(split.train),
-                 len(split.valid), len(split.test), len(split.locations), split.users.n_entities)
+        log.info(
+            "%s: %d / %d / %d samples, %d location classes, %d users",
+            self.data.source,
+            len(split.train),
+            len(split.valid),
+            len(split.test),
+            len(split.locations),
+            split.users.n_entities,
+        )
         novel = novel_visits(split, c.previous_days) if self.cfg.train.novel_as_unknown else None
         self.train_b = to_batch(split.train, split.locations, split.users, novel)
         self.valid_b = to_batch(split.valid, split.locations, split.users)
         self.test_b = to_batch(split.test, split.locations, split.users)
         if novel is not None:
             assert self.train_b.target is not None
-            log.info("novel places relabelled as unknown: %.1f%% of training targets",
-                     100 * float((self.train_b.target == UNK).float().mean()))
+            log.info(
+                "novel places relabelled as unknown: %.1f%% of training targets",
+                100 * float((self.train_b.target == UNK).float().mean()),
+            )
 
     def build_model(self) -> MHSA:
-        model = build(self.cfg.kind, {**self.cfg.model, "n_locations": len(self.split.locations),
-                                      "n_users": len(self.split.users)})
+        model = build(
+            self.cfg.kind,
+            {**self.cfg.model, "n_locations": len(self.split.locations), "n_users": len(self.split.users)},
+        )
         assert isinstance(model, MHSA)
         return model
 
@@ -163,16 +180,31 @@ class NextLocationJob(Job[LocData, LocTrain, Empty]):
             "baselines_test": baselines(split, self.data.points, self.test_b),
         }
         m, b = metrics["test"]["all"], metrics["baselines_test"]["most_frequent"]["all"]
-        log.info("test: Acc@1 %.4f Acc@5 %.4f MRR %.4f | most-frequent baseline Acc@1 %.4f MRR %.4f",
-                 m["Acc@1"], m["Acc@5"], m["MRR"], b["Acc@1"], b["MRR"])
+        log.info(
+            "test: Acc@1 %.4f Acc@5 %.4f MRR %.4f | most-frequent baseline Acc@1 %.4f MRR %.4f",
+            m["Acc@1"],
+            m["Acc@5"],
+            m["MRR"],
+            b["Acc@1"],
+            b["MRR"],
+        )
         return metrics
 
     def export(self, model: nn.Module) -> Export:
         split, data = self.split, self.data
-        info = {"source": data.source, "sha256": data.sha256, "staypoints": len(data.points),
-                "locations": split.locations.n_entities, "users": split.users.n_entities}
-        return Export(files={A.LOCATIONS: split.locations, A.USERS: split.users}, data=info,
-                      namespace=self.cfg.data.name or self.cfg.name, extra={"bucketing": BUCKETING})
+        info = {
+            "source": data.source,
+            "sha256": data.sha256,
+            "staypoints": len(data.points),
+            "locations": split.locations.n_entities,
+            "users": split.users.n_entities,
+        }
+        return Export(
+            files={A.LOCATIONS: split.locations, A.USERS: split.users},
+            data=info,
+            namespace=self.cfg.data.name or self.cfg.name,
+            extra={"bucketing": BUCKETING},
+        )
 
 
 JOB = NextLocationJob

@@ -147,9 +147,16 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         assert isinstance(model, SequentialRecommender)
         model.set_item_frequencies(item_counts(self.split.train, len(self.items)))
         self.windows = self._windows(model, self.split.train)
-        log.info("%s: %d users, %d items, %d interactions; %d training windows of <= %d; %d validation targets",
-                 self.data.source, self.users.n_entities, self.items.n_entities, self.data.n_interactions,
-                 len(self.windows), model.window_len, len(self.split.valid.targets))
+        log.info(
+            "%s: %d users, %d items, %d interactions; %d training windows of <= %d; %d validation targets",
+            self.data.source,
+            self.users.n_entities,
+            self.items.n_entities,
+            self.data.n_interactions,
+            len(self.windows),
+            model.window_len,
+            len(self.split.valid.targets),
+        )
         if self.dist.is_main and self.val_set.targets:
             with self.untimed():
                 self._validation_baselines()
@@ -163,8 +170,12 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             name: self._evaluate(BASELINES[name](self.split.train, len(self.items)), self.val_set, proto, "cpu")
             for name in self.cfg.eval.baselines
         }
-        log.info("validation (%s, %d users) NDCG@10 of the baselines: %s", proto, len(self.val_set.targets),
-                 " | ".join(f"{n} {m['NDCG@10']:.4f}" for n, m in self.valid_baselines.items()))
+        log.info(
+            "validation (%s, %d users) NDCG@10 of the baselines: %s",
+            proto,
+            len(self.val_set.targets),
+            " | ".join(f"{n} {m['NDCG@10']:.4f}" for n, m in self.valid_baselines.items()),
+        )
 
     def preflight(self, model: nn.Module) -> None:
         assert isinstance(model, SequentialRecommender)
@@ -184,12 +195,22 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             key = (id(data), negatives)
             cached = self._negatives.get(key)
             if cached is None or cached[0] is not data:  # the set is kept in the entry: its id stays its own
-                cached = (data, draw_negatives(data, vocab_size=len(self.items), protocol=protocol,
-                                               popularity=self.popularity))
+                cached = (
+                    data,
+                    draw_negatives(data, vocab_size=len(self.items), protocol=protocol, popularity=self.popularity),
+                )
                 self._negatives[key] = cached
             drawn = cached[1]
-        return evaluate(score, data, vocab_size=len(self.items), max_history=self.max_history,
-                        protocol=protocol, popularity=self.popularity, negatives=drawn, device=device)
+        return evaluate(
+            score,
+            data,
+            vocab_size=len(self.items),
+            max_history=self.max_history,
+            protocol=protocol,
+            popularity=self.popularity,
+            negatives=drawn,
+            device=device,
+        )
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         assert isinstance(model, SequentialRecommender)
@@ -213,27 +234,39 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             refit = self._windows(model, self.split.test.histories + short_sequences(self.split))
             refit_cfg = dataclasses.replace(t, epochs=t.refit_epochs, patience=t.refit_epochs + 1)
             log.info("refit: %d more epochs on %d windows with the validation items", t.refit_epochs, len(refit))
-            more = train(model, window_batches(refit, t.batch_size), refit_cfg, validate=None, dist=self.dist,
-                         device=self.device)
+            more = train(
+                model, window_batches(refit, t.batch_size), refit_cfg, validate=None, dist=self.dist, device=self.device
+            )
             history.stopped += f"; then {len(more.epoch)} refit epochs with the validation items"
 
     def evaluate(self, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, SequentialRecommender)
         e = self.cfg.eval
-        out: dict[str, Any] = {"protocol": {
-            "split": "full_data" if self.cfg.data.full_data else "leave_one_out",
-            "refit_epochs_with_validation_items": self.cfg.train.refit_epochs,
-            "n_negatives": e.n_negatives, "exclude_seen_in_full_ranking": e.exclude_seen,
-            "ties": "count against the target",
-            "baselines_fitted_on": "every interaction but each user's test item",
-        }}
+        out: dict[str, Any] = {
+            "protocol": {
+                "split": "full_data" if self.cfg.data.full_data else "leave_one_out",
+                "refit_epochs_with_validation_items": self.cfg.train.refit_epochs,
+                "n_negatives": e.n_negatives,
+                "exclude_seen_in_full_ranking": e.exclude_seen,
+                "ties": "count against the target",
+                "baselines_fitted_on": "every interaction but each user's test item",
+            }
+        }
         if self.cfg.data.full_data:
             return out
         test = subsample(self.split.test, e.test_users, self.cfg.train.seed)
-        out["protocol"]["test_users"] = {"scored": len(test.targets), "of": len(self.split.test.targets),
-                                         "seed": self.cfg.train.seed}
-        log.info("test: %d of %d users (eval.test_users %d, seed %d)", len(test.targets),
-                 len(self.split.test.targets), e.test_users, self.cfg.train.seed)
+        out["protocol"]["test_users"] = {
+            "scored": len(test.targets),
+            "of": len(self.split.test.targets),
+            "seed": self.cfg.train.seed,
+        }
+        log.info(
+            "test: %d of %d users (eval.test_users %d, seed %d)",
+            len(test.targets),
+            len(self.split.test.targets),
+            e.test_users,
+            self.cfg.train.seed,
+        )
         out["valid"] = self.valid_metrics
         out["baselines_valid_per_epoch_users"] = self.valid_baselines
         out["test"] = self._all_protocols(model.scores, test, self.device)
@@ -245,8 +278,14 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         }
         for proto, m in out["test"].items():
             rows = " | ".join(f"{n} {b[proto]['NDCG@10']:.4f}" for n, b in out["baselines_test"].items())
-            log.info("test (%s): HR@10 %.4f NDCG@10 %.4f MRR %.4f | baselines NDCG@10: %s",
-                     proto, m["HR@10"], m["NDCG@10"], m["MRR"], rows)
+            log.info(
+                "test (%s): HR@10 %.4f NDCG@10 %.4f MRR %.4f | baselines NDCG@10: %s",
+                proto,
+                m["HR@10"],
+                m["NDCG@10"],
+                m["MRR"],
+                rows,
+            )
         if "full" in out["test"] and out["baselines_test"]:
             best = max(out["baselines_test"].items(), key=lambda kv: kv[1]["full"]["NDCG@10"])
             ratio = out["test"]["full"]["NDCG@10"] / max(best[1]["full"]["NDCG@10"], 1e-12)
@@ -262,8 +301,14 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             # The table's keys are the users: no separate user map (the model has no user embedding).
             A.HISTORIES: IndexedHistories(d.users, d.ends, items=d.items.astype(np.int32) + N_SPECIAL, times=d.times),
         }
-        info = {"source": d.source, "sha256": d.sha256, "users": len(d.users), "items": self.items.n_entities,
-                "interactions": d.n_interactions, "release_unit": d.release_unit}
+        info = {
+            "source": d.source,
+            "sha256": d.sha256,
+            "users": len(d.users),
+            "items": self.items.n_entities,
+            "interactions": d.n_interactions,
+            "release_unit": d.release_unit,
+        }
         return Export(files=files, data=info, namespace=self.cfg.data.name or self.cfg.name)
 
 

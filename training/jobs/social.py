@@ -82,9 +82,14 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         self.timelines = Timelines(lg.src, self.tgt, self.act, lg.time)  # what each actor did
         # Both directions: the contacts baseline always, the model's histories when `incoming`.
         self.contacts, self.contact_row = Timelines.both_directions(
-            lg.src, lg.dst, src_index=self.src, dst_index=self.tgt, actions=self.act,
+            lg.src,
+            lg.dst,
+            src_index=self.src,
+            dst_index=self.tgt,
+            actions=self.act,
             incoming_actions=np.asarray(self.actions.indices([incoming(str(a)) for a in lg.action]), dtype=np.int64),
-            times=lg.time)
+            times=lg.time,
+        )
         if c.incoming:
             self.steps, self.step_row = self.contacts, self.contact_row
         else:
@@ -98,15 +103,29 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         self.first_event = first
         self.valid_q = self._queries(p.valid, p.test)
         self.test_q = self._queries(p.test, len(lg))
-        log.info("%s: %d events (%d self-loops, %d duplicates dropped), %d users before the test period, "
-                 "%d validation and %d test queries", lg.source, len(lg), lg.dropped_self_loops,
-                 lg.dropped_duplicates, self.users.n_entities, len(self.valid_q), len(self.test_q))
+        log.info(
+            "%s: %d events (%d self-loops, %d duplicates dropped), %d users before the test period, "
+            "%d validation and %d test queries",
+            lg.source,
+            len(lg),
+            lg.dropped_self_loops,
+            lg.dropped_duplicates,
+            self.users.n_entities,
+            len(self.valid_q),
+            len(self.test_q),
+        )
 
     def _queries(self, start: int, end: int) -> QuerySet:
         q = period_queries(self.log, start, end)
         pool = torch.from_numpy(self.first_event < start)
-        return QuerySet(q.event, torch.from_numpy(self.tgt[q.event]), torch.from_numpy(self.src[q.event]),
-                        torch.from_numpy(q.repeat), torch.from_numpy(self.log.time[q.event]), pool)
+        return QuerySet(
+            q.event,
+            torch.from_numpy(self.tgt[q.event]),
+            torch.from_numpy(self.src[q.event]),
+            torch.from_numpy(q.repeat),
+            torch.from_numpy(self.log.time[q.event]),
+            pool,
+        )
 
     def build_model(self) -> SocialModel:
         model = build(self.cfg.kind, {**self.cfg.model, "n_users": len(self.users), "n_actions": len(self.actions)})
@@ -170,7 +189,8 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
     def validate(self, model: nn.Module) -> dict[str, float]:
         assert isinstance(model, SocialModel)
         return evaluate_scorer(self.valid_q, self._scorer(model, self.valid_q), batch_size=self.cfg.eval.batch_size)[
-            "all"]
+            "all"
+        ]
 
     def after_training(self, model: nn.Module, history: History) -> None:
         t = self.cfg.train
@@ -178,42 +198,70 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
             return
         with self.untimed():  # measured before the refit has seen the validation period
             self.valid_before_refit = self.validate(model)
-        refit = dataclasses.replace(t, epochs=t.refit_epochs, patience=t.refit_epochs + 1, warmup_steps=0,
-                                    max_minutes=float("inf"))
+        refit = dataclasses.replace(
+            t, epochs=t.refit_epochs, patience=t.refit_epochs + 1, warmup_steps=0, max_minutes=float("inf")
+        )
         log.info("refit: %d epoch(s) over everything before the test period", t.refit_epochs)
-        train(model, self._batches(model, self.examples(self.periods.test)), refit, validate=None, dist=self.dist,
-              device=self.device)
+        train(
+            model,
+            self._batches(model, self.examples(self.periods.test)),
+            refit,
+            validate=None,
+            dist=self.dist,
+            device=self.device,
+        )
 
     def evaluate(self, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, SocialModel)
         bs = self.cfg.eval.batch_size
         p = self.periods
         metrics: dict[str, Any] = {
-            "events": {"total": len(self.log), "train": p.valid, "valid": p.test - p.valid,
-                       "test": len(self.log) - p.test},
-            "queries": {"valid": len(self.valid_q), "test": len(self.test_q),
-                        "test_repeat_share": float(self.test_q.repeat.float().mean()) if len(self.test_q) else 0.0},
+            "events": {
+                "total": len(self.log),
+                "train": p.valid,
+                "valid": p.test - p.valid,
+                "test": len(self.log) - p.test,
+            },
+            "queries": {
+                "valid": len(self.valid_q),
+                "test": len(self.test_q),
+                "test_repeat_share": float(self.test_q.repeat.float().mean()) if len(self.test_q) else 0.0,
+            },
             "valid_before_refit": getattr(self, "valid_before_refit", None),
             "test": evaluate_scorer(self.test_q, self._scorer(model, self.test_q), batch_size=bs),
         }
         if self.cfg.eval.baselines:
-            b = Baselines(self.timelines, torch.from_numpy(self.tgt), self.log.time, len(self.users),
-                          contacts=self.contacts, contact_row=self.contact_row)
+            b = Baselines(
+                self.timelines,
+                torch.from_numpy(self.tgt),
+                self.log.time,
+                len(self.users),
+                contacts=self.contacts,
+                contact_row=self.contact_row,
+            )
             q = self.test_q
             metrics["baselines_test"] = {
                 "popularity": evaluate_scorer(q, b.popularity(p.test), batch_size=bs),
-                "recent_popularity": evaluate_scorer(q, b.recent_popularity(q, self.cfg.eval.recent_days),
-                                                     batch_size=bs),
+                "recent_popularity": evaluate_scorer(
+                    q, b.recent_popularity(q, self.cfg.eval.recent_days), batch_size=bs
+                ),
                 "most_recent": evaluate_scorer(q, b.most_recent(q), batch_size=bs),
                 "most_recent_contact": evaluate_scorer(q, b.most_recent_contact(q), batch_size=bs),
                 "most_frequent": evaluate_scorer(q, b.most_frequent(q), batch_size=bs),
             }
         m = metrics["test"]
-        log.info("test NDCG@10 %.4f (repeat %.4f, new %.4f), new HR@10 %.4f", m["all"].get("NDCG@10", 0.0),
-                 m["repeat"].get("NDCG@10", 0.0), m["new"].get("NDCG@10", 0.0), m["new"].get("HR@10", 0.0))
+        log.info(
+            "test NDCG@10 %.4f (repeat %.4f, new %.4f), new HR@10 %.4f",
+            m["all"].get("NDCG@10", 0.0),
+            m["repeat"].get("NDCG@10", 0.0),
+            m["new"].get("NDCG@10", 0.0),
+            m["new"].get("HR@10", 0.0),
+        )
         if "baselines_test" in metrics:
-            log.info("baselines NDCG@10: %s", {k: round(v["all"].get("NDCG@10", 0.0), 4)
-                                                for k, v in metrics["baselines_test"].items()})
+            log.info(
+                "baselines NDCG@10: %s",
+                {k: round(v["all"].get("NDCG@10", 0.0), 4) for k, v in metrics["baselines_test"].items()},
+            )
         return metrics
 
     def export(self, model: nn.Module) -> Export:
@@ -223,27 +271,52 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         # in the order the model's windows have (with incoming steps when the model takes them).
         owner, other, acts, times = lg.src, lg.dst, lg.action, lg.time
         if self.cfg.data.incoming:
-            owner, other, acts, times, _, _ = two_way(lg.src, lg.dst, actions=lg.action, times=lg.time,
-                                                      incoming_actions=np.array([incoming(str(a)) for a in lg.action]))
+            owner, other, acts, times, _, _ = two_way(
+                lg.src,
+                lg.dst,
+                actions=lg.action,
+                times=lg.time,
+                incoming_actions=np.array([incoming(str(a)) for a in lg.action]),
+            )
         steps: dict[str, tuple[list[str], list[float | None], list[str]]] = {}
         for s, d, a, t in zip(owner, other, acts, times, strict=True):
             row = steps.setdefault(str(s), ([], [], []))
             row[0].append(str(d))
             row[1].append(float(t))
             row[2].append(str(a))
-        histories = HistoryColumns(list(steps), [r[0] for r in steps.values()], [r[1] for r in steps.values()],
-                                   self.users, actions=[r[2] for r in steps.values()], action_ids=self.actions)
+        histories = HistoryColumns(
+            list(steps),
+            [r[0] for r in steps.values()],
+            [r[1] for r in steps.values()],
+            self.users,
+            actions=[r[2] for r in steps.values()],
+            action_ids=self.actions,
+        )
         first_time: dict[str, float] = {}
         for users in (lg.src, lg.dst):
             frame = pd.DataFrame({"u": users, "t": lg.time}).groupby("u")["t"].min()
             for u, t in frame.items():
                 first_time[str(u)] = min(float(t), first_time.get(str(u), float("inf")))
-        info = {"source": lg.source, "sha256": lg.sha256, "events": len(lg), "users": self.users.n_entities,
-                "actions": self.actions.n_entities, "self_loops_dropped": lg.dropped_self_loops,
-                "duplicates_dropped": lg.dropped_duplicates, "unknown_target_index": UNK}
-        return Export(files={A.USERS: self.users, A.ACTIONS: self.actions, A.HISTORIES: histories,
-                             A.USER_META: {"unit": "second", "first_activity": first_time}},
-                      data=info, namespace=self.cfg.data.name or self.cfg.name)
+        info = {
+            "source": lg.source,
+            "sha256": lg.sha256,
+            "events": len(lg),
+            "users": self.users.n_entities,
+            "actions": self.actions.n_entities,
+            "self_loops_dropped": lg.dropped_self_loops,
+            "duplicates_dropped": lg.dropped_duplicates,
+            "unknown_target_index": UNK,
+        }
+        return Export(
+            files={
+                A.USERS: self.users,
+                A.ACTIONS: self.actions,
+                A.HISTORIES: histories,
+                A.USER_META: {"unit": "second", "first_activity": first_time},
+            },
+            data=info,
+            namespace=self.cfg.data.name or self.cfg.name,
+        )
 
 
 JOB = SocialJob
