@@ -1,0 +1,137 @@
+"""The store interface, the event and its outcomes, and the helpers both stores share."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from models.serving import Timeline
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# "conflict": the id was stored with another payload. When any event of a call conflicts, the call
+# stores nothing: the conflicting ones say "conflict", the others "skipped". "dropped_old": taken (its
+# id is known from now on) but older than the `keep` newest of its user, so not kept.
+Outcome = Literal["stored", "duplicate", "conflict", "skipped", "dropped_old"]
+# A user -> the artifact's events of that user as (raw id, time or None) keys.
+StoredEvents = Callable[[str], set[tuple[str | None, float | None]]]
+
+
+@dataclass(frozen=True)
+class Event:
+    event_id: str
+    user_id: str
+    item_id: str
+    timestamp: float  # unix seconds; NaN when the data has no times
+    action: str | None = None
+    received: bool = False  # a step another user's event adds to this user's timeline (capped apart)
+
+    @property
+    def digest(self) -> str:
+        """Identifies the payload, so a reused event id with another payload is recognised."""
+        payload = json.dumps([self.user_id, self.item_id, json_ts(self.timestamp), self.action])
+        return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+class StoreError(RuntimeError):
+    """The store could not be reached or refused a write: nothing of the call was stored.
+
+    The message is for logs (it may name a file or host); clients get a fixed one.
+    """
+
+
+# Query parameters of a Redis URL that carry no secret; every other value (password=..., which
+# redis-py accepts, or anything a later client version reads) is masked in logs.
+_PLAIN_PARAMS = frozenset(
+    {
+        "db",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "retry_on_timeout",
+        "health_check_interval",
+        "protocol",
+        "decode_responses",
+        "ssl_cert_reqs",
+        "client_name",
+    }
+)
+
+
+def redact(url: str) -> str:
+    """A URL without its password (in the user part or the query string), for logs."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{port}" if port else "")
+    query = (
+        "&".join(
+            p if p.split("=", 1)[0].lower() in _PLAIN_PARAMS or "=" not in p else f"{p.split('=', 1)[0]}=***"
+            for p in parts.query.split("&")
+        )
+        if parts.query
+        else ""
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def nan_ts(t: float | None) -> float:
+    return math.nan if t is None else float(t)
+
+
+def json_ts(t: float) -> float | None:
+    return None if math.isnan(t) else t
+
+
+def event_key(item: str, t: float) -> tuple[str | None, float | None]:
+    return item, json_ts(t)
+
+
+class HistoryStore(ABC):
+    """Per-namespace live user events, appended after an artifact's final histories."""
+
+    kind: str
+    # Whether reads are quick local calls (SQLite's WAL readers never wait on a writer) that may run
+    # on the event loop when small; a network store's reads always go to a worker thread.
+    local_reads: bool = False
+
+    def __init__(self, keep: int = 1000) -> None:
+        self.keep = keep  # live events kept per user
+
+    @abstractmethod
+    def fold(self, namespace: str, token: str, stored: StoredEvents) -> int | None:
+        """Drop the live events that `stored` says the artifact of data hash `token` holds, unless that
+        token was folded already (None). Walks the users with live events only; their ids stay known.
+        Returns how many events it dropped."""
+
+    @abstractmethod
+    def append(self, namespace: str, events: Sequence[Event]) -> list[Outcome]:
+        """Store events durably; per event, whether it was stored or a duplicate. If any event reuses a
+        stored id with another payload, nothing is stored (see Outcome)."""
+
+    @abstractmethod
+    def events(self, namespace: str, users: Sequence[str], limit: int | None = None) -> dict[str, Timeline]:
+        """The newest `limit` (default: all kept) live events of each kind (own, received) of each user
+        that has any, merged, oldest first (by timestamp, then arrival)."""
+
+    @abstractmethod
+    def users(self, namespace: str) -> Iterator[str]:
+        """Every user with live events."""
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Raise StoreError when the store cannot be used."""
+
+    @abstractmethod
+    def close(self) -> None: ...

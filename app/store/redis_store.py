@@ -1,0 +1,208 @@
+"""Redis store, for several service instances on one Redis (durable with append-only persistence)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from app.store.base import Event, HistoryStore, Outcome, StoredEvents, StoreError, event_key, json_ts, nan_ts, redact
+from models.serving import Timeline
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+# One call appends many events atomically. First every id's digest is checked (new, same payload, or
+# another payload: then nothing is written); then each new event joins its user's sorted set of its
+# kind (own events, or received steps; score = time; member = a zero-padded arrival number + payload,
+# so equal times keep arrival order), the set is trimmed to `keep`, and an event trimmed at once is
+# reported (4: dropped_old).
+_APPEND_LUA = """
+local prefix, keep, rprefix = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local out, known, conflict, written = {}, {}, false, {}
+for n = 4, #ARGV, 6 do
+  local id, digest = ARGV[n], ARGV[n + 2]
+  local prev = known[id]
+  if prev == nil then prev = redis.call('HGET', KEYS[1], id) end
+  if not prev then
+    known[id] = digest
+    out[#out + 1] = 1
+  elseif prev == digest or prev == '' then
+    out[#out + 1] = 0
+  else
+    out[#out + 1] = 2
+    conflict = true
+  end
+end
+if conflict then
+  for i = 1, #out do if out[i] ~= 2 then out[i] = 3 end end
+  return out
+end
+for n = 4, #ARGV, 6 do
+  local i = (n - 4) / 6 + 1
+  if out[i] == 1 then
+    local id, user, digest, score, payload = ARGV[n], ARGV[n + 1], ARGV[n + 2], ARGV[n + 3], ARGV[n + 4]
+    redis.call('HSET', KEYS[1], id, digest)
+    local seq = redis.call('INCR', KEYS[3])
+    local key = (ARGV[n + 5] == '1' and rprefix or prefix) .. user
+    local member = string.format('%020d', seq) .. payload
+    redis.call('ZADD', key, score, member)
+    redis.call('ZREMRANGEBYRANK', key, 0, -(keep + 1))
+    written[i] = {key, member}
+    redis.call('SADD', KEYS[2], user)
+  end
+end
+for i, km in pairs(written) do
+  if not redis.call('ZSCORE', km[1], km[2]) then out[i] = 4 end
+end
+return out
+"""
+_OUTCOMES: dict[int, Outcome] = {1: "stored", 0: "duplicate", 2: "conflict", 3: "skipped", 4: "dropped_old"}
+_SEQ_WIDTH = 20
+
+
+class RedisStore(HistoryStore):
+    """Redis store for several instances. Keys, under <prefix><ns>: `seeded` (the data hash last folded),
+    `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of the user's
+    own events), `r:<user>` (sorted set of the steps it received).
+
+    The append script derives the per-user keys inside it, so this needs one Redis server, not a cluster.
+    """
+
+    kind = "redis"
+
+    def __init__(
+        self, url: str, prefix: str = "seqserve:", timeout_s: float = 5.0, keep: int = 1000, password: str | None = None
+    ) -> None:
+        import redis
+
+        super().__init__(keep)
+        self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self.where = redact(url)
+        auth = {"password": password} if password else {}
+        try:
+            self.r = redis.Redis.from_url(
+                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True, **auth
+            )
+        except (ValueError, TypeError, *self._redis_errors) as exc:  # TypeError: an unknown URL parameter
+            raise StoreError(f"redis {self.where}: {type(exc).__name__}") from None
+        self.prefix = prefix
+        self._append = self.r.register_script(_APPEND_LUA)
+
+    def _k(self, namespace: str, what: str) -> str:
+        return f"{self.prefix}{namespace}:{what}"
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except self._redis_errors as exc:
+            # redis-py's messages can repeat the connection URL: keep only the redacted one.
+            raise StoreError(f"redis {self.where}: {type(exc).__name__}: {str(exc).split(' redis://')[0]}") from None
+
+    def _migrate(self, namespace: str) -> None:
+        """Move a namespace written by the previous version (a list per user, a set of ids) to this layout."""
+        old_ids = self._k(namespace, "ids")
+        if self.r.type(old_ids) == "set":
+            for eid in self.r.sscan_iter(old_ids, count=1000):
+                self.r.hsetnx(self._k(namespace, "eids"), eid, "")  # "": any payload counts as a duplicate
+            self.r.delete(old_ids)
+        live: set[str] = self.r.smembers(self._k(namespace, "live"))  # type: ignore[assignment]
+        for user in live:
+            old = self._k(namespace, f"ev:{user}")
+            if self.r.type(old) != "list":
+                continue
+            payloads: list[str] = self.r.lrange(old, 0, -1)  # type: ignore[assignment]
+            for payload in payloads:
+                item, ts = json.loads(payload)[:2]
+                seq = self.r.incr(self._k(namespace, "seq"))
+                self.r.zadd(
+                    self._k(namespace, f"z:{user}"),
+                    {f"{seq:0{_SEQ_WIDTH}d}{json.dumps([item, ts, None])}": _score(nan_ts(ts))},
+                )
+            self.r.delete(old)
+        # Earlier versions kept a copy of every artifact history here; the tables hold them now.
+        self.r.unlink(self._k(namespace, "base"))
+
+    def fold(self, namespace: str, token: str, stored: StoredEvents) -> int | None:
+        def do() -> int | None:
+            self._migrate(namespace)
+            if self.r.get(self._k(namespace, "seeded")) == token:
+                return None
+            dropped = 0
+            for user in self.r.sscan_iter(self._k(namespace, "live"), count=1000):
+                held = stored(user)
+                if not held:
+                    continue
+                for key in (self._k(namespace, f"z:{user}"), self._k(namespace, f"r:{user}")):
+                    members: list[str] = self.r.zrange(key, 0, -1)  # type: ignore[assignment]
+                    folded = [m for m in members if event_key(*_decode(m)[:2]) in held]
+                    if folded:
+                        # Removing these members only: events appended meanwhile are untouched.
+                        dropped += int(self.r.zrem(key, *folded))
+            self.r.set(self._k(namespace, "seeded"), token)
+            return dropped
+
+        return self._call(do)
+
+    def append(self, namespace: str, events: Sequence[Event]) -> list[Outcome]:
+        if not events:
+            return []
+        args: list[str | int | float] = [self._k(namespace, "z:"), self.keep, self._k(namespace, "r:")]
+        for e in events:
+            args += [
+                e.event_id,
+                e.user_id,
+                e.digest,
+                _score(e.timestamp),
+                json.dumps([e.item_id, json_ts(e.timestamp), e.action]),
+                int(e.received),
+            ]
+        keys = [self._k(namespace, "eids"), self._k(namespace, "live"), self._k(namespace, "seq")]
+        codes = self._call(lambda: self._append(keys=keys, args=args))
+        return [_OUTCOMES[int(c)] for c in codes]
+
+    def events(self, namespace: str, users: Sequence[str], limit: int | None = None) -> dict[str, Timeline]:
+        wanted = list(dict.fromkeys(users))
+        if not wanted:
+            return {}
+        n = min(limit or self.keep, self.keep)
+
+        def do() -> list[Any]:
+            pipe = self.r.pipeline(transaction=False)
+            for u in wanted:
+                pipe.zrange(self._k(namespace, f"z:{u}"), -n, -1, withscores=True)
+                pipe.zrange(self._k(namespace, f"r:{u}"), -n, -1, withscores=True)
+            return pipe.execute()
+
+        found = self._call(do)
+        out: dict[str, Timeline] = {}
+        for k, u in enumerate(wanted):
+            members = found[2 * k] + found[2 * k + 1]
+            if members:
+                members.sort(key=lambda ms: (ms[1], ms[0][:_SEQ_WIDTH]))  # time, then arrival
+                out[u] = [_decode(m) for m, _ in members]
+        return out
+
+    def users(self, namespace: str) -> Iterator[str]:
+        def do() -> list[str]:
+            return sorted(self.r.smembers(self._k(namespace, "live")))  # type: ignore[arg-type]
+
+        return iter(self._call(do))
+
+    def ping(self) -> None:
+        self._call(self.r.ping)
+
+    def close(self) -> None:
+        self.r.close()
+
+
+def _score(t: float) -> str:
+    return "-inf" if math.isnan(t) else repr(float(t))
+
+
+def _decode(member: str) -> tuple[str, float, str | None]:
+    item, ts, action = json.loads(member[_SEQ_WIDTH:])
+    return str(item), nan_ts(ts), action
