@@ -12,8 +12,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.engine.batcher import CPU_MAX_BATCH, BatchPolicy
 from app.schemas import Limits
+from models.serving import LIVE_EVENTS
 
 _BATCH = BatchPolicy()
+_LIMITS = Limits()  # the request bounds' defaults live in Limits
 # Settings that may also come from a file named by SEQSERVE_<NAME>_FILE.
 SECRETS = ("admin_api_key", "events_api_key", "redis_url", "redis_password")
 
@@ -31,13 +33,17 @@ class Settings(BaseSettings):
     default_model: str | None = None  # None = the first model by name
     torch_threads: int = Field(default=0, ge=0)  # 0 = leave torch's default
     # Request bounds: the OpenAPI document states these, and validation enforces exactly these.
-    max_queries: int = Field(default=1024, ge=1)  # queries per request
-    max_k: int = Field(default=1000, ge=1)
-    max_history: int = Field(default=2000, ge=1)  # history events per query (the model reads its most recent)
-    max_exclude_items: int = Field(default=1000, ge=0)  # exclude_items per query
-    max_total_k: int = Field(default=20_000, ge=1)  # sum of k over a request's queries
-    max_total_items: int = Field(default=100_000, ge=1)  # history events + excluded items over a request
-    max_events: int = Field(default=1000, ge=1)  # events per POST /events
+    max_queries: int = Field(default=_LIMITS.max_queries, ge=1)  # queries per request
+    max_k: int = Field(default=_LIMITS.max_k, ge=1)
+    max_history: int = Field(
+        default=_LIMITS.max_history, ge=1
+    )  # history events per query (the model reads its most recent)
+    max_exclude_items: int = Field(default=_LIMITS.max_exclude_items, ge=0)  # exclude_items per query
+    max_total_k: int = Field(default=_LIMITS.max_total_k, ge=1)  # sum of k over a request's queries
+    max_total_items: int = Field(
+        default=_LIMITS.max_total_items, ge=1
+    )  # history events + excluded items over a request
+    max_events: int = Field(default=_LIMITS.max_events, ge=1)  # events per POST /events
     log_level: str = "INFO"
     json_logs: bool = True
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
@@ -56,7 +62,7 @@ class Settings(BaseSettings):
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")  # may hold a password: never shown
     redis_password: SecretStr | None = None  # Redis AUTH password, when not in the URL (e.g. from a _FILE)
     redis_prefix: str = "seqserve:"  # key prefix, so several deployments can share one Redis
-    live_events: int = Field(default=1000, ge=1)  # newest live events kept and read per user, and apart
+    live_events: int = Field(default=LIVE_EVENTS, ge=1)  # newest live events kept and read per user, and apart
     # from them the newest steps received from others (a social model's targets): neither pushes out the other
     event_skew_s: float = Field(default=300.0, ge=0)  # events later than now + this are rejected
     # The process (python -m app.server): where it listens, how many workers, what a connection may do.

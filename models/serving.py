@@ -53,13 +53,16 @@ class UnknownUserError(QueryError):
         self.user_id = user_id
 
 
+LIVE_EVENTS = 1000  # live events kept and read per user unless the settings say otherwise
+
+
 @dataclass
 class EngineOptions:
     """How the service places an artifact: device, precision, and the live-history bound."""
 
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     half: bool = False  # float16 weights (CUDA only)
-    live_events: int = 1000  # newest live events per user read for a query (seen exclusion included)
+    live_events: int = LIVE_EVENTS  # newest live events per user read for a query (seen exclusion included)
     trace: bool = True  # serve scores() as one traced graph where it traces exactly (models/traced.py)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from app.store.base import Event, HistoryStore, Outcome, StoredEvents, StoreError, redact
 from app.store.redis_store import RedisStore
 from app.store.sqlite_store import SQLiteStore
+from models.serving import LIVE_EVENTS
 
 __all__ = [
     "Event",
@@ -43,7 +44,7 @@ def open_store(
     sqlite_path: Path,
     redis_url: str,
     redis_prefix: str = "seqserve:",
-    keep: int = 1000,
+    keep: int = LIVE_EVENTS,
     redis_password: str | None = None,
 ) -> HistoryStore:
     if kind == "sqlite":

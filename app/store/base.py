@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from models.serving import Timeline
+from models.serving import LIVE_EVENTS, Timeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -106,7 +106,7 @@ class HistoryStore(ABC):
     # on the event loop when small; a network store's reads always go to a worker thread.
     local_reads: bool = False
 
-    def __init__(self, keep: int = 1000) -> None:
+    def __init__(self, keep: int = LIVE_EVENTS) -> None:
         self.keep = keep  # live events kept per user
 
     @abstractmethod

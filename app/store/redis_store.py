@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from app.store.base import Event, HistoryStore, Outcome, StoredEvents, StoreError, event_key, json_ts, nan_ts, redact
-from models.serving import Timeline
+from models.serving import LIVE_EVENTS, Timeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,7 +75,12 @@ class RedisStore(HistoryStore):
     kind = "redis"
 
     def __init__(
-        self, url: str, prefix: str = "seqserve:", timeout_s: float = 5.0, keep: int = 1000, password: str | None = None
+        self,
+        url: str,
+        prefix: str = "seqserve:",
+        timeout_s: float = 5.0,
+        keep: int = LIVE_EVENTS,
+        password: str | None = None,
     ) -> None:
         import redis
 

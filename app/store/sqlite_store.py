@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from app.store.base import Event, HistoryStore, Outcome, StoredEvents, StoreError, json_ts, nan_ts
-from models.serving import Timeline
+from models.serving import LIVE_EVENTS, Timeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,7 +39,7 @@ class SQLiteStore(HistoryStore):
         PRIMARY KEY (ns, event_id)) WITHOUT ROWID;
     """
 
-    def __init__(self, path: Path, keep: int = 1000) -> None:
+    def __init__(self, path: Path, keep: int = LIVE_EVENTS) -> None:
         super().__init__(keep)
         self.path = path
         self._write_lock = threading.Lock()
