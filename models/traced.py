@@ -3,8 +3,8 @@
 Why: eager PyTorch lets go of the GIL inside each op and takes it back before the next. A served
 forward pass is 100-400 small ops, and the event loop holds the GIL whenever it has work, so the
 batcher's model thread waits before every op and the two threads take turns instead of running
-side by side. A traced graph runs in C++ and takes the GIL back once per call (docs/BENCHMARKS.md
-section 3, "The model thread and the GIL": 1.2-1.4x req/s on /recommend at 1, 16 and 64 clients, one worker).
+side by side. A traced graph runs in C++ and takes the GIL back once per call
+(docs/decisions/traced-scoring.md: 1.2-1.4x req/s on /recommend at 1, 16 and 64 clients, one worker).
 
 Traced at load from the weights already loaded (nothing but the checkpoint is deserialized) and kept
 only when the tracer saw no value-dependent step and the traced scores equal eager ones on every

@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 def _freeze_heap() -> None:
     """Move what is loaded (id maps, histories: millions of objects for a large catalog) out of the
     garbage collector's reach. Otherwise every full collection walks them all: pauses of a few
-    hundred milliseconds that showed as the p99 of every endpoint in the load benchmark."""
+    hundred milliseconds that showed as the p99 of every endpoint in the load benchmark
+    (docs/decisions/gc-freeze.md)."""
     gc.collect()
     gc.freeze()
 

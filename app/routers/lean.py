@@ -2,12 +2,11 @@
 
 FastAPI's per-request handling of a route (its dependency solving, three exit stacks, the
 included-route context, its exception wrapper) was half of a no-op request's event-loop CPU:
-245 -> 116 us in-process (docs/BENCHMARKS.md section 3, "Why the request path's routes are plain
-Starlette routes"). A lean endpoint takes the Request and gets its services and its parsed body
-from app.deps (`services_of`, `parse_body`), the functions the typed dependencies of the other
-routes call; what it raises reaches the app's exception handlers like any route's error. The
-OpenAPI document is built from `documented`, FastAPI routes of the same endpoints that are never
-mounted.
+245 -> 116 us in-process (docs/decisions/lean-routes.md). A lean endpoint takes the Request and
+gets its services and its parsed body from app.deps (`services_of`, `parse_body`), the functions
+the typed dependencies of the other routes call; what it raises reaches the app's exception
+handlers like any route's error. The OpenAPI document is built from `documented`, FastAPI routes of
+the same endpoints that are never mounted.
 """
 
 from __future__ import annotations

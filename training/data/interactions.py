@@ -73,7 +73,21 @@ def per_user(flat: list[Any], ends: np.ndarray) -> list[list[Any]]:
     # One conversion to Python objects, then a C-level slice per user (a tolist per user was 0.9 s
     # of a 5M-row load; docs/BENCHMARKS.md, scale).
     bounds = ends.tolist()
-    return [flat[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
+    with _collector_paused():
+        return [flat[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Millions of new lists and no reference cycle: the cyclic garbage collector's passes over them
+    were a third of a 5M-row load when loading built them (docs/decisions/gc-freeze.md)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def group_codes(
@@ -334,23 +348,9 @@ def load_table(path: Path, item_table: Path | None = None) -> Interactions:
     return data
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Loading builds millions of lists, strings and floats and no reference cycle: the cyclic garbage
-    collector's passes over them were a third of a 5M-row load (docs/BENCHMARKS.md section 9)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def load_interactions(path: Path, item_table: Path | None = None) -> Interactions:
     """Detect the format of `path` (a file or a dataset folder) and load it."""
-    with _collector_paused():
-        return _load(Path(path), item_table)
+    return _load(Path(path), item_table)
 
 
 def _load(path: Path, item_table: Path | None) -> Interactions:
