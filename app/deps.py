@@ -4,7 +4,7 @@ Routers declare what they need (`ServicesDep`, a parsed body, a key check) and n
 `app.state`; the request path's endpoints (app/routers/lean.py) call `services_of` and
 `parse_body` themselves, as FastAPI's handling of a route was half of their cost. Every dependency
 is `async def`: FastAPI runs a plain `def` one in a worker thread, and those thread hops were the
-largest cost of a no-op request in the profile (docs/BENCHMARKS.md, "Where a request's time goes"). Request bodies are
+largest cost of a no-op request in the profile (docs/decisions/request-path-trims.md). Request bodies are
 parsed here in one pass (`model_validate_json` on the raw bytes) by the app's own bounded models, so
 validation and the OpenAPI document share one set of limits.
 """
@@ -74,7 +74,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
 
 # The body dependency is a leaf (it finds the schemas through services_of, not ServicesDep): FastAPI
 # solves every node of a route's dependency tree on every request (recursion, a cache key and scope
-# checks per node); a node less was about 10 us a request (docs/BENCHMARKS.md).
+# checks per node); a node less was about 10 us a request (docs/decisions/request-path-trims.md).
 async def events_body(request: Request) -> EventsRequest:
     return await parse_body(request, services_of(request).schemas.events)
 

@@ -81,7 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             services.store.close()
 
     # FastAPI's native OpenTelemetry looks up the global providers on every request (4% of the event
-    # loop in the serving profile, docs/BENCHMARKS.md) and this service configures none: its
+    # loop in the serving profile, docs/decisions/request-path-trims.md) and this service configures none: its
     # metrics are Prometheus (/metrics), its traces the request id in the JSON logs.
     # No slash redirects: Starlette builds the Location from the Host header, so `POST /events/` with a
     # forged Host would send a client that follows it (body and API key) to another host.
@@ -95,7 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.services = services
     install_error_handlers(app, services.metrics)
     # Routes are tried in order: the request path's come first (/bench/noop last was 28% of its
-    # in-process cost, docs/BENCHMARKS.md), and the no-op sits right behind /recommend, so it pays
+    # in-process cost, docs/decisions/request-path-trims.md), and the no-op sits right behind /recommend, so it pays
     # the same walk. They are plain Starlette routes (app/routers/lean.py).
     lean = [recommend.router, *([bench.router] if settings.bench_endpoints else []), next_location.router]
     for hot in lean:
@@ -103,7 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for r in (events.router, models.router, health.router, metrics.router, admin.router):
         app.include_router(r)
     # FastAPI adds its docs routes first: behind the API they no longer cost every request four path
-    # matches (3% of a no-op's in-process CPU, docs/BENCHMARKS.md). The sort is stable.
+    # matches (docs/decisions/request-path-trims.md). The sort is stable.
     docs = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
     app.router.routes.sort(key=lambda route: getattr(route, "path", None) in docs)
     # Outermost first: every response, a 413 included, gets a request id and is counted.

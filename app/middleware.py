@@ -1,7 +1,7 @@
 """Pure ASGI middleware: request ids, metrics and the access log; the body size limit.
 
 Plain ASGI callables rather than Starlette's BaseHTTPMiddleware, which wraps every request in
-extra tasks and streams (measured: a large share of a no-op request's cost; docs/BENCHMARKS.md).
+extra tasks and streams (docs/decisions/request-path-trims.md).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     Per request it only notes when the request began: one sweep per process and loop, every quarter
     of the deadline (at most 1 s), closes the connections whose request is late, instead of a timer
     armed and cancelled for every request. What the protocol costs a request is measured in
-    docs/BENCHMARKS.md, section 8.
+    docs/BENCHMARKS.md, "What can a hostile client cost the service?".
     """
 
     def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:

@@ -31,7 +31,7 @@ LOOP_READ_USERS = 8
 PREPARE_INLINE_QUERIES = 64
 # The work of large requests (parsing a large body, preparing many queries) runs here, one at a time:
 # each step holds the GIL for tens of milliseconds in C (orjson), and two threads at once made the loop
-# wait for both in a row (126 ms against 46 ms alone; docs/BENCHMARKS.md, "Hostile clients").
+# wait for both in a row (126 ms against 46 ms alone; docs/decisions/request-path-trims.md).
 _LARGE_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-request")
 
 

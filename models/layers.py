@@ -212,7 +212,7 @@ class SequenceEncoder(nn.Module):
         """Hidden state at one position per row: forward(seq)[b, at[b]]. seq: (B, L), at: (B,) -> (B, D).
 
         Serving's path, in eval mode: plain functional ops on the layers' weights (the module path
-        was most of a small batch's model time in the serving profile, docs/BENCHMARKS.md), and the
+        was most of a small batch's model time in the serving profile, docs/decisions/request-path-trims.md), and the
         last layer computes only the read row's query. Causal rows are right-padded, so no position
         at or before `at` ever sees padding: the causal stack needs no padding mask at all.
         """

@@ -37,8 +37,7 @@ def pad_rows(rows: Sequence[Sequence[int]]) -> torch.Tensor:
     # Filled in one C array and viewed as a tensor (torch.frombuffer keeps the array alive). torch.tensor
     # on padded Python lists costs ~70 ns an element, and the seen lists of a batch are padded to its
     # longest full history (737 items on ml-100k): 0.9-2.6 ms of a model call at batch 32-64, 5-8x
-    # less this way, and 1.3-1.8x less for the model's 50-item inputs (docs/BENCHMARKS.md section 3,
-    # "What bounds one worker").
+    # less this way, and 1.3-1.8x less for the model's 50-item inputs (docs/decisions/request-path-trims.md).
     width = max([1, *map(len, rows)])
     if not rows:
         return torch.zeros(0, width, dtype=torch.long)

@@ -71,7 +71,7 @@ class Interactions:
 def per_user(flat: list[Any], ends: np.ndarray) -> list[list[Any]]:
     """A flat list cut at CSR `ends` into one list per user."""
     # One conversion to Python objects, then a C-level slice per user (a tolist per user was 0.9 s
-    # of a 5M-row load; docs/BENCHMARKS.md, scale).
+    # of a 5M-row load).
     bounds = ends.tolist()
     with _collector_paused():
         return [flat[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
