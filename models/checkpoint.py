@@ -38,6 +38,36 @@ def save_checkpoint(path: Path, kind: str, model: nn.Module) -> None:
     )
 
 
+def upgrade_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights saved before every model shared models.layers.EncoderLayer, renamed to its layout.
+
+    - torch's nn.TransformerEncoderLayer (SASRec, BERT4Rec, MHSA): `self_attn.in_proj_weight` /
+      `_bias` -> `attn.in_proj.*`, `self_attn.out_proj.*` -> `attn.out.*`, `linear1.*` -> `ff.0.*`,
+      `linear2.*` -> `ff.3.*`; the norms keep their names.
+    - separate query, key and value projections (social model, seq2seq): `<attn>.q.*`, `.k.*`, `.v.*`
+      -> one `<attn>.in_proj.*`, stacked in that order.
+    The values are the same tensors; a state already in today's layout is returned as it is.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        for old, new in (
+            (".self_attn.in_proj_weight", ".attn.in_proj.weight"),
+            (".self_attn.in_proj_bias", ".attn.in_proj.bias"),
+            (".self_attn.out_proj.", ".attn.out."),
+            (".linear1.", ".ff.0."),
+            (".linear2.", ".ff.3."),
+        ):
+            if old in key:
+                key = key.replace(old, new)
+        out[key] = value
+    for key in [k for k in out if k.endswith((".q.weight", ".q.bias"))]:
+        base, leaf = key.rsplit(".q.", 1)
+        parts = [f"{base}.{x}.{leaf}" for x in "qkv"]
+        if all(p in out for p in parts):
+            out[f"{base}.in_proj.{leaf}"] = torch.cat([out.pop(p) for p in parts])
+    return out
+
+
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> tuple[str, nn.Module]:
     """Rebuild the model a checkpoint describes; never unpickles arbitrary objects."""
     try:
@@ -53,7 +83,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> tup
         raise CheckpointError(path, "kind must be a string, config and state_dict tables")
     try:
         model = build(kind, config)
-        model.load_state_dict(state)
+        model.load_state_dict(upgrade_state(state))
     except Exception as exc:  # an untrusted file: any way it fails to build is a defect of the file
         # The message names config keys or tensor shapes, never a path.
         raise CheckpointError(path, f"does not build: {str(exc).splitlines()[0][:300]}") from exc

@@ -10,8 +10,8 @@ from torch import nn
 
 from models.ids import N_SPECIAL, PAD
 
-# Masks: True = hidden, everywhere in the project. The (B, L) and (L, L) forms are what
-# nn.TransformerEncoder takes; the 4-D forms broadcast against attention scores (B, H, Lq, Lk).
+# Masks: True = hidden, everywhere in the project. The (B, L) and (L, L) forms are the building
+# blocks; the 4-D forms broadcast against attention scores (B, H, Lq, Lk).
 
 
 def padding_mask(seq: torch.Tensor) -> torch.Tensor:
@@ -59,17 +59,26 @@ class Attention(nn.Module):
     """Multi-head attention with a bool mask (True = hidden), optional rotary positions, and the
     attention maps returned when asked (through scaled_dot_product_attention otherwise).
 
-    A query whose every key is hidden attends to nothing and gets a zero output, not NaN.
+    One (3D, D) input projection, as torch's own attention lays it out: a query of its own keys
+    (`kv` is `x`) is one product; other queries (cross-attention, or the rows a read asks for) take
+    the query rows of the weight and the key/value rows apart. A query whose every key is hidden
+    attends to nothing and gets a zero output, not NaN.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError("d_model must be a multiple of n_heads")
-        self.h, self.dh = n_heads, d_model // n_heads
-        self.q, self.k, self.v = (nn.Linear(d_model, d_model) for _ in range(3))
+        self.h, self.dh, self.d = n_heads, d_model // n_heads, d_model
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.dropout = dropout
+
+    def init_as_torch(self) -> None:
+        """torch's MultiheadAttention initialisation of the input projection (Xavier over the whole
+        (3D, D) weight, zero bias): what the recommenders and MHSA were tuned with."""
+        nn.init.xavier_uniform_(self.in_proj.weight)
+        nn.init.zeros_(self.in_proj.bias)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
@@ -83,24 +92,40 @@ class Attention(nn.Module):
         *,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         need_weights: bool = False,
+        causal: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, Lq, D) queries, kv: (B, Lk, D), mask broadcastable to (B, H, Lq, Lk)
-        -> (output (B, Lq, D), weights (B, H, Lq, Lk) or None)."""
-        q, k, v = self._heads(self.q(x)), self._heads(self.k(kv)), self._heads(self.v(kv))
+        """x: (B, Lq, D) queries, kv: (B, Lk, D), mask broadcastable to (B, H, Lq, Lk), or `causal`
+        (each query sees the keys up to its own position; Lq == Lk) -> (output (B, Lq, D), weights
+        (B, H, Lq, Lk) or None)."""
+        w, bias = self.in_proj.weight, self.in_proj.bias
+        if x is kv:
+            q, k, v = F.linear(x, w, bias).chunk(3, dim=-1)
+        else:
+            q = F.linear(x, w[: self.d], bias[: self.d])
+            k, v = F.linear(kv, w[self.d :], bias[self.d :]).chunk(2, dim=-1)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)
         if rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos[: q.size(2)], sin[: q.size(2)]), apply_rope(k, cos[: k.size(2)], sin[: k.size(2)])
+        if causal and mask is None and not need_weights:
+            mask_or_causal: torch.Tensor | None = None
+        elif causal:
+            hidden = causal_attention_mask(k.size(2), k.device)
+            mask_or_causal = hidden if mask is None else mask | hidden
+            causal = False
+        else:
+            mask_or_causal = mask
         p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, H, Lq, Lk)
-            if mask is not None:
-                scores = scores.masked_fill(mask, float("-inf"))
+            if mask_or_causal is not None:
+                scores = scores.masked_fill(mask_or_causal, float("-inf"))
             weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
             y = nn.functional.dropout(weights, p, self.training) @ v
         else:
-            allowed = None if mask is None else ~mask
-            y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
+            allowed = None if mask_or_causal is None else ~mask_or_causal
+            y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)
             if allowed is not None:
                 y = y.masked_fill(~allowed.any(-1, keepdim=True), 0.0)  # fully hidden rows: 0, not NaN
         b, _, lq, _ = y.shape
@@ -113,10 +138,14 @@ class FeedForward(nn.Sequential):
 
 
 class EncoderLayer(nn.Module):
-    """Pre-norm: x + SelfAttention(LN(x)), then x + FF(LN(x))."""
+    """The one transformer encoder layer of every model. Pre-norm (x + SelfAttention(LN(x)), then
+    x + FF(LN(x))) or, with `norm_first=False`, post-norm (LN(x + SelfAttention(x)), then
+    LN(x + FF(x))). Dropout where torch's encoder layer has it: attention weights, after attention,
+    inside and after the feed-forward."""
 
-    def __init__(self, d: int, n_heads: int, d_ff: int, dropout: float) -> None:
+    def __init__(self, d: int, n_heads: int, d_ff: int, dropout: float, *, norm_first: bool = True) -> None:
         super().__init__()
+        self.norm_first = norm_first
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn = Attention(d, n_heads, dropout)
         self.ff = FeedForward(d, d_ff, dropout)
@@ -125,16 +154,78 @@ class EncoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         need_weights: bool = False,
         *,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        causal: bool = False,
+        read: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, L, D), mask broadcastable to (B, H, L, L) -> (B, L, D) and the map if asked."""
-        h = self.norm1(x)
-        a, w = self.attn(h, h, mask, rope=rope, need_weights=need_weights)
-        x = x + self.drop(a)
-        return x + self.drop(self.ff(self.norm2(x))), w
+        """x: (B, L, D), mask broadcastable to (B, H, L, L) (True = hidden) -> (B, L, D) and the map if
+        asked. `read` = (batch rows, positions): only those positions are queries -> (B, 1, D), for a
+        last layer whose other positions nobody reads (mask then broadcastable to (B, H, 1, L))."""
+        h = self.norm1(x) if self.norm_first else x
+        if read is None:
+            a, w = self.attn(h, h, mask, rope=rope, need_weights=need_weights, causal=causal)
+        else:
+            x = x[read][:, None]  # (B, 1, D): the residual stream of the read rows only
+            a, w = self.attn(h[read][:, None], h, mask, rope=rope, need_weights=need_weights)
+        if self.norm_first:
+            x = x + self.drop(a)
+            return x + self.drop(self.ff(self.norm2(x))), w
+        x = self.norm1(x + self.drop(a))
+        return self.norm2(x + self.drop(self.ff(x))), w
+
+
+class EncoderStack(nn.Module):
+    """`n_layers` encoder layers, and a final LayerNorm when asked (torch's nn.TransformerEncoder
+    layout: `layers.<i>`, `norm`)."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        d: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float,
+        *,
+        norm_first: bool = True,
+        final_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            EncoderLayer(d, n_heads, d_ff, dropout, norm_first=norm_first) for _ in range(n_layers)
+        )
+        self.norm = nn.LayerNorm(d) if final_norm else None
+
+    def init_as_torch(self) -> None:
+        for layer in self.layers:
+            assert isinstance(layer, EncoderLayer)
+            layer.attn.init_as_torch()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, *, causal: bool = False) -> torch.Tensor:
+        """x: (B, L, D), mask broadcastable to (B, H, L, L) (True = hidden) -> (B, L, D)."""
+        for layer in self.layers:
+            x, _ = layer(x, mask, causal=causal)
+        return x if self.norm is None else self.norm(x)
+
+    def read(
+        self,
+        x: torch.Tensor,
+        at: torch.Tensor,
+        *,
+        mask: torch.Tensor | None,
+        last_mask: torch.Tensor | None,
+        causal: bool = False,
+    ) -> torch.Tensor:
+        """forward(x)[b, at[b]] computing only those queries in the last layer. x: (B, L, D), at: (B,)
+        -> (B, D). `last_mask`: the keys each read position may see, broadcastable to (B, 1, 1, L)."""
+        rows = torch.arange(x.size(0), device=x.device)
+        for layer in self.layers[:-1]:
+            x, _ = layer(x, mask, causal=causal)
+        x, _ = self.layers[-1](x, last_mask, read=(rows, at))  # (B, 1, D)
+        x = x[:, 0]
+        return x if self.norm is None else self.norm(x)
 
 
 def last_valid_index(seq: torch.Tensor) -> torch.Tensor:
@@ -175,13 +266,10 @@ class SequenceEncoder(nn.Module):
         self.pos_emb = nn.Embedding(max_len, d_model)
         self.emb_norm = nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
-        layer = nn.TransformerEncoderLayer(
-            d_model, n_heads, d_ff, dropout, activation="gelu", batch_first=True, norm_first=True
-        )
-        # Nested tensors would zero padded outputs in eval only: keep train and eval identical.
-        self.layers = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+        self.layers = EncoderStack(n_layers, d_model, n_heads, d_ff, dropout)
         self.out_norm = nn.LayerNorm(d_model)
         self.apply(init_weights)
+        self.layers.init_as_torch()
 
     def _embed(self, seq: torch.Tensor) -> torch.Tensor:
         """Embedded input (B, L, D): token + position, LayerNorm, dropout."""
@@ -204,71 +292,26 @@ class SequenceEncoder(nn.Module):
     def forward(self, seq: torch.Tensor) -> torch.Tensor:
         """seq: (B, L) long, right-padded, L <= max_len -> hidden (B, L, D)."""
         x = self._embed(seq)
-        attn = causal_mask(seq.size(1), seq.device) if self.causal else None
-        h = self.layers(x, mask=attn, src_key_padding_mask=self._key_padding(seq), is_causal=False)  # (B, L, D)
-        return self.out_norm(h)
+        hidden = self._key_padding(seq)[:, None, None, :]  # (B, 1, 1, L) True = hidden
+        if self.causal:
+            hidden = hidden | causal_attention_mask(seq.size(1), seq.device)
+        return self.out_norm(self.layers(x, hidden))  # (B, L, D)
 
     def read(self, seq: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
         """Hidden state at one position per row: forward(seq)[b, at[b]]. seq: (B, L), at: (B,) -> (B, D).
 
-        Serving's path, in eval mode: plain functional ops on the layers' weights (the module path
-        was most of a small batch's model time in the serving profile, docs/decisions/request-path-trims.md), and the
-        last layer computes only the read row's query. Causal rows are right-padded, so no position
-        at or before `at` ever sees padding: the causal stack needs no padding mask at all.
+        Serving's path, in eval mode: the last layer computes only the read row's query. Causal rows
+        are right-padded, so no position at or before `at` ever sees padding: the causal stack needs
+        no padding mask at all, only the causal flag (one fused attention kernel).
         """
-        rows = torch.arange(seq.size(0), device=seq.device)
         if self.training:  # dropout: the module path, so training keeps one definition
-            return self(seq)[rows, at]
+            return self(seq)[torch.arange(seq.size(0), device=seq.device), at]
         x = self._embed(seq)
-        layers = self.layers.layers
         if self.causal:
-            keys_mask = None
-            last_mask = (torch.arange(seq.size(1), device=seq.device)[None, :] <= at[:, None])[:, None, None, :]
-        else:
-            keys_mask = last_mask = ~self._key_padding(seq)[:, None, None, :]  # (B, 1, 1, L) True = attend
-        for layer in layers[:-1]:
-            x = _layer_eval(layer, x, keys_mask, causal=self.causal)  # (B, L, D)
-        x = _layer_eval(layers[-1], x, last_mask, causal=False, read=(rows, at))  # (B, 1, D)
-        return self.out_norm(x[:, 0])
-
-
-def _layer_eval(
-    layer: nn.TransformerEncoderLayer,
-    x: torch.Tensor,
-    allowed: torch.Tensor | None,
-    *,
-    causal: bool,
-    read: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """One pre-norm encoder layer in eval mode. x: (B, L, D), allowed: (B, 1, 1, L) bool or None.
-    -> (B, L, D), or (B, 1, D) for only the rows `read` = (batch rows, positions) as queries."""
-    if not layer.norm_first:
-        raise ValueError("the eval path implements the pre-norm layer only")
-    mha = layer.self_attn
-    d, heads = mha.embed_dim, mha.num_heads
-    w, b = mha.in_proj_weight, mha.in_proj_bias
-    n1 = layer.norm1
-    h = F.layer_norm(x, n1.normalized_shape, n1.weight, n1.bias, n1.eps)
-    if read is None:
-        q, k, v = F.linear(h, w, b).chunk(3, dim=-1)  # (B, L, D) each
-    else:
-        x = x[read][:, None]  # (B, 1, D): the residual stream of the read rows only
-        q = F.linear(h[read][:, None], w[:d], b[:d])
-        k, v = F.linear(h, w[d:], b[d:]).chunk(2, dim=-1)
-    bsz, lq, lk = x.size(0), x.size(1), h.size(1)
-    y = F.scaled_dot_product_attention(
-        q.view(bsz, lq, heads, -1).transpose(1, 2),
-        k.view(bsz, lk, heads, -1).transpose(1, 2),
-        v.view(bsz, lk, heads, -1).transpose(1, 2),
-        attn_mask=allowed,
-        is_causal=causal,
-    )  # (B, H, Lq, Dh)
-    x = x + F.linear(y.transpose(1, 2).reshape(bsz, lq, d), mha.out_proj.weight, mha.out_proj.bias)
-    n2 = layer.norm2
-    ff = F.linear(
-        F.layer_norm(x, n2.normalized_shape, n2.weight, n2.bias, n2.eps), layer.linear1.weight, layer.linear1.bias
-    )
-    return x + F.linear(layer.activation(ff), layer.linear2.weight, layer.linear2.bias)
+            later = torch.arange(seq.size(1), device=seq.device)[None, :] > at[:, None]  # (B, L)
+            return self.out_norm(self.layers.read(x, at, mask=None, last_mask=later[:, None, None, :], causal=True))
+        hidden = self._key_padding(seq)[:, None, None, :]
+        return self.out_norm(self.layers.read(x, at, mask=hidden, last_mask=hidden))
 
 
 def init_weights(module: nn.Module) -> None:

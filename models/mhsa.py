@@ -11,7 +11,7 @@ from torch import nn
 
 from models.features import N_DURATION_BINS, N_HOURS, N_QUARTERS, N_WEEKDAYS
 from models.ids import PAD
-from models.layers import causal_mask, gather_last, init_weights, sinusoidal_encoding
+from models.layers import EncoderStack, causal_attention_mask, gather_last, init_weights, sinusoidal_encoding
 from models.staypoints import StayBatch
 
 
@@ -44,10 +44,10 @@ class MHSA(nn.Module):
         self.duration_emb = nn.Embedding(N_DURATION_BINS, d)
         self.register_buffer("pos", sinusoidal_encoding(config.max_len, d), persistent=False)
         self.dropout = nn.Dropout(config.dropout)
-        layer = nn.TransformerEncoderLayer(
-            d, config.n_heads, config.d_ff, config.dropout, activation="gelu", batch_first=True
+        # Post-norm with a final LayerNorm, as the MHSA reference implementation.
+        self.encoder = EncoderStack(
+            config.n_layers, d, config.n_heads, config.d_ff, config.dropout, norm_first=False, final_norm=True
         )
-        self.encoder = nn.TransformerEncoder(layer, config.n_layers, norm=nn.LayerNorm(d), enable_nested_tensor=False)
         self.user_emb = nn.Embedding(config.n_users, d, padding_idx=PAD)
         self.head_drop = nn.Dropout(config.dropout)
         self.head_ff = nn.Sequential(nn.Linear(d, d * 2), nn.GELU(), nn.Dropout(config.dropout), nn.Linear(d * 2, d))
@@ -58,6 +58,7 @@ class MHSA(nn.Module):
             self.copy_key = nn.Linear(d, d)
             self.copy_gate = nn.Linear(2 * d, 1)
         self.apply(init_weights)
+        self.encoder.init_as_torch()
 
     def encode(self, b: StayBatch) -> torch.Tensor:
         """-> hidden states (B, L, D) under causal and padding masks."""
@@ -70,11 +71,8 @@ class MHSA(nn.Module):
         x = self.dropout(x + self.pos[:length][None])  # (B, L, D)
         pad = b.loc == PAD
         pad = pad & ~pad.all(1, keepdim=True)
-        # is_causal says what the mask is: torch would otherwise compare it with a causal one on every
-        # call (a value-dependent step a trace cannot keep).
-        return self.encoder(
-            x, mask=causal_mask(length, b.loc.device), src_key_padding_mask=pad, is_causal=True
-        )  # (B, L, D)
+        hidden = pad[:, None, None, :] | causal_attention_mask(length, b.loc.device)  # (B, 1, L, L) True = hidden
+        return self.encoder(x, hidden)  # (B, L, D)
 
     def forward(self, b: StayBatch) -> torch.Tensor:
         """-> log-probabilities over all locations (B, V); padding is -inf."""
