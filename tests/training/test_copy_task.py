@@ -26,6 +26,7 @@ TINY_COPY = [
     "train.warmup_steps=50",
     "train.lr=2e-3",
     "train.threads=2",
+    "train.max_minutes=10",  # the epochs decide, not the clock: a busy machine still trains all five
     "eval.predictions=5",
 ]
 
