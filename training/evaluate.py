@@ -91,11 +91,10 @@ def draw_negatives(
     draw = _draw_by_rejection if vocab_size >= REJECTION_FROM else _draw_by_masking
     out = []
     bs = rows_per_batch(protocol, vocab_size)
-    t0 = last_line = time.monotonic()
+    progress = _Progress(len(data.targets))
     for lo in range(0, len(data.targets), bs):
-        if lo and time.monotonic() - last_line >= LOG_EVERY_S:  # over a large catalog the draws take minutes
-            last_line = time.monotonic()
-            done, spent = lo / len(data.targets), last_line - t0
+        if due := progress.due(lo):  # over a large catalog the draws take minutes
+            done, spent = due
             log.info(
                 "drawing %s negatives: %.0f%% of %d users, about %.0fs left",
                 protocol.negatives,
@@ -105,6 +104,22 @@ def draw_negatives(
             )
         out.append(draw(data.interacted[lo : lo + bs], weights, protocol.n_negatives, gen))
     return out
+
+
+class _Progress:
+    """When a progress line is due over `total` users: at least every LOG_EVERY_S, never at the start."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.t0 = self.last = time.monotonic()
+
+    def due(self, done_users: int) -> tuple[float, float] | None:
+        """-> (share done, seconds spent) when a line is due, else None."""
+        now = time.monotonic()
+        if not done_users or now - self.last < LOG_EVERY_S:
+            return None
+        self.last = now
+        return done_users / self.total, now - self.t0
 
 
 # From this catalog size on, negatives are drawn by rejection: the masking draw holds a (B, V) float64
@@ -172,11 +187,10 @@ def evaluate(
         negatives = draw_negatives(data, vocab_size=vocab_size, protocol=protocol, popularity=popularity)
     all_ranks = []
     bs = rows_per_batch(protocol, vocab_size)
-    t0 = last_line = time.monotonic()
+    progress = _Progress(len(data.targets))
     for n, lo in enumerate(range(0, len(data.targets), bs)):
-        if lo and time.monotonic() - last_line >= LOG_EVERY_S:  # a long evaluation (many users) says how far
-            last_line = time.monotonic()
-            done, spent = lo / len(data.targets), last_line - t0
+        if due := progress.due(lo):  # a long evaluation (many users) says how far
+            done, spent = due
             log.info(
                 "evaluating (%s): %.0f%% of %d users, %.0f users/s, about %.0fs left",
                 protocol.negatives,
