@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 half=settings.half_precision and device.type == "cuda",
                 live_events=settings.live_events,
                 trace=settings.trace_models,
+                coarse_from=settings.coarse_ranking_from or None,
             ),
             policy=settings.batch_policy(device.type),
             store=services.store,

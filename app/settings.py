@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.engine.batcher import CPU_MAX_BATCH, BatchPolicy
 from app.schemas import Limits
-from models.serving import LIVE_EVENTS
+from models.serving import COARSE_FROM, LIVE_EVENTS
 
 _BATCH = BatchPolicy()
 _LIMITS = Limits()  # the request bounds' defaults live in Limits
@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     half_precision: bool = False  # float16 weights on a CUDA device; ignored on the CPU
     # scores() as one traced graph (models/traced.py); a model that does not trace exactly stays eager
     trace_models: bool = True
+    # Catalogs from this size on are ranked on the CPU from bfloat16 scores, certified exact, where that
+    # is faster at load (models/coarse.py); 0 = never.
+    coarse_ranking_from: int = Field(default=COARSE_FROM, ge=0)
     default_model: str | None = None  # None = the first model by name
     torch_threads: int = Field(default=0, ge=0)  # 0 = leave torch's default
     # Request bounds: the OpenAPI document states these, and validation enforces exactly these.

@@ -35,6 +35,15 @@ class RecommenderConfig:
             raise ValueError("d_model must be a multiple of n_heads")
 
 
+@dataclass(frozen=True)
+class DotForm:
+    """A model whose scores are `query(seq) @ table.T + bias`, with the specials at -inf: what lets a
+    wide catalog be ranked from coarse scores and a certificate (models/coarse.py)."""
+
+    table: torch.Tensor  # (V, D)
+    bias: torch.Tensor | None  # (V,) or None
+
+
 class SequentialRecommender(nn.Module, ABC):
     causal: ClassVar[bool]  # whether a position may only see earlier items (checked by pre-flight)
     config: Any  # the dataclass the model was built from
@@ -58,6 +67,15 @@ class SequentialRecommender(nn.Module, ABC):
     @abstractmethod
     def scores(self, seq: torch.Tensor) -> torch.Tensor:
         """(B, L) right-padded histories -> (B, V) next-item scores; non-items are -inf."""
+
+    def dot_form(self) -> DotForm | None:
+        """The item table (and bias) behind `scores` when they are `query(seq) @ table.T + bias`;
+        None for a model whose scores are something else."""
+        return None
+
+    def query(self, seq: torch.Tensor) -> torch.Tensor:
+        """(B, L) right-padded histories -> (B, D) queries of the dot form (models with one)."""
+        raise NotImplementedError(f"{type(self).__name__} has no dot form")
 
     @abstractmethod
     def loss(self, seq: torch.Tensor) -> torch.Tensor:

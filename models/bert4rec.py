@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import RecommenderConfig, SequentialRecommender
+from models.base import DotForm, RecommenderConfig, SequentialRecommender
 from models.ids import N_SPECIAL, PAD
 from models.layers import NegativeSampler, SequenceEncoder, init_weights
 
@@ -98,8 +98,18 @@ class BERT4Rec(SequentialRecommender):
         w = self.encoder.token_emb.weight[: self.config.vocab_size]
         return self.transform(h) @ w.T + self.out_bias
 
+    def dot_form(self) -> DotForm:
+        return DotForm(self.encoder.token_emb.weight[: self.config.vocab_size], self.out_bias)
+
     def scores(self, seq: torch.Tensor) -> torch.Tensor:
         """Next-item scores: append [MASK] after each history and read it. (B, L) -> (B, V)."""
+        w = self.encoder.token_emb.weight[: self.config.vocab_size]
+        s = self.query(seq) @ w.T + self.out_bias  # (B, V)
+        s[:, :N_SPECIAL] = float("-inf")  # padding, unknown (and [MASK] is not in the output)
+        return s
+
+    def query(self, seq: torch.Tensor) -> torch.Tensor:
+        """The transformed hidden state at a [MASK] appended to each history. (B, L) -> (B, D)."""
         lengths = (seq != PAD).sum(1)  # (B,)
         # A trace (models/traced.py) keeps no Python check; pack_histories clips to max_history first.
         if not torch.jit.is_tracing() and int(lengths.max()) >= self.config.max_len:
@@ -107,10 +117,7 @@ class BERT4Rec(SequentialRecommender):
         x = torch.cat([seq, torch.zeros_like(seq[:, :1])], dim=1)  # (B, L+1)
         rows = torch.arange(seq.size(0), device=seq.device)
         x[rows, lengths] = self.mask_token
-        h = self.encoder.read(x, lengths)  # (B, D)
-        s = self._logits(h)
-        s[:, :N_SPECIAL] = float("-inf")  # padding, unknown (and [MASK] is not in the output)
-        return s
+        return self.transform(self.encoder.read(x, lengths))  # (B, D)
 
     def loss(self, seq: torch.Tensor) -> torch.Tensor:
         """Cloze loss on the chosen positions only. seq: (B, L) right-padded training windows."""

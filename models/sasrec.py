@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.base import RecommenderConfig, SequentialRecommender
+from models.base import DotForm, RecommenderConfig, SequentialRecommender
 from models.ids import N_SPECIAL, PAD
 from models.layers import NegativeSampler, SequenceEncoder, last_valid_index
 
@@ -61,10 +61,16 @@ class SASRec(SequentialRecommender):
     def item_weights(self) -> torch.Tensor:
         return self.encoder.token_emb.weight  # (V, D), shared with the input embedding
 
+    def dot_form(self) -> DotForm:
+        return DotForm(self.item_weights(), None)
+
+    def query(self, seq: torch.Tensor) -> torch.Tensor:
+        """The hidden state at each history's last item. seq: (B, L) -> (B, D)."""
+        return self.encoder.read(seq, last_valid_index(seq))
+
     def scores(self, seq: torch.Tensor) -> torch.Tensor:
         """Next-item scores for each history. seq: (B, L) -> (B, V); specials are -inf."""
-        h = self.encoder.read(seq, last_valid_index(seq))  # (B, D)
-        s = h @ self.item_weights().T  # (B, V)
+        s = self.query(seq) @ self.item_weights().T  # (B, V)
         s[:, :N_SPECIAL] = float("-inf")
         return s
 

@@ -56,6 +56,11 @@ class UnknownUserError(QueryError):
 LIVE_EVENTS = 1000  # live events kept and read per user unless the settings say otherwise
 
 
+# Catalogs from this size on are ranked on the CPU from bfloat16 scores, certified exact, where that is
+# faster at load (models/coarse.py): below it the coarse pass does not pay.
+COARSE_FROM = 65_536
+
+
 @dataclass
 class EngineOptions:
     """How the service places an artifact: device, precision, and the live-history bound."""
@@ -64,6 +69,7 @@ class EngineOptions:
     half: bool = False  # float16 weights (CUDA only)
     live_events: int = LIVE_EVENTS  # newest live events per user read for a query (seen exclusion included)
     trace: bool = True  # serve scores() as one traced graph where it traces exactly (models/traced.py)
+    coarse_from: int | None = COARSE_FROM  # None: every catalog ranked from float32 scores
 
 
 def optional_time(t: float | None) -> float | None:

@@ -47,34 +47,35 @@ def _flatten(batch: Any) -> tuple[tuple[str, ...] | None, tuple[torch.Tensor, ..
     raise NotTraceable(f"scores() takes a {type(batch).__name__}, not a tensor or a dataclass of tensors")
 
 
-def _eager(model: nn.Module) -> Callable[[Any], torch.Tensor]:
-    """The model's own scores method (nn.Module types its attributes as tensors or modules)."""
-    return cast(Callable[[Any], torch.Tensor], model.scores)
+def _eager(model: nn.Module, method: str) -> Callable[[Any], torch.Tensor]:
+    """The model's own `method` (nn.Module types its attributes as tensors or modules)."""
+    return cast(Callable[[Any], torch.Tensor], getattr(model, method))
 
 
 class _Flat(nn.Module):
     """scores() over flat tensors, so the trace takes the model's weights as parameters."""
 
-    def __init__(self, model: nn.Module, kind: type, names: tuple[str, ...] | None) -> None:
+    def __init__(self, model: nn.Module, kind: type, names: tuple[str, ...] | None, method: str) -> None:
         super().__init__()
-        self.model, self.kind, self.names = model, kind, names
+        self.model, self.kind, self.names, self.method = model, kind, names, method
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
         batch = tensors[0] if self.names is None else self.kind(**dict(zip(self.names, tensors, strict=True)))
-        return _eager(self.model)(batch)
+        return _eager(self.model, self.method)(batch)
 
 
 class TracedScores(Generic[B]):
-    """`model.scores` as one TorchScript trace; a batch whose fields differ from the examples' goes eager."""
+    """`model.scores` (or another `method` of it) as one TorchScript trace; a batch whose fields differ
+    from the examples' goes eager."""
 
-    def __init__(self, model: nn.Module, examples: Sequence[B], *, atol: float = 1e-4) -> None:
+    def __init__(self, model: nn.Module, examples: Sequence[B], *, atol: float = 1e-4, method: str = "scores") -> None:
         if not examples:
             raise NotTraceable("no example batch to trace with")
         if model.training:
             raise NotTraceable("the model is in training mode")
-        self.model = model
+        self.model, self.method = model, method
         self.names, first = _flatten(examples[0])
-        wrapper = _Flat(model, type(examples[0]), self.names)
+        wrapper = _Flat(model, type(examples[0]), self.names, method)
         with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             try:
@@ -92,7 +93,7 @@ class TracedScores(Generic[B]):
             raise NotTraceable("value-dependent step in scores(): " + " | ".join(fixed))
         with torch.inference_mode():
             for n, ex in enumerate(examples):
-                want, got = _eager(model)(ex), self(ex)
+                want, got = _eager(model, method)(ex), self(ex)
                 if want.shape != got.shape or not torch.allclose(want, got, atol=atol, equal_nan=True):
                     raise NotTraceable(
                         f"traced scores differ from eager ones on example batch {n} "
@@ -102,7 +103,7 @@ class TracedScores(Generic[B]):
     def __call__(self, batch: B) -> torch.Tensor:
         names, tensors = _flatten(batch)
         if names != self.names:
-            return _eager(self.model)(batch)
+            return _eager(self.model, self.method)(batch)
         return self.fn(*tensors)
 
 
@@ -123,13 +124,13 @@ def example_rows(low: int, high: int, *, max_len: int, seed: int = 0) -> list[li
 
 
 def serving_scores(
-    model: nn.Module, examples: Callable[[], Sequence[B]], *, enabled: bool
+    model: nn.Module, examples: Callable[[], Sequence[B]], *, enabled: bool, method: str = "scores"
 ) -> tuple[Callable[[B], torch.Tensor], str]:
-    """-> (the scores function to serve with, how it runs: "traced", or "eager" and why)."""
+    """-> (the model's `method` to serve with, how it runs: "traced", or "eager" and why)."""
     if not enabled:
-        return _eager(model), "eager (tracing off)"
+        return _eager(model, method), "eager (tracing off)"
     try:
-        return TracedScores(model, examples()), "traced"
+        return TracedScores(model, examples(), method=method), "traced"
     except NotTraceable as exc:
         log.warning("serving %s eagerly: %s", type(model).__name__, exc)
-        return _eager(model), f"eager ({exc})"
+        return _eager(model, method), f"eager ({exc})"

@@ -12,10 +12,19 @@ from pydantic import TypeAdapter
 
 from models import artifact as A
 from models.base import SequentialRecommender
+from models.coarse import wide_ranker
 from models.histories import HistoryTable
 from models.ids import N_SPECIAL, IdMap
 from models.manifest import Manifest
-from models.ranking import RELEASE_UNITS, Ranked, pack_histories, recommend, reference_value, release_tensor
+from models.ranking import (
+    RELEASE_UNITS,
+    Ranked,
+    SeqRanker,
+    pack_histories,
+    recommend,
+    reference_value,
+    release_tensor,
+)
 from models.serving import Engine, EngineOptions, QueryError, Timeline, UnknownUserError, optional_time
 from models.traced import example_rows, serving_scores
 
@@ -146,6 +155,13 @@ class RecEngine(UserQueryEngine):
         self.histories, self.entity_ids = art.histories, art.items
         self.model = (art.model.half() if options.half else art.model).to(self.device).eval()
         self.scores, self.scoring = serving_scores(self.model, self._examples, enabled=options.trace)
+        self.rank: SeqRanker | None = None
+        wide = options.coarse_from is not None and self.catalog_size >= options.coarse_from
+        if wide and self.model.dot_form() is not None:
+            query, how = serving_scores(self.model, self._examples, enabled=options.trace, method="query")
+            self.rank, ranking = wide_ranker(self.model, query, self._examples()[0])
+            if self.rank is not None:
+                self.scoring = f"{how} query, {ranking}"
         self.release = release_tensor(art.items.raws(), art.release).to(self.device) if art.release_unit else None
 
     @property
@@ -208,6 +224,7 @@ class RecEngine(UserQueryEngine):
             reference=[p.reference for p in batch],
             device=self.device,
             scores=self.scores,
+            rank=self.rank,
         )
 
     def results(self, batch: list[Prepared], output: Ranked) -> list[RecResult]:
