@@ -39,7 +39,9 @@ class Services:
     settings: Settings
     metrics: Metrics
     registry: ModelRegistry
-    schemas: RequestModels = field(init=False)
+    schemas: RequestModels = field(init=False)  # the task routes' bodies: set by the app factory
+    route_paths: dict[str, str] = field(default_factory=dict)  # route name -> its path
+    events_route: str | None = None  # the route whose models' histories POST /events writes
     store: HistoryStore | None = None
     coordinator: Coordinator | None = None  # reloads across this host's workers; None: this process alone
 

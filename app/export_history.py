@@ -24,8 +24,12 @@ from app.store import open_store
 from models.artifact import ArtifactError, latest_versions, read_manifest
 from models.serving import EngineOptions, Timeline, optional_time
 from models.social import is_incoming
-from models.tasks import TASKS
+from models.tasks import TASKS, Task
 from models.tasks.recommend import UserQueryEngine
+
+
+def _keeps_histories(task: Task) -> bool:
+    return isinstance(task.engine, type) and issubclass(task.engine, UserQueryEngine)
 
 
 def newest_engine(artifacts: Path, namespace: str) -> UserQueryEngine | None:
@@ -37,7 +41,7 @@ def newest_engine(artifacts: Path, namespace: str) -> UserQueryEngine | None:
         except ArtifactError:
             continue
         task = TASKS.get(manifest.task)
-        if manifest.namespace == namespace and task is not None and task.route == "recommend":
+        if manifest.namespace == namespace and task is not None and _keeps_histories(task):
             found.append((folder.name, folder, task))
     for _, folder, task in sorted(found, key=lambda f: f[0], reverse=True):
         try:

@@ -17,8 +17,9 @@ from app.engine.registry import ModelRegistry, resolve_device
 from app.handlers import install_error_handlers
 from app.middleware import BodyLimit, Observe
 from app.observability import Metrics, configure_logging
-from app.routers import admin, bench, events, health, metrics, models, next_location, recommend
-from app.schemas import components
+from app.routers import admin, bench, events, health, metrics, models
+from app.routers.tasks import lean_router, live_route, task_routes
+from app.schemas import bounded, components
 from app.settings import Settings, get_settings
 from app.store import StoreError, open_store
 from app.workers import Coordinator, WorkerSync
@@ -30,6 +31,10 @@ log = logging.getLogger("app")
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     services = Services(settings=settings, metrics=Metrics(), registry=ModelRegistry())
+    routes = task_routes()
+    services.schemas = bounded(settings.limits, {r.name: r.body(settings.limits) for r in routes})
+    services.route_paths = {r.name: r.path for r in routes}
+    services.events_route = live_route(routes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -98,7 +103,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Routes are tried in order: the request path's come first (/bench/noop last was 28% of its
     # in-process cost, docs/decisions/request-path-trims.md), and the no-op sits right behind /recommend, so it pays
     # the same walk. They are plain Starlette routes (app/routers/lean.py).
-    lean = [recommend.router, *([bench.router] if settings.bench_endpoints else []), next_location.router]
+    served = [lean_router(r, body_name=services.schemas.requests[r.name].model.__name__) for r in routes]
+    lean = [*served[:1], *([bench.router] if settings.bench_endpoints else []), *served[1:]]
     for hot in lean:
         app.router.routes.extend(hot.routes)
     for r in (events.router, models.router, health.router, metrics.router, admin.router):

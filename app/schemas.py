@@ -346,8 +346,9 @@ class ModelInfo(BaseModel):
 
 
 class ModelsResponse(BaseModel):
-    default: str | None
-    default_next_location: str | None
+    defaults: dict[str, str | None] = Field(
+        description="endpoint path -> the model a request to it gets when it names none"
+    )
     models: list[ModelInfo]
     broken: dict[str, str]
 
@@ -382,27 +383,30 @@ class ErrorResponse(BaseModel):
 
 
 @dataclass(frozen=True)
+class Body:
+    """A request body model with the app's bounds, and the most items each of its list fields can
+    hold over a whole request (for bodies.token_budget)."""
+
+    model: type[BaseModel]
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True)
 class RequestModels:
-    recommend: type[RecommendRequest]
-    next_location: type[NextLocationRequest]
+    requests: dict[str, Body]  # route name (models.tasks.Route) -> its body
     events: type[EventsRequest]
     limits: Limits = Limits()
 
     def budget(self, model: type[BaseModel]) -> int:
         """The most JSON values (',' + '{' + '[') a body of `model` within the limits can hold."""
-        lim = self.limits
-        table: dict[type[BaseModel], dict[str, int]] = {
-            # History steps and excluded ids share MAX_TOTAL_ITEMS; a step holds more values than an
-            # id, so a body of steps alone holds the most.
-            self.recommend: {"queries": lim.max_queries, "history": lim.max_total_items, "exclude_items": 0},
-            self.next_location: {"queries": lim.max_queries, "history": lim.max_total_items},
-            self.events: {"events": lim.max_events},
-        }
-        return token_budget(model, table[model])
+        if model is self.events:
+            return token_budget(model, {"events": self.limits.max_events})
+        counts = next(b.counts for b in self.requests.values() if b.model is model)
+        return token_budget(model, counts)
 
 
-def bounded(limits: Limits) -> RequestModels:
-    """Subclasses of the request models carrying `limits` as their bounds (validation and docs)."""
+def recommend_body(limits: Limits) -> Body:
+    """The /recommend body with `limits` as its bounds (validation and docs)."""
     query = create_model(
         "RecommendQuery",
         __base__=RecommendQuery,
@@ -410,40 +414,48 @@ def bounded(limits: Limits) -> RequestModels:
         k=(int, Field(10, ge=1, le=limits.max_k)),
         exclude_items=(list[RawId], Field(default_factory=list, max_length=limits.max_exclude_items)),
     )
-    recommend = create_model(
+    model = create_model(
         "RecommendRequest",
         __base__=RecommendRequest,
         queries=(list[query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
     )
-    loc_query = create_model(
+    model.limits = limits
+    # History steps and excluded ids share MAX_TOTAL_ITEMS; a step holds more values than an id, so a
+    # body of steps alone holds the most.
+    return Body(model, {"queries": limits.max_queries, "history": limits.max_total_items, "exclude_items": 0})
+
+
+def next_location_body(limits: Limits) -> Body:
+    """The /next-location body with `limits` as its bounds."""
+    query = create_model(
         "NextLocationQuery",
         __base__=NextLocationQuery,
         history=(list[StayStep], Field(min_length=1, max_length=limits.max_history)),
         k=(int, Field(5, ge=1, le=limits.max_k)),
     )
-    next_location = create_model(
+    model = create_model(
         "NextLocationRequest",
         __base__=NextLocationRequest,
-        queries=(list[loc_query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
+        queries=(list[query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
     )
+    model.limits = limits
+    return Body(model, {"queries": limits.max_queries, "history": limits.max_total_items})
+
+
+def bounded(limits: Limits, requests: dict[str, Body] | None = None) -> RequestModels:
+    """The events body with `limits` as its bounds, beside the routes' `requests` bodies."""
     events = create_model(
         "EventsRequest",
         __base__=EventsRequest,
         events=(list[EventIn], Field(min_length=1, max_length=limits.max_events)),
     )
-    recommend.limits = next_location.limits = limits
-    return RequestModels(
-        cast(type[RecommendRequest], recommend),
-        cast(type[NextLocationRequest], next_location),
-        cast(type[EventsRequest], events),
-        limits,
-    )
+    return RequestModels(dict(requests or {}), cast(type[EventsRequest], events), limits)
 
 
 def components(models: RequestModels) -> dict[str, Any]:
     """The OpenAPI component schemas of the request bodies the app parses itself, with its bounds."""
     out: dict[str, Any] = {}
-    for model in (models.recommend, models.next_location, models.events):
+    for model in (*(b.model for b in models.requests.values()), models.events):
         spec = model.model_json_schema(ref_template="#/components/schemas/{model}")
         out.update(spec.pop("$defs", {}))
         out[model.__name__] = spec

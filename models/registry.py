@@ -1,4 +1,5 @@
-"""The one registry from model kind to (config dataclass, module class)."""
+"""The one registry from model kind to (config dataclass, module class), filled by the task table
+(models.tasks.register: each task's row lists its model kinds)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,8 @@ from typing import Any
 from torch import nn
 
 from models.base import SequentialRecommender
-from models.bert4rec import BERT4Rec, BERT4RecConfig
-from models.mhsa import MHSA, MHSAConfig
-from models.sasrec import SASRec, SASRecConfig
-from models.seq2seq import Seq2Seq, Seq2SeqConfig
-from models.social import SocialConfig, SocialModel
 
-REGISTRY: dict[str, tuple[type[Any], type[nn.Module]]] = {
-    "sasrec": (SASRecConfig, SASRec),
-    "bert4rec": (BERT4RecConfig, BERT4Rec),
-    "mhsa": (MHSAConfig, MHSA),
-    "seq2seq": (Seq2SeqConfig, Seq2Seq),
-    "social": (SocialConfig, SocialModel),
-}
+REGISTRY: dict[str, tuple[type[Any], type[nn.Module]]] = {}
 
 
 def build(kind: str, config: dict[str, Any]) -> nn.Module:

@@ -13,7 +13,6 @@ from app.schemas import EventResult as _EventResult
 app_from_env
 ScoredLocation.probability
 _EventResult.unknown_item
-ModelsResponse.default_next_location
 ReloadReport.loaded
 ReloadReport.unchanged
 ReloadReport.all_workers

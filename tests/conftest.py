@@ -11,6 +11,7 @@ from training.data import Interactions
 from training.data.interactions import per_user
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
 
 # Items 10..39 released in year 1990 + (item % 10); user timestamps in 1995..1999.
 N_ITEMS = 30

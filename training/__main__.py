@@ -1,22 +1,26 @@
-"""Offline jobs: `python -m training train|copy-task|predict|convert-histories ...`.
+"""Offline jobs: `python -m training train|defaults|predict|convert-histories|<a task's command> ...`.
 
 `train` reads a run config; the model kind in it names the task, and the task table
-(models.tasks.TASKS) names the job. Every job is one skeleton (training/job.py).
+(models.tasks.TASKS) names the job. Every job is one skeleton (training/job.py). A task with a
+command of its own (the copy task's `copy-task`) gets it with its default config; `defaults` trains
+every task's default models.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
+from models.tasks import TASKS
 from training import distributed
 from training.config import kind_of, read_raw
 from training.data import DataFormatError
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-CONFIGS = Path(__file__).resolve().parent / "configs"
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,14 +28,22 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train a model and write an artifact version")
     tr.add_argument("--config", type=Path, required=True, help="TOML run config (training/configs/)")
-    ct = sub.add_parser("copy-task", help="the seq2seq copy task: proves attention, masks and decoding")
-    ct.add_argument("--config", type=Path, default=CONFIGS / "copy_task.toml", help="TOML run config")
-    for p in (tr, ct):
+    runs = [tr]
+    for task in TASKS.values():
+        if task.command:
+            own = sub.add_parser(task.command, help=f"train the {task.name} task with its default config")
+            own.add_argument("--config", type=Path, default=ROOT / (task.config or ""), help="TOML run config")
+            own.set_defaults(task=task.name)
+            runs.append(own)
+    for p in runs:
         p.add_argument("--data", type=Path, help="data file or folder (overrides data.path)")
-        p.add_argument("--out", type=Path, help="output root (default: artifacts/, runs/ for the copy task)")
+        p.add_argument("--out", type=Path, help="output root (default: artifacts/, or the job's own)")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
         p.add_argument("--shared-data", type=Path, default=SHARED, help=argparse.SUPPRESS)
-    pr = sub.add_parser("predict", help="top-K for every user of a recommendation artifact, to CSV")
+    df = sub.add_parser("defaults", help="train every task's default models whose data is there")
+    df.add_argument("--out", type=Path, default=Path("artifacts"), help="artifacts folder")
+    df.add_argument("--task", dest="tasks", action="append", choices=sorted(TASKS), help="only these tasks'")
+    pr = sub.add_parser("predict", help="top-K for every stored user of an artifact, to CSV")
     pr.add_argument("--artifact", type=Path, required=True, help="artifact version folder")
     pr.add_argument("--k", type=int, default=10)
     pr.add_argument("--out", type=Path, default=Path("predictions"))
@@ -52,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(predict_all(args.artifact, k=args.k, out_dir=args.out))
             return 0
+        if args.command == "defaults":
+            return train_defaults(args.out, tasks=args.tasks)
         if args.command == "convert-histories":
             from training.convert import convert_histories, convert_root
 
@@ -72,8 +86,9 @@ def _train(args: argparse.Namespace) -> int:
 
     raw = read_raw(args.config, args.overrides)
     job_cls = job_for_kind(kind_of(raw))
-    if args.command == "copy-task" and job_cls.task != "copy":
-        raise ValueError(f"{args.config} is not a copy-task config")
+    own = getattr(args, "task", None)
+    if own is not None and job_cls.task != own:
+        raise ValueError(f"{args.config} is not a config of the {own} task")
     cfg = job_cls.parse_config(raw)
     dist = distributed.setup(cfg.train.device)
     try:
@@ -86,6 +101,28 @@ def _train(args: argparse.Namespace) -> int:
         if dist.enabled:
             logging.getLogger("training").info("rank %d of %d finished", dist.rank, dist.world)
         dist.close()
+
+
+def train_defaults(out: Path, *, tasks: list[str] | None = None) -> int:
+    """Train each task's default runs (models.tasks.DefaultRun) into `out` (only `tasks`' when given);
+    a run whose data file is not there is skipped, and the log says which task stays without a model."""
+    log = logging.getLogger("training")
+    failed = 0
+    for task in TASKS.values():
+        if tasks and task.name not in tasks:
+            continue
+        for run in task.defaults:
+            config = ROOT / run.config
+            data = os.environ.get(run.data_env)
+            configured = read_raw(config, []).get("data", {}).get("path")
+            path = Path(data) if data else (ROOT / configured if configured else None)
+            if path is not None and not path.exists():
+                log.warning("%s not found (set %s): no %s model is trained", path, run.data_env, task.name)
+                continue
+            log.info("training %s", run.what or run.config)
+            argv = ["train", "--config", str(config), "--out", str(out), *(["--data", str(path)] if path else [])]
+            failed += main([*argv, *(a for o in run.overrides for a in ("--set", o))]) != 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Batch prediction: top-K for every user of an artifact, through the served engine itself (the
-same preparation, exclusions and ranking as POST /recommend), to CSV."""
+"""Batch prediction: top-K for every stored user of an artifact, through the served engine itself
+(the same preparation, exclusions and ranking as the service's route), to CSV. Any task whose engine
+keeps user histories (models.tasks.recommend.UserQueryEngine: recommendation, social) can."""
 
 from __future__ import annotations
 
@@ -7,14 +8,20 @@ import csv
 import datetime as dt
 from pathlib import Path
 
+from models.artifact import read_manifest
 from models.serving import EngineOptions
 from models.tasks import TASKS
-from models.tasks.recommend import RecEngine, RecQuery
+from models.tasks.recommend import RecQuery, UserQueryEngine
 
 
 def predict_all(artifact_dir: Path, *, k: int, out_dir: Path, batch_size: int = 256) -> Path:
-    engine = TASKS["recommend"].open(artifact_dir, EngineOptions())
-    assert isinstance(engine, RecEngine)
+    manifest = read_manifest(artifact_dir)
+    task = TASKS.get(manifest.task)
+    if task is None or task.route is None:
+        raise ValueError(f"task {manifest.task!r} of {artifact_dir} is not served, so it cannot predict")
+    engine = task.open(artifact_dir, EngineOptions())
+    if not isinstance(engine, UserQueryEngine):
+        raise ValueError(f"{task.name} artifacts keep no user histories to predict for")
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"predictions_{engine.manifest.name or artifact_dir.parent.name}_k{k}_{stamp}.csv"

@@ -75,6 +75,11 @@ class Served:
     def version(self) -> str:
         return self.folder.name
 
+    @property
+    def route(self) -> str | None:
+        """The name of the endpoint family that serves it (models.tasks.Route)."""
+        return self.task.route.name if self.task.route else None
+
 
 @dataclass
 class ModelRegistry:
@@ -93,9 +98,9 @@ class ModelRegistry:
     def default(self, route: str, preferred: str | None = None) -> str | None:
         """The model a request to `route` gets when it names none: the configured one if it serves the
         route, else the first by name of the route's own task, else of any task the route serves."""
-        if preferred is not None and preferred in self.models and self.models[preferred].task.route == route:
+        if preferred is not None and preferred in self.models and self.models[preferred].route == route:
             return preferred
-        on_route = sorted((s.task.name != route, n) for n, s in self.models.items() if s.task.route == route)
+        on_route = sorted((s.task.name != route, n) for n, s in self.models.items() if s.route == route)
         return on_route[0][1] if on_route else None
 
     @contextmanager
@@ -103,13 +108,13 @@ class ModelRegistry:
         """The entry serving `name` (else the route's default), held until the block ends."""
         chosen = name or self.default(route, preferred)
         served = self.models.get(chosen) if chosen else None
-        if served is None or served.task.route != route:
+        if served is None or served.route != route:
             if chosen is None:
                 raise ModelUnavailable(f"no model serving /{route.replace('_', '-')} is loaded", ["body", "model"])
             failed = [k for k in self.broken if k == chosen or k.startswith(f"{chosen}/")]
             if served is None and failed:
                 raise ModelUnavailable(f"model {chosen!r} failed to load: {self.broken[failed[0]]}", ["body", "model"])
-            here = sorted(n for n, s in self.models.items() if s.task.route == route)
+            here = sorted(n for n, s in self.models.items() if s.route == route)
             raise UnknownModel(f"unknown model {chosen!r} for this endpoint; loaded: {here}", ["body", "model"])
         served.holders += 1
         try:

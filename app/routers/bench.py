@@ -18,9 +18,9 @@ router = LeanRouter(tags=["bench"], include_in_schema=False)
 
 @router.post("/bench/noop")
 async def noop(request: Request) -> Response:
-    body = await parse_body(request, services_of(request).schemas.recommend)
+    body = await parse_body(request, services_of(request).schemas.requests["recommend"].model)
     results = []
-    for q in map(to_query, body.queries):
+    for q in map(to_query, body.queries):  # type: ignore[attr-defined]
         items = [(str(i), 0.0) for i in range(q.k)]
         results.append(result_json(RecResult(q.user_id, items, [], {"seen": 0, "future": 0, "requested": 0})))
     return json_response({"model": "noop", "version": "0", "results": results})

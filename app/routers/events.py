@@ -5,6 +5,7 @@ from starlette.responses import Response
 
 from app import serving
 from app.deps import EventsBody, ServicesDep, WriterKey
+from app.errors import ModelUnavailable
 from app.handlers import json_response
 from app.routers.docs import body_doc, errors
 from app.schemas import EventsResponse
@@ -29,7 +30,9 @@ async def post_events(body: EventsBody, services: ServicesDep, request: Request)
     is stored. Items the model does not know are stored and flagged: they count after the next
     training run. Needs X-API-Key when SEQSERVE_EVENTS_API_KEY is set.
     """
-    with services.registry.lease(body.model, "recommend", services.settings.default_model) as served:
+    if services.events_route is None:
+        raise ModelUnavailable("no model served here takes events", ["body", "model"])
+    with services.registry.lease(body.model, services.events_route, services.settings.default_model) as served:
         request.state.model = served.name
         out = await serving.post_events(
             served, body.events, store=services.store, skew_s=services.settings.event_skew_s

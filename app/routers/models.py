@@ -33,8 +33,7 @@ async def list_models(services: ServicesDep) -> ModelsResponse:
             )
         )
     return ModelsResponse(
-        default=reg.default("recommend", preferred),
-        default_next_location=reg.default("next_location", preferred),
+        defaults={path: reg.default(name, preferred) for name, path in services.route_paths.items()},
         models=infos,
         broken=reg.broken,
     )

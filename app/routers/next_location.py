@@ -1,18 +1,11 @@
+"""POST /next-location: top-K next places from recent staypoints (MHSA)."""
+
 from __future__ import annotations
 
-from starlette.requests import Request
-from starlette.responses import Response
-
-from app import serving
-from app.deps import parse_body, services_of
-from app.handlers import json_response
-from app.routers.docs import body_doc, errors
-from app.routers.lean import LeanRouter, closed_connection
-from app.schemas import NextLocationResponse, StayStep
+from app.routers.tasks import TaskRoute
+from app.schemas import NextLocationRequest, NextLocationResponse, StayStep, next_location_body
 from models.features import from_times
-from models.tasks.next_location import LocQuery, LocStep
-
-router = LeanRouter(tags=["next-location"])
+from models.tasks.next_location import LocQuery, LocResult, LocStep
 
 
 def to_step(s: StayStep) -> LocStep:
@@ -23,38 +16,26 @@ def to_step(s: StayStep) -> LocStep:
     return LocStep(s.location_id, s.start_min, s.weekday, s.duration_min)
 
 
-@router.post(
-    "/next-location",
-    response_model=NextLocationResponse,
-    openapi_extra=body_doc("NextLocationRequest"),
-    responses=errors(404, 422, 503, 504),
+def queries(body: NextLocationRequest) -> list[LocQuery]:
+    return [LocQuery(q.user_id, [to_step(s) for s in q.history], q.k) for q in body.queries]
+
+
+def result_json(r: LocResult) -> dict[str, object]:
+    return {
+        "locations": [{"location_id": i, "probability": p} for i, p in r.locations],
+        "unknown_locations": r.unknown_locations,
+        "unknown_user": r.unknown_user,
+        "history_truncated": r.truncated,
+    }
+
+
+ROUTE = TaskRoute(
+    name="next_location",
+    path="/next-location",
+    tag="next-location",
+    summary="Top-K next locations with probabilities; the unknown class is `location_id: null`.",
+    body=next_location_body,
+    response=NextLocationResponse,
+    queries=queries,
+    result=result_json,
 )
-async def next_location(request: Request) -> Response:
-    """Top-K next locations with probabilities; the unknown class is `location_id: null`."""
-    services = services_of(request)
-    body = await parse_body(request, services.schemas.next_location)
-    with services.registry.lease(body.model, "next_location", services.settings.default_model) as served:
-        request.state.model = served.name
-        queries = [LocQuery(q.user_id, [to_step(s) for s in q.history], q.k) for q in body.queries]
-        results = await serving.answer(
-            served,
-            queries,
-            store=services.store,
-            timeout_s=services.settings.request_timeout_s,
-            abandoned=closed_connection(request),
-        )
-        return json_response(
-            {
-                "model": served.name,
-                "version": served.version,
-                "results": [
-                    {
-                        "locations": [{"location_id": i, "probability": p} for i, p in r.locations],
-                        "unknown_locations": r.unknown_locations,
-                        "unknown_user": r.unknown_user,
-                        "history_truncated": r.truncated,
-                    }
-                    for r in results
-                ],
-            }
-        )

@@ -1,17 +1,10 @@
+"""POST /recommend: top-K next items (SASRec, BERT4Rec) or next users (the social model)."""
+
 from __future__ import annotations
 
-from starlette.requests import Request
-from starlette.responses import Response
-
-from app import serving
-from app.deps import parse_body, services_of
-from app.handlers import json_response
-from app.routers.docs import body_doc, errors
-from app.routers.lean import LeanRouter, closed_connection
-from app.schemas import RecommendQuery, RecommendResponse
+from app.routers.tasks import TaskRoute
+from app.schemas import RecommendQuery, RecommendRequest, RecommendResponse, recommend_body
 from models.tasks.recommend import RecQuery, RecResult
-
-router = LeanRouter(tags=["recommend"])
 
 
 def to_query(q: RecommendQuery) -> RecQuery:
@@ -36,25 +29,18 @@ def result_json(r: RecResult) -> dict[str, object]:
     }
 
 
-@router.post(
-    "/recommend",
-    response_model=RecommendResponse,
-    openapi_extra=body_doc("RecommendRequest"),
-    responses=errors(404, 422, 503, 504),
+def queries(body: RecommendRequest) -> list[RecQuery]:
+    return [to_query(q) for q in body.queries]
+
+
+ROUTE = TaskRoute(
+    name="recommend",
+    path="/recommend",
+    tag="recommend",
+    summary="Top-K next items (or, from a social model, next users) for each query, in one forward pass.",
+    body=recommend_body,
+    response=RecommendResponse,
+    queries=queries,
+    result=result_json,
+    live_events=True,
 )
-async def recommend(request: Request) -> Response:
-    """Top-K next items (or, from a social model, next users) for each query, in one forward pass."""
-    services = services_of(request)
-    body = await parse_body(request, services.schemas.recommend)
-    with services.registry.lease(body.model, "recommend", services.settings.default_model) as served:
-        request.state.model = served.name
-        results = await serving.answer(
-            served,
-            [to_query(q) for q in body.queries],
-            store=services.store,
-            timeout_s=services.settings.request_timeout_s,
-            abandoned=closed_connection(request),
-        )
-        return json_response(
-            {"model": served.name, "version": served.version, "results": [result_json(r) for r in results]}
-        )

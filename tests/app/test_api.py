@@ -36,7 +36,7 @@ def test_health_ready_models(client: TestClient) -> None:
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["models"] == ["bert4rec-tiny", "sasrec-tiny"]
     models = client.get("/models").json()
-    assert models["default"] == "sasrec-tiny"
+    assert models["defaults"] == {"/recommend": "sasrec-tiny", "/next-location": None}
     assert {m["kind"] for m in models["models"]} == {"sasrec", "bert4rec"}
     assert all(m["catalog_size"] == 30 and m["device"] == "cpu" for m in models["models"])
     assert all(m["scoring"] == "traced" for m in models["models"])  # models/traced.py, checked at load

@@ -10,13 +10,13 @@ import pytest
 from pydantic import BaseModel
 
 from app.bodies import MAX_DETAILS, BodyError, is_json, parse, parse_large
-from app.schemas import Limits, bounded
+from app.schemas import Limits, bounded, next_location_body, recommend_body
 
-MODELS = bounded(
-    Limits(
-        max_queries=8, max_k=50, max_history=20, max_exclude_items=5, max_total_k=100, max_total_items=60, max_events=10
-    )
+LIMITS = Limits(
+    max_queries=8, max_k=50, max_history=20, max_exclude_items=5, max_total_k=100, max_total_items=60, max_events=10
 )
+MODELS = bounded(LIMITS, {"recommend": recommend_body(LIMITS), "next_location": next_location_body(LIMITS)})
+RECOMMEND = MODELS.requests["recommend"].model
 STEP = {"item_id": "12", "timestamp": 1.5e9}
 BODIES: list[tuple[str, Any]] = [
     ("recommend", {"queries": [{"user_id": "u1", "k": 5, "history": [STEP] * 3, "exclude_items": ["9"]}]}),
@@ -67,16 +67,14 @@ def outcome(fn: Any, raw: bytes, model: type[BaseModel]) -> Any:
 
 @pytest.mark.parametrize(("route", "body"), BODIES)
 def test_large_path_answers_what_the_one_pass_path_answers(route: str, body: Any) -> None:
-    model = getattr(MODELS, route)
+    model = MODELS.events if route == "events" else MODELS.requests[route].model
     raw = orjson.dumps(body)
     assert outcome(lambda r, m: parse_large(r, m, budget=MODELS.budget(m)), raw, model) == outcome(parse, raw, model)
 
 
 def test_bad_json_is_named_on_both_paths() -> None:
     raw = b'{"queries": [{"user_id": "u1"'
-    assert outcome(lambda r, m: parse_large(r, m, budget=10**6), raw, MODELS.recommend) == outcome(
-        parse, raw, MODELS.recommend
-    )
+    assert outcome(lambda r, m: parse_large(r, m, budget=10**6), raw, RECOMMEND) == outcome(parse, raw, RECOMMEND)
 
 
 def test_the_budget_admits_the_largest_body_within_the_limits() -> None:
@@ -97,21 +95,21 @@ def test_the_budget_admits_the_largest_body_within_the_limits() -> None:
         + [{"user_id": "u", "history": [STEP] * 4}] * 3
     }  # 60 items
     raw = orjson.dumps(full)
-    assert parse_large(raw, MODELS.recommend, budget=MODELS.budget(MODELS.recommend)) == parse(raw, MODELS.recommend)
+    assert parse_large(raw, RECOMMEND, budget=MODELS.budget(RECOMMEND)) == parse(raw, RECOMMEND)
 
 
 def test_more_values_than_the_limits_allow_are_refused_unparsed() -> None:
     raw = orjson.dumps({"queries": [{"history": [{"item_id": "1", "action": "a", "timestamp": 1}] * 20}] * 8})
     assert len(raw) > 5000  # 160 steps where 60 are allowed
     with pytest.raises(BodyError) as err:
-        parse_large(raw, MODELS.recommend, budget=MODELS.budget(MODELS.recommend))
+        parse_large(raw, RECOMMEND, budget=MODELS.budget(RECOMMEND))
     assert err.value.details[0]["loc"] == ["body"] and err.value.details[0]["type"] == "too_many_values"
 
 
 def test_unknown_keys_are_counted_not_each_described() -> None:
     query: dict[str, object] = {"user_id": "u1", **{str(n): 0 for n in range(200_000)}}
     with pytest.raises(BodyError) as err:
-        parse_large(orjson.dumps({"queries": [query]}), MODELS.recommend, budget=10**7)
+        parse_large(orjson.dumps({"queries": [query]}), RECOMMEND, budget=10**7)
     assert len(err.value.details) == MAX_DETAILS and err.value.total == 200_000
     assert err.value.details[0] == {
         "loc": ["body", "queries", 0, "0"],
@@ -122,7 +120,7 @@ def test_unknown_keys_are_counted_not_each_described() -> None:
 
 def test_one_pass_errors_are_capped_too() -> None:
     with pytest.raises(BodyError) as err:
-        parse(orjson.dumps({"queries": [{"user_id": "u1", **{str(n): 0 for n in range(300)}}]}), MODELS.recommend)
+        parse(orjson.dumps({"queries": [{"user_id": "u1", **{str(n): 0 for n in range(300)}}]}), RECOMMEND)
     assert len(err.value.details) == MAX_DETAILS and err.value.total == 300
 
 

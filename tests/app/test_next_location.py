@@ -22,7 +22,7 @@ def client(tiny_location_artifact: Path) -> Iterator[TestClient]:
 
 def test_listed_and_ready(client: TestClient) -> None:
     models = client.get("/models").json()
-    assert models["default_next_location"] == "mhsa-tiny"
+    assert models["defaults"]["/next-location"] == "mhsa-tiny"
     info = next(m for m in models["models"] if m["name"] == "mhsa-tiny")
     assert info["task"] == "next_location" and info["kind"] == "mhsa" and info["scoring"] == "traced"
     assert "mhsa-tiny" in client.get("/readyz").json()["models"]

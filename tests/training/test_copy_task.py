@@ -3,8 +3,7 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import run_job
-from training.__main__ import CONFIGS
+from tests.conftest import CONFIGS, run_job
 
 # A few hundred steps of a small model on short sequences: enough to copy if attention, masks,
 # positions and decoding are right, and nowhere near it if any of them is broken.

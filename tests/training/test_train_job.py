@@ -8,8 +8,7 @@ import torch
 from models.artifact import latest_versions
 from models.registry import build_recommender
 from models.tasks.recommend import load_artifact as load_rec_artifact
-from tests.conftest import TINY_REC, run_job, stored, stored_users
-from training.__main__ import CONFIGS
+from tests.conftest import CONFIGS, TINY_REC, run_job, stored, stored_users
 from training.config import kind_of, read_raw
 from training.preflight import PreflightError, preflight
 
@@ -199,3 +198,18 @@ def test_test_metrics_on_a_seeded_sample_of_users(synthetic_dir: Path, tmp_path:
     assert all(v >= 0 for v in phases.values()) and phases["budget"] == 30 * 60
     again = json.loads((run_job(overrides, tmp_path / "b", synthetic_dir) / "metrics.json").read_text())
     assert again["baselines_test"] == metrics["baselines_test"]  # the same users: seeded
+
+
+def test_predict_covers_every_task_that_keeps_user_histories(
+    tmp_path: Path, tiny_social_artifact: Path, tiny_location_artifact: Path
+) -> None:
+    import csv
+
+    from training.__main__ import main
+
+    social = next(iter(latest_versions(tiny_social_artifact).values()))
+    assert main(["predict", "--artifact", str(social), "--k", "3", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(next(tmp_path.glob("predictions_*_k3_*.csv")).open()))
+    assert rows and {r["rank"] for r in rows} <= {"1", "2", "3"}
+    places = latest_versions(tiny_location_artifact)["mhsa-tiny"]
+    assert main(["predict", "--artifact", str(places), "--k", "3", "--out", str(tmp_path)]) == 2  # no stored users

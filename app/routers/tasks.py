@@ -1,0 +1,84 @@
+"""The routes of the task table: each served task's row (models.tasks) names the module of its
+route, which exports ROUTE, a TaskRoute; the endpoint, its request body, its OpenAPI entries, the
+default model in /models and which route /events writes for are all derived from those."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app import serving
+from app.deps import parse_body, services_of
+from app.handlers import json_response
+from app.routers.docs import body_doc, errors
+from app.routers.lean import LeanRouter, closed_connection
+from app.schemas import Body, Limits
+from models.tasks import TASKS
+
+
+@dataclass(frozen=True)
+class TaskRoute:
+    """What the service needs to serve a route of the task table."""
+
+    name: str  # models.tasks.Route.name
+    path: str  # "/recommend"
+    tag: str
+    summary: str  # the endpoint's description in the OpenAPI document
+    body: Callable[[Limits], Body]  # the request body with the app's bounds; it has `model` and `queries`
+    response: type[BaseModel]  # for the document
+    queries: Callable[[Any], list[Any]]  # parsed body -> the engines' queries
+    result: Callable[[Any], dict[str, object]]  # an engine's result -> its JSON
+    live_events: bool = False  # POST /events writes the histories of this route's models
+
+
+def task_routes() -> list[TaskRoute]:
+    """Every route the task table serves, in the table's order."""
+    out: dict[str, TaskRoute] = {}
+    for task in TASKS.values():
+        if task.route is None or task.route.name in out:
+            continue
+        spec = importlib.import_module(task.route.module).ROUTE
+        if not isinstance(spec, TaskRoute) or spec.name != task.route.name:
+            raise TypeError(f"{task.route.module}.ROUTE is not the TaskRoute of route {task.route.name!r}")
+        out[spec.name] = spec
+    return list(out.values())
+
+
+def lean_router(spec: TaskRoute, *, body_name: str) -> LeanRouter:
+    """The route's POST endpoint: parse the body, lease the model, answer in batches.
+    body_name: the component name of its bounded request body in the document."""
+    router = LeanRouter(tags=[spec.tag])
+
+    async def endpoint(request: Request) -> Response:
+        services = services_of(request)
+        body = await parse_body(request, services.schemas.requests[spec.name].model)
+        with services.registry.lease(body.model, spec.name, services.settings.default_model) as served:  # type: ignore[attr-defined]
+            request.state.model = served.name
+            results = await serving.answer(
+                served,
+                spec.queries(body),
+                store=services.store,
+                timeout_s=services.settings.request_timeout_s,
+                abandoned=closed_connection(request),
+            )
+            return json_response(
+                {"model": served.name, "version": served.version, "results": [spec.result(r) for r in results]}
+            )
+
+    endpoint.__name__ = spec.name  # FastAPI's operationId and the document's summary come from these
+    endpoint.__doc__ = spec.summary
+    router.post(
+        spec.path, response_model=spec.response, openapi_extra=body_doc(body_name), responses=errors(404, 422, 503, 504)
+    )(endpoint)
+    return router
+
+
+def live_route(routes: Sequence[TaskRoute]) -> str | None:
+    """The route whose models' histories POST /events writes, if any serves live events."""
+    return next((r.name for r in routes if r.live_events), None)
