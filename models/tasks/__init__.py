@@ -1,10 +1,11 @@
 """The task table: every kind of work the project trains and serves, and where its pieces are.
 
-A task is one registered row (`register`): its model kinds, its artifact loader and served engine
-here in models/, its training job and the service's route named by module path (training/jobs/,
-app/routers/: models/ imports neither side), and the runs that train its default models. The model
-registry, the training CLI, the service's routes, request bodies, OpenAPI document and defaults, and
-batch prediction are all derived from the rows; adding a task adds its pieces and one row.
+A task is one registered row (`register`, docs/decisions/task-table.md): its model kinds, its
+artifact loader and served engine here in models/, its training job and the service's route named
+by module path (training/jobs/, app/routers/: models/ imports neither side), and the runs that train
+its default models. The model registry, the training CLI, the service's routes, request bodies,
+OpenAPI document and defaults, and batch prediction are all derived from the rows; adding a task
+adds its pieces and one row.
 """
 
 from __future__ import annotations
