@@ -156,8 +156,10 @@ class RecEngine(UserQueryEngine):
         self.model = (art.model.half() if options.half else art.model).to(self.device).eval()
         self.scores, self.scoring = serving_scores(self.model, self._examples, enabled=options.trace)
         self.rank: SeqRanker | None = None
+        # Only float32 weights on the CPU (models/coarse.py); wide_ranker checks again on the table itself.
+        cpu_f32 = self.device.type == "cpu" and not options.half
         wide = options.coarse_from is not None and self.catalog_size >= options.coarse_from
-        if wide and self.model.dot_form() is not None:
+        if cpu_f32 and wide and self.model.dot_form() is not None:
             query, how = serving_scores(self.model, self._examples, enabled=options.trace, method="query")
             self.rank, ranking = wide_ranker(self.model, query, self._examples()[0])
             if self.rank is not None:
