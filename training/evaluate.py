@@ -107,7 +107,8 @@ def draw_negatives(
 
 
 class _Progress:
-    """When a progress line is due over `total` users: at least every LOG_EVERY_S, never at the start."""
+    """When a progress line is due over `total` users (or items): at least every LOG_EVERY_S, never at
+    the start."""
 
     def __init__(self, total: int) -> None:
         self.total = total
@@ -325,7 +326,12 @@ def _knn_neighbours(
     nf = torch.from_numpy(n).float()
     out_i, out_j, out_s = [], [], []
     lo = 0
+    progress = _Progress(vocab_size)
     while lo < vocab_size:
+        if due := progress.due(lo):  # 500k items: minutes of fitting
+            done, spent = due
+            left = spent / done - spent
+            log.info("fitting item_knn: %.0f%% of %d items, about %.0fs left", 100 * done, vocab_size, left)
         hi = lo + 1 + int(np.searchsorted(np.cumsum(pairs_of[lo + 1 :]), KNN_BLOCK_PAIRS))
         hi = min(hi, vocab_size)
         # Every (item in [lo, hi), item of one of its users) pair, then counted.

@@ -90,3 +90,16 @@ def test_drawing_negatives_for_many_users_logs_its_progress(
     drawn = ev.draw_negatives(data, vocab_size=12, protocol=protocol)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("drawing uniform negatives")]
     assert len(drawn) == 10 and len(lines) >= 5 and "% of 40 users" in lines[-1], lines
+
+
+def test_fitting_item_knn_over_many_blocks_logs_its_progress(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from training import evaluate as ev
+
+    monkeypatch.setattr(ev, "LOG_EVERY_S", 0.0)
+    monkeypatch.setattr(ev, "KNN_BLOCK_PAIRS", 4)  # a block of a few items each
+    caplog.set_level(logging.INFO, logger="training.evaluate")
+    ev.item_knn_scorer([[2, 3, 4], [3, 4, 5], [5, 6, 2]], 8)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fitting item_knn")]
+    assert len(lines) >= 3 and all("% of 8 items" in line for line in lines), lines
