@@ -330,8 +330,8 @@ def _knn_neighbours(
     while lo < vocab_size:
         if due := progress.due(lo):  # 500k items: minutes of fitting
             done, spent = due
-            left = spent / done - spent
-            log.info("fitting item_knn: %.0f%% of %d items, about %.0fs left", 100 * done, vocab_size, left)
+            eta = spent / done - spent
+            log.info("fitting item_knn: %.0f%% of %d items, about %.0fs left", 100 * done, vocab_size, eta)
         hi = lo + 1 + int(np.searchsorted(np.cumsum(pairs_of[lo + 1 :]), KNN_BLOCK_PAIRS))
         hi = min(hi, vocab_size)
         # Every (item in [lo, hi), item of one of its users) pair, then counted.
