@@ -56,3 +56,13 @@ class InvalidEvents(DomainError):
     """Events a model cannot take (a social model's actions); the details name each one."""
 
     status, code = 422, "invalid_events"
+
+
+class UnknownUser(DomainError):
+    status, code = 404, "unknown_user"
+
+
+class InvalidQuery(DomainError):
+    """A query parameter the schema cannot check (a field the model does not have, a model without histories)."""
+
+    status, code = 422, "invalid_query"

@@ -11,13 +11,14 @@ from typing import Any
 import torch
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi_offline import FastAPIOffline
 
 from app.deps import Services
 from app.engine.registry import ModelRegistry, resolve_device
 from app.handlers import install_error_handlers
 from app.middleware import BodyLimit, Observe
 from app.observability import Metrics, configure_logging
-from app.routers import admin, bench, events, health, metrics, models
+from app.routers import admin, bench, console, events, health, history, metrics, models
 from app.routers.tasks import lean_router, live_route, task_routes
 from app.schemas import bounded, components
 from app.settings import Settings, get_settings
@@ -26,6 +27,7 @@ from app.workers import Coordinator, WorkerSync
 from models.serving import EngineOptions
 
 log = logging.getLogger("app")
+DOCS_ASSETS = "/docs-assets"
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -91,7 +93,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # metrics are Prometheus (/metrics), its traces the request id in the JSON logs.
     # No slash redirects: Starlette builds the Location from the Host header, so `POST /events/` with a
     # forged Host would send a client that follows it (body and API key) to another host.
-    app = FastAPI(
+    # /docs loads Swagger UI from assets installed with fastapi-offline: no request leaves the machine
+    # (FastAPI's own page fetches them from a CDN). No /redoc: its bundle still loads a logo from
+    # cdn.redoc.ly (seen in tests/app/test_browser.py).
+    app = FastAPIOffline(
+        docs_url="/docs",
+        redoc_url=None,
+        static_url=DOCS_ASSETS,
         title="seqserve",
         version="0.2.0",
         lifespan=lifespan,
@@ -107,11 +115,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     lean = [*served[:1], *([bench.router] if settings.bench_endpoints else []), *served[1:]]
     for hot in lean:
         app.router.routes.extend(hot.routes)
-    for r in (events.router, models.router, health.router, metrics.router, admin.router):
+    for r in (events.router, history.router, models.router, health.router, metrics.router, admin.router):
         app.include_router(r)
+    if settings.console:
+        app.include_router(console.router)
+        app.router.routes.append(console.assets)
     # FastAPI adds its docs routes first: behind the API they no longer cost every request four path
     # matches (docs/decisions/request-path-trims.md). The sort is stable.
-    docs = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
+    docs = {app.openapi_url, "/docs", app.swagger_ui_oauth2_redirect_url, DOCS_ASSETS}
     app.router.routes.sort(key=lambda route: getattr(route, "path", None) in docs)
     # Outermost first: every response, a 413 included, gets a request id and is counted.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

@@ -38,6 +38,8 @@ def _utf8(s: str) -> str:
 
 RawId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_utf8)]
 UnixTime = Annotated[float, Field(ge=0, le=1e11, description="unix seconds")]
+FieldName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+MAX_FIELDS = 16  # distinct display fields a query may ask for
 
 
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
@@ -119,6 +121,14 @@ class RecommendQuery(Strict):
     exclude_future: bool = True
     exclude_items: list[RawId] = Field(default_factory=list)
     as_of: UnixTime | None = None
+    fields: list[FieldName] = Field(
+        default_factory=list,
+        max_length=MAX_FIELDS,
+        description=(
+            "item fields to return with each item, e.g. title and genres (GET /models lists a model's); "
+            "none by default; an unknown one is a 422"
+        ),
+    )
 
     @model_validator(mode="after")
     def _user_or_history(self) -> RecommendQuery:
@@ -146,6 +156,9 @@ class RecommendRequest(Strict):
 class ScoredItem(BaseModel):
     item_id: str
     score: float
+    fields: dict[str, str | float | list[str]] | None = Field(
+        None, description="present when the query asked for fields: the item's values (a missing value is left out)"
+    )
 
 
 class Excluded(BaseModel):
@@ -327,6 +340,26 @@ class EventsResponse(BaseModel):
 # --- service ---------------------------------------------------------------------------------------
 
 
+# --- /history --------------------------------------------------------------------------------------
+
+
+class HistoryStep(BaseModel):
+    item_id: str = Field(description="the item; for a social model, the other user")
+    timestamp: float | None = Field(description="unix seconds; null where the data has no times")
+    action: str | None
+    source: Literal["artifact", "live"] = Field(
+        description="from the trained artifact, or stored by POST /events since"
+    )
+    known: bool = Field(description="whether the model knows the item (an unknown one counts after the next training)")
+    fields: dict[str, str | float | list[str]] | None = Field(None, description="present when fields were asked for")
+
+
+class HistoryResponse(BaseModel):
+    model: str
+    user_id: str
+    events: list[HistoryStep] = Field(description="newest first")
+
+
 class ModelInfo(BaseModel):
     name: str
     kind: str
@@ -343,6 +376,7 @@ class ModelInfo(BaseModel):
         ),
     )
     metrics: dict[str, object]
+    fields: list[str] = Field(default_factory=list, description="item fields a query can ask for (title, genres, ...)")
 
 
 class ModelsResponse(BaseModel):

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 from app.engine.batcher import AbandonedError
 from app.engine.registry import Served
-from app.errors import EventConflict, InvalidEvents, StoreUnavailable
+from app.errors import EventConflict, InvalidEvents, InvalidQuery, StoreUnavailable, UnknownUser
 from app.schemas import EventIn
 from app.store import Event, HistoryStore
-from models.serving import Engine, Timeline
+from models.serving import Engine, Timeline, optional_time
 
 R = TypeVar("R")
 # A by-user read of at most this many users runs on the event loop (SQLite: one indexed query of a
@@ -199,3 +199,43 @@ async def post_events(
         dropped_old=dropped,
         rejected=len(rejected),
     )
+
+
+def check_fields(engine: Engine[Any, Any, Any], fields: Sequence[str], loc: list[str | int]) -> None:
+    """Every asked field is one the model has (the query string's twin of the engine's own check)."""
+    for n, name in enumerate(fields):
+        if name not in engine.item_fields:
+            has = f"this model has {engine.item_fields}" if engine.item_fields else "this model has no item fields"
+            raise InvalidQuery(f"unknown field {name!r}; {has}", [*loc, n])
+
+
+async def user_history(
+    served: Served, user_id: str, *, store: HistoryStore | None, limit: int, fields: Sequence[str]
+) -> list[dict[str, Any]]:
+    """A user's newest `limit` steps, newest first: the artifact's history, then the live events
+    stored since, each with the asked fields of its item."""
+    engine = served.engine
+    if engine.namespace is None:
+        raise InvalidQuery(f"model {served.name!r} keeps no user histories", ["query", "model"])
+    check_fields(engine, fields, ["query", "fields"])
+    st = _store_or_503(store)
+    live = (await asyncio.to_thread(st.events, engine.namespace, [user_id], limit)).get(user_id, [])
+    stored = engine.stored_timeline(user_id)
+    if not stored and not live:
+        raise UnknownUser(f"unknown user {user_id!r}", ["query", "user_id"])
+    steps = [(step, "artifact") for step in stored] + [(step, "live") for step in live]
+    newest = steps[::-1][:limit]
+    ids = [raw for (raw, _, _), _ in newest]
+    known = engine.known(ids)
+    described = engine.describe(ids, fields) if fields else [None] * len(ids)
+    return [
+        {
+            "item_id": raw,
+            "timestamp": optional_time(t),
+            "action": action,
+            "source": source,
+            "known": k,
+            **({"fields": d} if d is not None else {}),
+        }
+        for ((raw, t, action), source), k, d in zip(newest, known, described, strict=True)
+    ]

@@ -53,6 +53,7 @@ class Settings(BaseSettings):
     admin_api_key: SecretStr | None = None  # admin endpoints answer 403 while unset
     events_api_key: SecretStr | None = None  # when set, POST /events needs it (X-API-Key)
     bench_endpoints: bool = False  # POST /bench/noop: the framework's ceiling, for bench/load.py
+    console: bool = True  # GET /console: a page to look at a model's answers for a user (public API only)
     # Dynamic micro-batching of concurrent requests (per model); defaults in BatchPolicy.
     batching: bool = _BATCH.enabled
     max_batch_size: int | None = Field(default=None, ge=1)  # queries per model call; None: 32 on the CPU, 256 on CUDA

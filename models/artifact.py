@@ -33,6 +33,7 @@ LOCATIONS = "locations.json"
 USERS = "users.json"
 ACTIONS = "actions.json"
 ITEM_META = "item_meta.json"
+ITEM_FIELDS = "item_fields.json"  # optional display fields: {"fields": {name: {raw item id: value}}}
 USER_META = "user_meta.json"  # social: each user's first activity (the "future" exclusion)
 HISTORIES = history_table.FOLDER  # users' final histories, memory-mapped columns (models/histories.py)
 OLD_HISTORIES = "histories.json"  # the earlier layout: one JSON object, parsed into every worker

@@ -122,6 +122,19 @@ class Engine(ABC, Generic[Q, P, R]):
         None when it adds none (a social model's target sees who acted on them)."""
         return None
 
+    @property
+    def item_fields(self) -> list[str]:
+        """Display fields (title, genres, ...) a query can ask for with the entities this model ranks."""
+        return []
+
+    def describe(self, raw_ids: Sequence[str], fields: Sequence[str]) -> list[dict[str, Any]]:
+        """Per raw id, its values of `fields` (names from item_fields); a missing value is left out."""
+        return [{} for _ in raw_ids]
+
+    def stored_timeline(self, user: str) -> Timeline:
+        """The artifact's history of `user`, oldest first; empty when it has none."""
+        return []
+
     def known(self, raw_ids: Sequence[str]) -> list[bool]:
         """Per raw id: whether the model knows it (an unknown one counts after the next training run)."""
         return [True] * len(raw_ids)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test command: environment with dev tools, a redis-server for the store tests, lint, format,
-# types, dead code, tests with a coverage report. Any failure fails the run, and so does pytest
-# collecting no test (exit code 5).
+# The test command: environment with dev tools, a redis-server for the store tests, chromium for the
+# browser tests, lint, format, types, dead code, tests with a coverage report. Any failure fails the
+# run, and so does pytest collecting no test (exit code 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh dev
@@ -12,6 +12,15 @@ if ! command -v redis-server >/dev/null; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
     else
         echo "test: redis-server not installed and cannot install it here; Redis tests will skip (fail under CI=true)" >&2
+    fi
+fi
+if ! command -v chromedriver >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "test: installing chromium and chromedriver (tests/app/test_browser.py drives /docs and /console)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+    else
+        echo "test: chromium not installed and cannot install it here; browser tests will skip (fail under CI=true)" >&2
     fi
 fi
 .venv/bin/ruff check .

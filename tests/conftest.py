@@ -60,16 +60,16 @@ def redis_server(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def synthetic_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A RecBole-style dataset folder (.inter + .item with release years)."""
+    """A RecBole-style dataset folder (.inter + .item with titles, release years and genres)."""
     d = tmp_path_factory.mktemp("synthetic")
     with (d / "syn.inter").open("w") as f:
         f.write("user_id:token\titem_id:token\trating:float\ttimestamp:float\n")
         for u, i, t in synthetic_log():
             f.write(f"{u}\t{i}\t5\t{t}\n")
     with (d / "syn.item").open("w") as f:
-        f.write("item_id:token\tmovie_title:token_seq\trelease_year:token\n")
+        f.write("item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n")
         for i in range(10, 10 + N_ITEMS):
-            f.write(f"{i}\tItem {i}\t{1990 + i % 10}\n")
+            f.write(f"{i}\tItem {i}\t{1990 + i % 10}\tGenre{i % 3} Genre{3 + i % 2}\n")
     return d
 
 

@@ -104,18 +104,20 @@ class ModelRegistry:
         return on_route[0][1] if on_route else None
 
     @contextmanager
-    def lease(self, name: str | None, route: str, preferred: str | None = None) -> Iterator[Served]:
-        """The entry serving `name` (else the route's default), held until the block ends."""
+    def lease(
+        self, name: str | None, route: str, preferred: str | None = None, *, loc: tuple[str, ...] = ("body", "model")
+    ) -> Iterator[Served]:
+        """The entry serving `name` (else the route's default), held until the block ends; errors point at `loc`."""
         chosen = name or self.default(route, preferred)
         served = self.models.get(chosen) if chosen else None
         if served is None or served.route != route:
             if chosen is None:
-                raise ModelUnavailable(f"no model serving /{route.replace('_', '-')} is loaded", ["body", "model"])
+                raise ModelUnavailable(f"no model serving /{route.replace('_', '-')} is loaded", list(loc))
             failed = [k for k in self.broken if k == chosen or k.startswith(f"{chosen}/")]
             if served is None and failed:
-                raise ModelUnavailable(f"model {chosen!r} failed to load: {self.broken[failed[0]]}", ["body", "model"])
+                raise ModelUnavailable(f"model {chosen!r} failed to load: {self.broken[failed[0]]}", list(loc))
             here = sorted(n for n, s in self.models.items() if s.route == route)
-            raise UnknownModel(f"unknown model {chosen!r} for this endpoint; loaded: {here}", ["body", "model"])
+            raise UnknownModel(f"unknown model {chosen!r} for this endpoint; loaded: {here}", list(loc))
         served.holders += 1
         try:
             yield served

@@ -30,6 +30,7 @@ async def list_models(services: ServicesDep) -> ModelsResponse:
                 scoring=engine.scoring,
                 actions=engine.actions,
                 metrics={k: m.metrics[k] for k in SHOWN_METRICS if k in m.metrics},
+                fields=engine.item_fields,
             )
         )
     return ModelsResponse(

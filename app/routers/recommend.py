@@ -16,13 +16,18 @@ def to_query(q: RecommendQuery) -> RecQuery:
         exclude_future=q.exclude_future,
         exclude_items=q.exclude_items,
         as_of=q.as_of,
+        fields=list(dict.fromkeys(q.fields)),
     )
 
 
 def result_json(r: RecResult) -> dict[str, object]:
+    items: list[dict[str, object]] = [{"item_id": i, "score": s} for i, s in r.items]
+    if r.fields is not None:
+        for item, values in zip(items, r.fields, strict=True):
+            item["fields"] = values
     return {
         "user_id": r.user_id,
-        "items": [{"item_id": i, "score": s} for i, s in r.items],
+        "items": items,
         "unknown_items": r.unknown_items,
         "excluded": r.excluded,
         "history_truncated": r.history_truncated,

@@ -32,6 +32,9 @@ from models.traced import example_rows, serving_scores
 Step = tuple[str, float | None, str | None]
 
 _ITEM_META: TypeAdapter[dict[str, object]] = TypeAdapter(dict[str, object])
+FieldValue = str | float | list[str]
+ItemFields = dict[str, dict[str, FieldValue]]  # field name -> raw item id -> value
+_ITEM_FIELDS: TypeAdapter[dict[str, ItemFields]] = TypeAdapter(dict[str, ItemFields])
 _RELEASE: TypeAdapter[dict[str, float]] = TypeAdapter(dict[str, float])
 
 
@@ -46,6 +49,7 @@ class RecArtifact:
     release_unit: str | None
     release: dict[str, float]  # raw item id -> release time in release_unit
     histories: HistoryTable  # each user's final items, memory-mapped; its keys are the users
+    fields: ItemFields = field(default_factory=dict)  # display fields answers can ask for
 
 
 def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> RecArtifact:
@@ -73,7 +77,16 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Rec
         release_unit=unit if isinstance(unit, str) else None,
         release=release,
         histories=A.read_history_table(folder),
+        fields=_read_fields(folder),
     )
+
+
+def _read_fields(folder: Path) -> ItemFields:
+    if not (folder / A.ITEM_FIELDS).exists():
+        return {}  # optional: data without an item table has none
+    doc = A.read_typed(folder, A.ITEM_FIELDS, _ITEM_FIELDS)
+    A.check(set(doc) == {"fields"}, A.ITEM_FIELDS, 'expected one key, "fields"')
+    return doc["fields"]
 
 
 @dataclass
@@ -85,6 +98,7 @@ class RecQuery:
     exclude_future: bool = True
     exclude_items: list[str] = field(default_factory=list)
     as_of: float | None = None
+    fields: list[str] = field(default_factory=list)  # display fields to return with each item
 
 
 @dataclass
@@ -107,11 +121,17 @@ class RecResult:
     unknown_items: list[str]
     excluded: dict[str, int]
     history_truncated: bool = False  # longer than the model reads: the most recent items were used
+    fields: list[dict[str, FieldValue]] | None = None  # per item, when the query asked for fields
 
 
-def check_k(q: RecQuery, position: int) -> None:
+def check_query(q: RecQuery, position: int, *, fields: ItemFields) -> None:
+    """What the schema cannot know: k, and the field names this model's artifact has."""
     if q.k < 1:
         raise QueryError("k must be at least 1", position=position, field=("k",))
+    for n, name in enumerate(q.fields):
+        if name not in fields:
+            has = f"this model has {sorted(fields)}" if fields else "this model has no item fields"
+            raise QueryError(f"unknown field {name!r}; {has}", position=position, field=("fields", n))
 
 
 class UserQueryEngine(Engine[RecQuery, Prepared, RecResult]):
@@ -170,6 +190,13 @@ class RecEngine(UserQueryEngine):
     def catalog_size(self) -> int:
         return self.art.items.n_entities
 
+    @property
+    def item_fields(self) -> list[str]:
+        return sorted(self.art.fields)
+
+    def describe(self, raw_ids: Sequence[str], fields: Sequence[str]) -> list[dict[str, FieldValue]]:
+        return describe(raw_ids, fields, self.art.fields)
+
     def _stored(self, user: str) -> tuple[list[int], float | None] | None:
         """A user's stored items the model knows, and the newest stored time (read from the mapped table)."""
         row = self.art.histories.get(user)
@@ -186,7 +213,7 @@ class RecEngine(UserQueryEngine):
         return [self._prepare(q, n, live.get(q.user_id, []) if q.user_id else []) for n, q in enumerate(queries)]
 
     def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
-        check_k(q, position)
+        check_query(q, position, fields=self.art.fields)
         stored: tuple[list[int], float | None] = ([], None)
         if q.user_id is not None:
             found = self._stored(q.user_id)
@@ -230,14 +257,21 @@ class RecEngine(UserQueryEngine):
         )
 
     def results(self, batch: list[Prepared], output: Ranked) -> list[RecResult]:
-        return ranked_results(batch, output, raw=self.art.items.raw, max_history=self.model.max_history)
+        return ranked_results(
+            batch, output, raw=self.art.items.raw, max_history=self.model.max_history, fields=self.art.fields
+        )
 
     def warm_up(self) -> None:
         self.answer([RecQuery(None, [(self.art.items.raw(N_SPECIAL) or "", None, None)], k=1)])
 
 
 def ranked_results(
-    batch: list[Prepared], output: Ranked, *, raw: Callable[[int], str | None], max_history: int
+    batch: list[Prepared],
+    output: Ranked,
+    *,
+    raw: Callable[[int], str | None],
+    max_history: int,
+    fields: ItemFields | None = None,
 ) -> list[RecResult]:
     """Ranked indices and counts -> raw ids and scores per query (a query's own k of the batch's top-k)."""
     idx = output.indices.cpu().tolist()
@@ -248,6 +282,7 @@ def ranked_results(
         kq = p.query.k
         items = [(str(raw(i)), s) for i, s in zip(idx[row][:kq], scores[row][:kq], strict=True) if s != -math.inf]
         seen, fut, req = counts[row]
+        asked = p.query.fields
         out.append(
             RecResult(
                 p.query.user_id,
@@ -255,6 +290,12 @@ def ranked_results(
                 p.unknown,
                 {"seen": seen, "future": fut, "requested": req},
                 len(p.history) > max_history,
+                fields=describe([i for i, _ in items], asked, fields or {}) if asked else None,
             )
         )
     return out
+
+
+def describe(raw_ids: Sequence[str], asked: Sequence[str], fields: ItemFields) -> list[dict[str, FieldValue]]:
+    """The asked fields of each item; an item without a value for a field leaves it out."""
+    return [{name: fields[name][i] for name in asked if i in fields[name]} for i in raw_ids]

@@ -28,7 +28,7 @@ from models.manifest import Manifest
 from models.ranking import Ranked, future_mask, index_rows, rank_sparse, release_tensor
 from models.serving import EngineOptions, QueryError, Timeline, UnknownUserError, optional_time
 from models.social import SocialBatch, SocialModel, incoming, is_incoming, pack_steps
-from models.tasks.recommend import Prepared, RecQuery, RecResult, UserQueryEngine, check_k, ranked_results
+from models.tasks.recommend import Prepared, RecQuery, RecResult, UserQueryEngine, check_query, ranked_results
 from models.traced import example_rows, serving_scores
 
 _FIRST: TypeAdapter[dict[str, float]] = TypeAdapter(dict[str, float])
@@ -136,7 +136,7 @@ class SocialEngine(UserQueryEngine):
         return [self._prepare(q, n, live.get(q.user_id, []) if q.user_id else []) for n, q in enumerate(queries)]
 
     def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
-        check_k(q, position)
+        check_query(q, position, fields={})  # no item fields: users are what it ranks
         for j, (_, _, action) in enumerate(q.history):
             problem = self.check_step(action)
             if problem:

@@ -65,11 +65,26 @@ def _inexpressible(case: Any) -> bool:
     return False
 
 
+DEFAULT = "bert4rec-tiny"  # what /recommend and /history answer with when a request names no model
+FIELDS = {"sasrec-tiny": {"title", "genres", "release_year"}, "bert4rec-tiny": {"title", "genres", "release_year"}}
+
+
 def _aim(case: Any, model: str | None) -> Any:
     """Point a generated body at a loaded model (random names would mostly meet the 404). A social
-    model also needs each history step's action from its own vocabulary: a per-model rule the shared
-    document states in words (a 422 naming the step otherwise, tested in tests/app/test_social.py)."""
-    if model is None or not isinstance(case.body, dict):
+    model also needs each history step's action from its own vocabulary, and asked item fields must
+    be the model's own (GET /models lists them): per-model rules the shared document states in words
+    (a 422 naming the step or field otherwise, tested in tests/app/test_social.py and
+    tests/app/test_fields_history.py)."""
+    if case.operation.path == "/history" and isinstance(case.query, dict):
+        known = FIELDS.get(case.query.get("model") or DEFAULT, set())
+        case.query["fields"] = [f for f in case.query.get("fields") or () if f in known]
+    if not isinstance(case.body, dict):
+        return case
+    if case.operation.path == "/recommend":
+        for q in case.body.get("queries") or ():
+            if isinstance(q, dict) and isinstance(q.get("fields"), list):
+                q["fields"] = [f for f in q["fields"] if f in FIELDS.get(model or DEFAULT, set())]
+    if model is None:
         return case
     case.body["model"] = model
     if model == "social-tiny" and case.operation.path == "/recommend":

@@ -15,6 +15,8 @@ def test_recbole_files_sorted_per_user_with_release_years(synthetic_dir: Path) -
         assert times == sorted(times)
     assert data.release_unit == "year" and data.release["10"] == 1990.0
     assert len(data.sha256) == 64
+    assert data.item_fields["title"]["10"] == "Item 10"
+    assert data.item_fields["genres"]["10"] == ["Genre1", "Genre3"]  # token_seq: split on spaces
 
 
 def test_grouplens_100k(tmp_path: Path) -> None:
@@ -26,6 +28,14 @@ def test_grouplens_100k(tmp_path: Path) -> None:
     data = load_interactions(tmp_path)
     assert data.users == ["1", "2"] and item_lists(data)[0] == ["11", "10"]
     assert data.release == {"10": 1995.0}
+    assert data.item_fields == {"title": {"10": "A (1995)", "11": "B"}}
+    # With u.genre, the 0/1 genre flags from column 5 on become each movie's genre names.
+    (tmp_path / "u.genre").write_text("unknown|0\nAction|1\nComedy|2\n\n")
+    (tmp_path / "u.item").write_text("10|A (1995)|01-Jan-1995||url|0|1|1\n11|B||||0|0|0\n", encoding="latin-1")
+    assert load_interactions(tmp_path).item_fields == {
+        "title": {"10": "A (1995)", "11": "B"},
+        "genres": {"10": ["Action", "Comedy"]},
+    }
 
 
 def test_grouplens_dat_and_csv(tmp_path: Path) -> None:
@@ -33,12 +43,14 @@ def test_grouplens_dat_and_csv(tmp_path: Path) -> None:
     (tmp_path / "movies.dat").write_text("10::Heat (1995)::Action\n11::Odd::Drama\n", encoding="latin-1")
     data = load_interactions(tmp_path)
     assert item_lists(data) == [["11", "10"]] and data.release == {"10": 1995.0}
+    assert data.item_fields["genres"] == {"10": ["Action"], "11": ["Drama"]}
     d2 = tmp_path / "csv"
     d2.mkdir()
     (d2 / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,10,5,300\n1,11,3,100\n")
-    (d2 / "movies.csv").write_text('movieId,title,genres\n10,"Heat (1995)",Action\n')
+    (d2 / "movies.csv").write_text('movieId,title,genres\n10,"Heat (1995)",Action|Crime\n')
     data = load_interactions(d2)
     assert item_lists(data) == [["11", "10"]] and data.release == {"10": 1995.0}
+    assert data.item_fields == {"title": {"10": "Heat (1995)"}, "genres": {"10": ["Action", "Crime"]}}
 
 
 def test_user_item_lines_keep_file_order(tmp_path: Path) -> None:
@@ -56,10 +68,12 @@ def test_generic_csv_with_item_table_and_iso_times(tmp_path: Path) -> None:
     log = tmp_path / "log.csv"
     log.write_text("user_id,item_id,timestamp\na,x,2020-01-02T00:00:00\na,y,2020-01-01T00:00:00Z\n")
     items = tmp_path / "items.csv"
-    items.write_text("item_id,release_time\nx,2019-12-31T00:00:00\ny,\n")
+    items.write_text("item_id,release_time,title,categories\nx,2019-12-31T00:00:00,Ex,a|b\ny,,Why,\n")
     data = load_interactions(log, items)
     assert item_lists(data) == [["y", "x"]]
     assert data.release_unit == "second" and set(data.release) == {"x"}
+    # An item without a release time keeps its title; an empty list column is left out.
+    assert data.item_fields == {"title": {"x": "Ex", "y": "Why"}, "categories": {"x": ["a", "b"]}}
     log.write_text("user_id,item_id,timestamp\na,x,yesterday\n")
     with pytest.raises(DataFormatError, match=r"log.csv:2: timestamp 'yesterday'"):
         load_interactions(log)

@@ -4,7 +4,8 @@ Formats: RecBole atomic files (`.inter`, optional `.item` with `release_year`); 
 MovieLens (`u.data`/`u.item`, `ratings.dat`/`movies.dat`, `ratings.csv`/`movies.csv`); plain
 `user item` lines already in time order; a generic CSV or Parquet table (user, item, timestamp; an
 empty timestamp keeps file order, as `app.export_history` writes data without times) with an
-optional item table (item, release time).
+optional item table (item, release time). Item tables' title and genre/category columns are kept
+as display fields.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ USER_COLS = ("user_id", "user", "userId", "uid")
 ITEM_COLS = ("item_id", "item", "movieId", "iid")
 TIME_COLS = ("timestamp", "time", "ts")
 RELEASE_COLS = ("release_time", "release_year", "released_at", "release")
+# An item table's display columns, kept in the artifact for answers that ask for them.
+TITLE_COLS = ("title", "movie_title", "name")
+LIST_COLS = {"genres": ("genres", "genre", "class"), "categories": ("categories", "category")}
 
 
 @dataclass
@@ -56,6 +60,8 @@ class Interactions:
     times: np.ndarray  # float64 (N,) unix seconds; NaN where the source has no timestamps
     release: dict[str, float] = field(default_factory=dict)  # item -> release, in release_unit
     release_unit: str | None = None  # "year" or "second"; None = no release metadata
+    # Display fields from the item table: name -> raw item id -> text or list of texts.
+    item_fields: dict[str, dict[str, str | list[str]]] = field(default_factory=dict)
     source: str = ""
     sha256: str = ""
 
@@ -161,6 +167,26 @@ def _release_years(values: pd.Series, titles: pd.Series | None) -> pd.Series:
     return years
 
 
+def describe_items(meta: pd.DataFrame, item_col: str, *, list_sep: str | None) -> dict[str, dict[str, str | list[str]]]:
+    """An item table's title and genre/category columns, per raw item id; empty values left out.
+    `list_sep` splits a list column (None: on whitespace)."""
+    ids = meta[item_col].astype(str).str.strip()
+    out: dict[str, dict[str, str | list[str]]] = {}
+    title = next((c for c in TITLE_COLS if c in meta.columns), None)
+    if title is not None:
+        text = meta[title].fillna("").astype(str).str.strip()
+        ok = text != ""
+        out["title"] = dict(zip(ids[ok], text[ok], strict=True))
+    for name, cols in LIST_COLS.items():
+        col = next((c for c in cols if c in meta.columns), None)
+        if col is None:
+            continue
+        lists = meta[col].fillna("").astype(str).str.split(list_sep)
+        kept = {i: [v.strip() for v in vs if v.strip()] for i, vs in zip(ids, lists, strict=True)}
+        out[name] = {i: vs for i, vs in kept.items() if vs}
+    return {name: values for name, values in out.items() if values}
+
+
 # --- RecBole atomic files -------------------------------------------------------------------------
 
 
@@ -201,6 +227,7 @@ def load_recbole(inter: Path) -> Interactions:
             ok = years.notna()
             data.release = dict(zip(meta["item_id"][ok], years[ok].astype(float), strict=True))
             data.release_unit = "year" if data.release else None
+        data.item_fields = describe_items(meta, "item_id", list_sep=None)  # token_seq: space-separated
     data.sha256 = sha256(files)
     return data
 
@@ -230,7 +257,6 @@ def load_grouplens_100k(folder: Path) -> Interactions:
             keep_default_na=False,
             encoding="latin-1",
             quoting=3,
-            usecols=[0, 1, 2],
         )
         meta["_line"] = np.arange(len(meta)) + 1
         dates = meta[2].str.strip()
@@ -242,8 +268,22 @@ def load_grouplens_100k(folder: Path) -> Interactions:
         ok = parsed.notna()
         data.release = dict(zip(meta[0][ok], parsed[ok].dt.year.astype(float), strict=True))
         data.release_unit = "year" if data.release else None
+        data.item_fields = describe_items(_grouplens_genres(meta, folder / "u.genre"), "item", list_sep="|")
     data.sha256 = sha256(files)
     return data
+
+
+def _grouplens_genres(meta: pd.DataFrame, genre_file: Path) -> pd.DataFrame:
+    """u.item's title, and its genre flags (columns 5 on, named in u.genre) as one "a|b" column."""
+    out = pd.DataFrame({"item": meta[0], "title": meta[1]})
+    if not genre_file.exists():
+        return out
+    names = pd.read_csv(genre_file, sep="|", header=None, dtype=str, keep_default_na=False, encoding="latin-1")
+    names = names[names[0].str.strip() != ""]
+    flags = meta.iloc[:, 5 : 5 + len(names)] == "1"
+    labels = np.asarray(names[0].str.strip())
+    out["genres"] = ["|".join(labels[row]) for row in flags.to_numpy()]
+    return out
 
 
 def load_grouplens_dat(folder: Path) -> Interactions:
@@ -268,6 +308,7 @@ def load_grouplens_dat(folder: Path) -> Interactions:
         ok = years.notna()
         data.release = dict(zip(meta["item"][ok], years[ok].astype(float), strict=True))
         data.release_unit = "year" if data.release else None
+        data.item_fields = describe_items(meta, "item", list_sep="|")
     data.sha256 = sha256(files)
     return data
 
@@ -282,6 +323,7 @@ def load_movielens_csv(ratings: Path, movies: Path | None) -> Interactions:
         ok = years.notna()
         data.release = dict(zip(meta[ii][ok], years[ok].astype(float), strict=True))
         data.release_unit = "year" if data.release else None
+        data.item_fields = describe_items(meta, ii, list_sep="|")
         data.sha256 = sha256([ratings, movies])
     return data
 
@@ -335,6 +377,7 @@ def load_table(path: Path, item_table: Path | None = None) -> Interactions:
         meta = read_table(item_table)
         iid, ri = pick(meta, ITEM_COLS, item_table), pick(meta, RELEASE_COLS, item_table)
         assert iid is not None and ri is not None
+        data.item_fields = describe_items(meta, iid, list_sep="|")
         present = ~meta[ri].str.strip().str.lower().isin(MISSING)
         meta = meta[present]
         year_only = ri == "release_year"

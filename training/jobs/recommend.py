@@ -91,6 +91,18 @@ def subsample(data: EvalSet, n: int, seed: int) -> EvalSet:
     return EvalSet(*[[getattr(data, f)[i] for i in keep] for f in EVALSET_FIELDS])
 
 
+def item_fields(data: Interactions, items: IdMap) -> dict[str, dict[str, object]]:
+    """The display fields kept for the catalog's items: the item table's, and the release time."""
+    fields: dict[str, dict[str, object]] = {name: dict(values) for name, values in data.item_fields.items()}
+    if data.release_unit == "year":
+        fields["release_year"] = {i: int(y) for i, y in data.release.items()}
+    elif data.release_unit:
+        fields["released_at"] = dict(data.release)
+    catalog = set(items.raws())
+    kept = {name: {i: v for i, v in values.items() if i in catalog} for name, values in fields.items()}
+    return {name: values for name, values in kept.items() if values}
+
+
 class RecommendJob(Job[RecData, RecTrain, RecEval]):
     task = "recommend"
     data_config = RecData
@@ -301,6 +313,9 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             # The table's keys are the users: no separate user map (the model has no user embedding).
             A.HISTORIES: IndexedHistories(d.users, d.ends, items=d.items.astype(np.int32) + N_SPECIAL, times=d.times),
         }
+        fields = item_fields(d, self.items)
+        if fields:
+            files[A.ITEM_FIELDS] = {"fields": fields}
         info = {
             "source": d.source,
             "sha256": d.sha256,

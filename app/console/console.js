@@ -1,0 +1,262 @@
+// The console: plain JS over the service's public API (GET /models, GET /history, POST /recommend,
+// POST /events, POST /next-location). No build step, no third-party code, nothing kept between visits:
+// the events API key lives in its input only.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+let models = [];
+
+function showError(err) {
+  const box = $("error");
+  box.textContent = err ? String(err.message || err) : "";
+  box.hidden = !err;
+}
+
+async function api(method, path, { body, key } = {}) {
+  const headers = { Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (key) headers["X-API-Key"] = key;
+  const resp = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const data = await resp.json().catch(() => null);
+  if (!resp.ok) {
+    const e = data && data.error;
+    const where = e && e.details && e.details.length ? ` (at ${e.details[0].loc.join(".")}: ${e.details[0].msg})` : "";
+    throw new Error(`${resp.status} ${e ? e.message : resp.statusText}${where}`);
+  }
+  return data;
+}
+
+function cell(row, text, cls) {
+  const td = row.insertCell();
+  td.textContent = text === undefined || text === null ? "" : String(text);
+  if (cls) td.className = cls;
+  return td;
+}
+
+function details(fields) {
+  if (!fields) return "";
+  return Object.entries(fields)
+    .filter(([name]) => name !== "title")
+    .map(([name, v]) => `${name}: ${Array.isArray(v) ? v.join(", ") : v}`)
+    .join(" · ");
+}
+
+function itemCell(row, id, fields) {
+  const td = row.insertCell();
+  const title = fields && fields.title;
+  const strong = document.createElement("span");
+  strong.className = "title";
+  strong.textContent = title || id;
+  td.appendChild(strong);
+  if (title) {
+    const small = document.createElement("span");
+    small.className = "muted";
+    small.textContent = ` (${id})`;
+    td.appendChild(small);
+  }
+  return td;
+}
+
+function when(ts) {
+  return ts === null || ts === undefined ? "" : new Date(ts * 1000).toISOString().replace("T", " ").slice(0, 19);
+}
+
+function current() {
+  return models.find((m) => m.name === $("model").value);
+}
+
+function isUserModel(m) {
+  return m && (m.task === "recommend" || m.task === "social");
+}
+
+function selectModel() {
+  const m = current();
+  showError(null);
+  $("user-panel").hidden = !isUserModel(m);
+  $("stay-panel").hidden = !(m && m.task === "next_location");
+  if (!m) return;
+  const social = m.task === "social";
+  $("model-info").textContent =
+    `${m.kind}, ${m.task}, ${m.catalog_size} ${social ? "users" : "items"}` +
+    (m.fields.length ? `, fields: ${m.fields.join(", ")}` : "");
+  $("user-label").firstChild.textContent = "User id ";
+  $("event-item-label").firstChild.textContent = social ? "Target user id " : "Item id ";
+  $("exclude-seen").checked = !social;
+  const actions = m.actions || [];
+  $("action-label").hidden = !actions.length;
+  const select = $("event-action");
+  select.replaceChildren(
+    ...actions.filter((a) => !a.startsWith("<-")).map((a) => new Option(a, a))
+  );
+  for (const id of ["history", "answer", "places"]) $(id).tBodies[0].replaceChildren();
+  $("excluded").textContent = "";
+}
+
+async function loadModels() {
+  const data = await api("GET", "models");
+  models = data.models;
+  const defaults = Object.values(data.defaults || {});
+  $("model").replaceChildren(...models.map((m) => new Option(`${m.name} (${m.task})`, m.name)));
+  const first = models.find((m) => defaults.includes(m.name) && isUserModel(m)) || models[0];
+  if (first) $("model").value = first.name;
+  selectModel();
+}
+
+async function showHistory(m, user) {
+  const params = new URLSearchParams({ model: m.name, user_id: user, limit: "20" });
+  for (const f of m.fields) params.append("fields", f);
+  const body = $("history").tBodies[0];
+  body.replaceChildren();
+  let data;
+  try {
+    data = await api("GET", `history?${params}`, { key: $("api-key").value });
+  } catch (err) {
+    const row = body.insertRow();
+    cell(row, `history not shown: ${err.message}`, "muted").colSpan = 5;
+    return;
+  }
+  data.events.forEach((e, n) => {
+    const row = body.insertRow();
+    cell(row, n + 1);
+    itemCell(row, e.item_id, e.fields);
+    cell(row, [e.action, details(e.fields)].filter(Boolean).join(" · "));
+    cell(row, when(e.timestamp));
+    cell(row, e.source + (e.known ? "" : ", unknown to the model"));
+  });
+}
+
+async function recommend(event) {
+  if (event) event.preventDefault();
+  const m = current();
+  const user = $("user").value.trim();
+  if (!m || !user) return;
+  showError(null);
+  const query = {
+    user_id: user,
+    k: Number($("k").value) || 10,
+    exclude_seen: $("exclude-seen").checked,
+    exclude_future: $("exclude-future").checked,
+    exclude_items: $("exclude-items").value.split(",").map((s) => s.trim()).filter(Boolean),
+  };
+  if (m.fields.length) query.fields = m.fields;
+  try {
+    const [data] = await Promise.all([api("POST", "recommend", { body: { model: m.name, queries: [query] } }), showHistory(m, user)]);
+    const r = data.results[0];
+    const body = $("answer").tBodies[0];
+    body.replaceChildren();
+    r.items.forEach((it, n) => {
+      const row = body.insertRow();
+      cell(row, n + 1);
+      itemCell(row, it.item_id, it.fields);
+      cell(row, details(it.fields));
+      cell(row, it.score.toFixed(3), "num");
+      const use = document.createElement("button");
+      use.type = "button";
+      use.textContent = "as event";
+      use.title = "put this id in the event form";
+      use.addEventListener("click", () => { $("event-item").value = it.item_id; $("event-item").focus(); });
+      row.insertCell().appendChild(use);
+    });
+    const x = r.excluded;
+    const unknown = r.unknown_items.length ? `; unknown: ${r.unknown_items.join(", ")}` : "";
+    $("excluded").textContent =
+      `${data.model} ${data.version}: excluded ${x.seen} seen, ${x.future} future, ${x.requested} requested${unknown}` +
+      (r.history_truncated ? "; history longer than the model reads (newest part used)" : "");
+  } catch (err) {
+    showError(err);
+  }
+}
+
+function eventId() {
+  if (window.crypto && crypto.randomUUID) return `console-${crypto.randomUUID()}`;
+  return `console-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+}
+
+async function postEvent(event) {
+  event.preventDefault();
+  const m = current();
+  const user = $("user").value.trim();
+  if (!m || !user) return showError(new Error("type a user id first"));
+  showError(null);
+  const e = { event_id: eventId(), user_id: user, item_id: $("event-item").value.trim(), timestamp: Date.now() / 1000 };
+  if (!$("action-label").hidden) e.action = $("event-action").value;
+  try {
+    const out = await api("POST", "events", { body: { model: m.name, events: [e] }, key: $("api-key").value });
+    const r = out.results[0];
+    $("event-status").textContent = `${r.status}${r.unknown_item ? " (unknown to the model until retrained)" : ""}`;
+    await recommend();
+  } catch (err) {
+    $("event-status").textContent = "";
+    showError(err);
+  }
+}
+
+function localInput(d) {
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+}
+
+function withOffset(value) {
+  // datetime-local gives "YYYY-MM-DDTHH:MM" in local time; the API wants RFC 3339 with an offset.
+  const d = new Date(value);
+  const off = -d.getTimezoneOffset();
+  const sign = off >= 0 ? "+" : "-";
+  const pad = (n) => String(Math.floor(Math.abs(n))).padStart(2, "0");
+  return `${value.length === 16 ? value + ":00" : value}${sign}${pad(off / 60)}:${pad(off % 60)}`;
+}
+
+function addStay(location = "", start = null, minutes = 60) {
+  const t0 = start || new Date(Date.now() - 3 * 3600e3);
+  const row = $("stays").tBodies[0].insertRow();
+  const input = (type, value) => {
+    const el = document.createElement("input");
+    el.type = type;
+    el.value = value;
+    el.required = true;
+    row.insertCell().appendChild(el);
+    return el;
+  };
+  input("text", location).className = "stay-location";
+  input("datetime-local", localInput(t0)).className = "stay-start";
+  input("datetime-local", localInput(new Date(t0.getTime() + minutes * 60e3))).className = "stay-end";
+  const del = document.createElement("button");
+  del.type = "button";
+  del.textContent = "remove";
+  del.addEventListener("click", () => row.remove());
+  row.insertCell().appendChild(del);
+}
+
+async function nextPlaces(event) {
+  event.preventDefault();
+  const m = current();
+  showError(null);
+  const history = [...$("stays").tBodies[0].rows].map((row) => ({
+    location_id: row.querySelector(".stay-location").value.trim(),
+    started_at: withOffset(row.querySelector(".stay-start").value),
+    finished_at: withOffset(row.querySelector(".stay-end").value),
+  }));
+  const query = { history, k: Number($("stay-k").value) || 5 };
+  const user = $("stay-user").value.trim();
+  if (user) query.user_id = user;
+  try {
+    const data = await api("POST", "next-location", { body: { model: m.name, queries: [query] } });
+    const body = $("places").tBodies[0];
+    body.replaceChildren();
+    data.results[0].locations.forEach((loc, n) => {
+      const row = body.insertRow();
+      cell(row, n + 1);
+      cell(row, loc.location_id === null ? "(a place not seen in training)" : loc.location_id);
+      cell(row, loc.probability.toFixed(3), "num");
+    });
+  } catch (err) {
+    showError(err);
+  }
+}
+
+$("model").addEventListener("change", selectModel);
+$("user-form").addEventListener("submit", recommend);
+$("event-form").addEventListener("submit", postEvent);
+$("stay-form").addEventListener("submit", nextPlaces);
+$("add-stay").addEventListener("click", () => addStay());
+addStay();
+loadModels().catch(showError);

@@ -1,0 +1,46 @@
+"""GET /history: a user's steps as the model sees them, newest first, with their items' fields."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from app import serving
+from app.deps import ServicesDep, WriterKey
+from app.errors import ModelUnavailable
+from app.handlers import json_response
+from app.routers.docs import errors
+from app.schemas import MAX_FIELDS, FieldName, HistoryResponse, RawId
+
+router = APIRouter(tags=["events"])
+MAX_STEPS = 1000
+
+
+@router.get(
+    "/history",
+    response_model=HistoryResponse,
+    responses=errors(401, 403, 404, 422, 503),
+    dependencies=[WriterKey],
+)
+async def get_history(
+    services: ServicesDep,
+    request: Request,
+    user_id: Annotated[RawId, Query()],
+    model: Annotated[RawId | None, Query(description="default: the /recommend default")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_STEPS)] = 50,
+    fields: Annotated[list[FieldName] | None, Query(max_length=MAX_FIELDS, description="item fields to add")] = None,
+) -> Response:
+    """A user's newest steps: the trained artifact's history and the events stored since. Reads what
+    POST /events writes, so it needs X-API-Key when SEQSERVE_EVENTS_API_KEY is set."""
+    if services.events_route is None:
+        raise ModelUnavailable("no model served here keeps user histories", ["query", "model"])
+    with services.registry.lease(
+        model, services.events_route, services.settings.default_model, loc=("query", "model")
+    ) as served:
+        request.state.model = served.name
+        events = await serving.user_history(
+            served, user_id, store=services.store, limit=limit, fields=list(dict.fromkeys(fields or []))
+        )
+        return json_response({"model": served.name, "user_id": user_id, "events": events})

@@ -1,0 +1,146 @@
+"""/docs and /console in a real headless browser (the system's chromium, driven by selenium) against
+the service's real process. Skips where no chromium is installed; scripts/test.sh installs it when
+it can, and under CI a missing browser fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.servers import ROOT, start_api, stop
+
+KEY = "console-test-key"
+SCREENSHOTS = Path(os.environ.get("SEQSERVE_SCREENSHOT_DIR", ROOT / ".test-output"))
+BROWSER_PATHS = ("chromium", "chromium-browser", "google-chrome")
+
+
+def _browser() -> tuple[str, str]:
+    browser = next((p for name in BROWSER_PATHS if (p := shutil.which(name))), None)
+    driver = shutil.which("chromedriver")
+    if browser is None or driver is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium/chromedriver not installed; scripts/test.sh installs them (apt-get install chromium)")
+        pytest.skip("no chromium and chromedriver here (scripts/test.sh installs them when run as root)")
+    return browser, driver
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    browser, chromedriver = _browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(arg)
+    d = webdriver.Chrome(service=Service(chromedriver), options=options)
+    yield d
+    d.quit()
+
+
+@pytest.fixture(scope="module")
+def service(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    state = tmp_path_factory.mktemp("browser-state")
+    proc, url = start_api(
+        tiny_artifacts,
+        env={
+            "SEQSERVE_DEFAULT_MODEL": "sasrec-tiny",
+            "SEQSERVE_EVENTS_API_KEY": KEY,
+            "SEQSERVE_HISTORY_PATH": str(state / "history.sqlite3"),
+            "SEQSERVE_STATE_DIR": str(state),
+        },
+    )
+    yield url
+    stop(proc)
+
+
+def _wait(driver: Any, condition: Any, timeout: float = 20) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout).until(condition)
+
+
+def _other_hosts(driver: Any, origin: str) -> list[str]:
+    """Every resource the page loaded from anywhere but the service."""
+    names = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    return [n for n in names if not n.startswith(origin)]
+
+
+def test_docs_render_every_operation_offline(driver: Any, service: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{service}/docs")
+    _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")) >= 8)
+    paths = {e.text.replace("\u200b", "") for e in driver.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
+    assert {"/recommend", "/next-location", "/events", "/history", "/models"} <= paths
+    assert _other_hosts(driver, service) == []
+
+
+def _rows(driver: Any, table: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")
+
+
+def _answer_ids(driver: Any) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [r.find_elements(By.TAG_NAME, "td")[1].text for r in _rows(driver, "answer")]
+
+
+def test_console_shows_titled_answers_and_an_event_changes_them(driver: Any, service: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver.get(f"{service}/console")
+    _wait(driver, lambda d: Select(d.find_element(By.ID, "model")).first_selected_option.text.startswith("sasrec-tiny"))
+    driver.find_element(By.ID, "user").send_keys("u3")
+    driver.find_element(By.ID, "api-key").send_keys(KEY)  # the history is read with the events key
+    driver.find_element(By.ID, "ask").click()
+    _wait(driver, lambda d: len(_rows(d, "answer")) == 10)
+    before = _answer_ids(driver)
+    # Ten titled items (the synthetic item table's "Item <id>"), with their genres, and the history.
+    assert all(text.startswith("Item ") for text in before), before
+    assert all("Genre" in r.find_elements(By.TAG_NAME, "td")[2].text for r in _rows(driver, "answer"))
+    _wait(driver, lambda d: len(_rows(d, "history")) > 0 and "Item " in _rows(d, "history")[0].text)
+    assert "excluded" in driver.find_element(By.ID, "excluded").text
+
+    # The top item becomes an event of this user: seen now, it leaves the answer.
+    _rows(driver, "answer")[0].find_element(By.TAG_NAME, "button").click()
+    top = driver.find_element(By.ID, "event-item").get_attribute("value")
+    driver.find_element(By.ID, "post-event").click()
+    _wait(driver, lambda d: d.find_element(By.ID, "event-status").text.startswith("stored"))
+    _wait(driver, lambda d: len(_rows(d, "answer")) == 10 and _answer_ids(d) != before)
+    assert f"Item {top}" not in _answer_ids(driver)
+    _wait(driver, lambda d: _rows(d, "history")[0].text.split("\n")[0].startswith(f"1 Item {top}"))
+    assert "live" in _rows(driver, "history")[0].text
+    # The key was used, never kept by the page.
+    kept = driver.execute_script("return [localStorage.length, sessionStorage.length, document.cookie]")
+    assert kept == [0, 0, ""]
+    assert _other_hosts(driver, service) == []
+    assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(SCREENSHOTS / "console.png"))
+
+
+def test_console_says_what_is_wrong(driver: Any, service: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{service}/console")
+    _wait(driver, lambda d: d.find_element(By.ID, "model").get_attribute("value"))
+    driver.find_element(By.ID, "user").send_keys("nobody-here")
+    driver.find_element(By.ID, "ask").click()
+    error = _wait(driver, lambda d: d.find_element(By.ID, "error") if d.find_element(By.ID, "error").text else None)
+    assert "404" in error.text and "unknown user" in error.text
