@@ -11,19 +11,30 @@ from models.base import DotForm, RecommenderConfig, SequentialRecommender
 from models.ids import N_SPECIAL, PAD
 from models.layers import NegativeSampler, SequenceEncoder, last_valid_index
 
-LOSSES = ("sampled_softmax", "softmax", "bce")
+LOSSES = ("auto", "sampled_softmax", "softmax", "bce")
+# "auto": the full softmax while it costs at most this many times the sampled one (V logits a target
+# against n_negatives + 1), else the sampled softmax; one config then fits any catalog size.
+AUTO_FULL_RATIO = 4
 
 
 @dataclass
 class SASRecConfig(RecommenderConfig):
     # sampled_softmax: softmax over the target and `n_negatives` items shared by the batch
-    # (SASRec+ / gSASRec); softmax: over all items; bce: one random negative (the original).
+    # (SASRec+ / gSASRec); softmax: over all items; bce: one random negative (the original);
+    # auto: softmax up to AUTO_FULL_RATIO * n_negatives items, sampled_softmax beyond.
     loss: str = "sampled_softmax"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+
+    @property
+    def training_loss(self) -> str:
+        """The loss trained with: `loss`, with "auto" resolved by the catalog's size."""
+        if self.loss != "auto":
+            return self.loss
+        return "softmax" if self.vocab_size <= AUTO_FULL_RATIO * self.n_negatives else "sampled_softmax"
 
 
 class SASRec(SequentialRecommender):
@@ -41,6 +52,7 @@ class SASRec(SequentialRecommender):
             config.d_ff,
             config.dropout,
             causal=self.causal,
+            from_end=config.positions == "end",
         )
         self.sampler = NegativeSampler(
             config.vocab_size, config.n_negatives, config.negative_pop_share, config.logq_correction
@@ -82,11 +94,12 @@ class SASRec(SequentialRecommender):
         pos = target[valid]  # (N,)
         w = self.item_weights()
         cfg = self.config
-        if cfg.loss == "softmax":
+        kind = cfg.training_loss
+        if kind == "softmax":
             logits = h @ w.T  # (N, V)
             logits[:, :N_SPECIAL] = float("-inf")
             return F.cross_entropy(logits, pos)
-        if cfg.loss == "bce":
+        if kind == "bce":
             neg = torch.randint(N_SPECIAL, cfg.vocab_size, pos.shape, device=pos.device)
             pos_logit = (h * w[pos]).sum(-1)
             neg_logit = (h * w[neg]).sum(-1)
