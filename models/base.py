@@ -27,17 +27,12 @@ class RecommenderConfig:
     n_negatives: int = 1024
     negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency
     logq_correction: bool = True  # False: no log-Q correction of sampled negatives (see NegativeSampler)
-    # "start": position embeddings count from the window's start; "end": back from the newest item
-    # (docs/decisions/positions-from-the-end.md).
-    positions: str = "start"
 
     def __post_init__(self) -> None:
         if self.vocab_size <= N_SPECIAL:
             raise ValueError("vocab_size must leave room for at least one item")
         if self.d_model % self.n_heads:
             raise ValueError("d_model must be a multiple of n_heads")
-        if self.positions not in ("start", "end"):
-            raise ValueError(f"positions must be 'start' or 'end', got {self.positions!r}")
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,6 @@ class BERT4Rec(SequentialRecommender):
             config.d_ff,
             config.dropout,
             causal=self.causal,
-            from_end=config.positions == "end",
         )
         self.transform = nn.Sequential(
             nn.Linear(config.d_model, config.d_model), nn.GELU(), nn.LayerNorm(config.d_model)

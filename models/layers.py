@@ -243,11 +243,9 @@ def gather_last(hidden: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
 class SequenceEncoder(nn.Module):
     """Token embedding + learned position embedding -> LayerNorm -> Dropout -> transformer layers.
 
-    Sequences are right-padded with 0. Positions count from the start of the window, or with
-    `from_end` back from each row's last item (the newest item is always position 0, what SASRec's
-    left-padded windows give; docs/decisions/positions-from-the-end.md). Either way a row is encoded
-    the same whatever padding the batch adds (thanks to the key padding mask), and with positions
-    from the start a causal prefix is encoded the same whatever follows it.
+    Sequences are right-padded with 0 and positions count from the start of the window, so a
+    prefix is encoded the same whatever padding follows it (the causal case) or whatever
+    padding the batch adds (both cases, thanks to the key padding mask).
     """
 
     def __init__(
@@ -260,11 +258,9 @@ class SequenceEncoder(nn.Module):
         d_ff: int,
         dropout: float,
         causal: bool,
-        from_end: bool = False,
     ) -> None:
         super().__init__()
         self.causal = causal
-        self.from_end = from_end
         self.max_len = max_len
         self.token_emb = nn.Embedding(vocab_size, d_model, padding_idx=PAD)
         self.pos_emb = nn.Embedding(max_len, d_model)
@@ -282,12 +278,7 @@ class SequenceEncoder(nn.Module):
         # constant. Its callers clip histories to max_len first (pack_histories).
         if not torch.jit.is_tracing() and length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len {self.max_len}")
-        if self.from_end:
-            last = (seq != PAD).sum(1, keepdim=True) - 1  # (B, 1)
-            back = (last - torch.arange(length, device=seq.device)).clamp(min=0)  # (B, L); padding: 0, masked
-            x = self.token_emb(seq) + self.pos_emb(back)
-        else:
-            x = self.token_emb(seq) + self.pos_emb.weight[:length]  # (B, L, D)
+        x = self.token_emb(seq) + self.pos_emb.weight[:length]  # (B, L, D)
         return self.dropout(self.emb_norm(x))
 
     def _key_padding(self, seq: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,6 @@ class SASRec(SequentialRecommender):
             config.d_ff,
             config.dropout,
             causal=self.causal,
-            from_end=config.positions == "end",
         )
         self.sampler = NegativeSampler(
             config.vocab_size, config.n_negatives, config.negative_pop_share, config.logq_correction

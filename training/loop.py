@@ -67,18 +67,22 @@ class History:
     stopped: str = ""
 
 
-def window_batches(windows: torch.Tensor, batch_size: int) -> Callable[[torch.Generator], list[torch.Tensor]]:
-    """Per-epoch batches of right-padded windows (N, L), bucketed by length and trimmed.
+def window_batches(
+    windows: torch.Tensor, batch_size: int, *, by_length: bool = True
+) -> Callable[[torch.Generator], list[torch.Tensor]]:
+    """Per-epoch batches of right-padded windows (N, L), bucketed by length (else shuffled) and trimmed.
 
     `windows` may live on the training device: batches are then cut there, never copied per step.
     """
     lengths = (windows != 0).sum(1).cpu()
 
     def make(gen: torch.Generator) -> list[torch.Tensor]:
-        return [
-            windows[idx.to(windows.device)][:, : int(lengths[idx].max())]
-            for idx in length_buckets(lengths, batch_size, gen)
-        ]
+        batches = (
+            length_buckets(lengths, batch_size, gen)
+            if by_length
+            else list(torch.randperm(len(lengths), generator=gen).split(batch_size))
+        )
+        return [windows[idx.to(windows.device)][:, : int(lengths[idx].max())] for idx in batches]
 
     return make
 

@@ -12,30 +12,7 @@ V = 50
 def _models() -> list[torch.nn.Module]:
     torch.manual_seed(0)
     cfg = {"vocab_size": V, "max_len": 12, "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32}
-    return [
-        SASRec(SASRecConfig(**cfg)).eval(),
-        BERT4Rec(BERT4RecConfig(**cfg)).eval(),
-        SASRec(SASRecConfig(**cfg, positions="end")).eval(),
-        BERT4Rec(BERT4RecConfig(**cfg, positions="end")).eval(),
-    ]
-
-
-MODEL_IDS = ["sasrec", "bert4rec", "sasrec-from-end", "bert4rec-from-end"]
-
-
-def test_positions_from_the_end_put_the_newest_item_at_position_zero() -> None:
-    torch.manual_seed(0)
-    cfg = {"vocab_size": V, "max_len": 12, "d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32}
-    enc = SASRec(SASRecConfig(**cfg, positions="end")).eval().encoder
-    seq = torch.tensor([[5, 6, 7, 0], [8, 0, 0, 0]])
-    x = enc._embed(seq)
-    norm, tok, pos = enc.emb_norm, enc.token_emb.weight, enc.pos_emb.weight
-    assert torch.allclose(x[0, 2], norm(tok[7] + pos[0])) and torch.allclose(x[1, 0], norm(tok[8] + pos[0]))
-    assert torch.allclose(x[0, 0], norm(tok[5] + pos[2]))
-    start = SASRec(SASRecConfig(**cfg)).eval().encoder
-    assert torch.allclose(start._embed(seq)[0, 0], start.emb_norm(start.token_emb.weight[5] + start.pos_emb.weight[0]))
-    with pytest.raises(ValueError, match="positions"):
-        SASRecConfig(**cfg, positions="middle")
+    return [SASRec(SASRecConfig(**cfg)).eval(), BERT4Rec(BERT4RecConfig(**cfg)).eval()]
 
 
 def test_masks_dtype_and_logic() -> None:
@@ -57,7 +34,7 @@ def test_last_valid_gather_with_ragged_lengths() -> None:
     assert torch.equal(out[2], hidden[2, 3])
 
 
-@pytest.mark.parametrize("model", _models(), ids=MODEL_IDS)
+@pytest.mark.parametrize("model", _models(), ids=["sasrec", "bert4rec"])
 def test_padding_does_not_change_outputs(model: torch.nn.Module) -> None:
     seq = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 10, 11, 12]])
     longer = torch.cat([seq, torch.zeros(2, 4, dtype=torch.long)], 1)
@@ -88,7 +65,7 @@ def test_bidirectional_model_sees_both_sides() -> None:
         assert not torch.allclose(model(a)[0, 0], model(b)[0, 0])
 
 
-@pytest.mark.parametrize("model", _models(), ids=MODEL_IDS)
+@pytest.mark.parametrize("model", _models(), ids=["sasrec", "bert4rec"])
 def test_scores_shape_and_specials_never_rank(model: torch.nn.Module) -> None:
     seq = torch.tensor([[5, 6, 0], [7, 0, 0]])
     with torch.no_grad():
@@ -97,7 +74,7 @@ def test_scores_shape_and_specials_never_rank(model: torch.nn.Module) -> None:
     assert torch.isinf(s[:, :2]).all() and torch.isfinite(s[:, 2:]).all()
 
 
-@pytest.mark.parametrize("model", _models(), ids=MODEL_IDS)
+@pytest.mark.parametrize("model", _models(), ids=["sasrec", "bert4rec"])
 def test_loss_is_finite_and_backpropagates(model: torch.nn.Module) -> None:
     model.train()
     seq = torch.tensor([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])
@@ -151,15 +128,14 @@ def test_negative_sampler_mixes_and_corrects() -> None:
     assert torch.equal(plain(torch.device("cpu"))[1], torch.zeros(10))
 
 
-@pytest.mark.parametrize("from_end", [False, True])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("n_layers", [1, 3])
-def test_read_equals_forward_at_the_read_position(causal: bool, n_layers: int, from_end: bool) -> None:
+def test_read_equals_forward_at_the_read_position(causal: bool, n_layers: int) -> None:
     """Serving's shortcut (the last layer computes only the row read) gives forward()'s numbers."""
     from models.layers import SequenceEncoder
 
     torch.manual_seed(0)
-    enc = SequenceEncoder(50, 12, 16, 2, n_layers, 32, 0.1, causal, from_end=from_end).eval()
+    enc = SequenceEncoder(50, 12, 16, 2, n_layers, 32, 0.1, causal).eval()
     seq = torch.tensor([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 0, 0, 0, 0, 0, 0], [3, 4, 5, 6, 7, 8, 9, 10]])
     at = torch.tensor([5, 1, 4])  # the last item, or (row 3) a position before the end
     for ctx in (torch.no_grad, torch.inference_mode):  # the fused fast path runs under inference_mode

@@ -103,3 +103,21 @@ def test_fitting_item_knn_over_many_blocks_logs_its_progress(
     ev.item_knn_scorer([[2, 3, 4], [3, 4, 5], [5, 6, 2]], 8)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fitting item_knn")]
     assert len(lines) >= 3 and all("% of 8 items" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("by_length", [True, False])
+def test_window_batches_cover_every_window_once_trimmed(by_length: bool) -> None:
+    lengths = [2, 9, 3, 8, 2, 9, 3, 8, 5, 5, 7, 4]
+    windows = torch.zeros(len(lengths), 10, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        windows[row, :n] = torch.arange(1, n + 1) + 100 * row
+    batches = loop.window_batches(windows, 4, by_length=by_length)(torch.Generator().manual_seed(0))
+    rows = sorted(int(b[i, 0]) // 100 for b in batches for i in range(len(b)))
+    assert rows == list(range(len(lengths)))
+    assert all(b.size(1) == int((b != 0).sum(1).max()) for b in batches)  # trimmed to the longest row
+    got = sorted(sorted((b != 0).sum(1).tolist()) for b in batches)
+    ranked = sorted(lengths)
+    if by_length:  # similar lengths together: the batches are the sorted lengths cut in fours
+        assert got == [ranked[i : i + 4] for i in range(0, len(ranked), 4)]
+    else:  # shuffled: some batch mixes short and long windows
+        assert max(b[-1] - b[0] for b in got) >= 4

@@ -44,6 +44,9 @@ class RecTrain(LoopConfig):
     # After choosing the epoch on validation, train this many more epochs with the validation
     # items added (everything but the test item, as in the BERT4Rec paper's protocol).
     refit_epochs: int = 0
+    # Batches of windows of similar length (little padding computed); False: shuffled batches, where
+    # every user's steps weigh the same whatever the batch.
+    length_buckets: bool = True
 
 
 @dataclass
@@ -172,7 +175,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         if self.dist.is_main and self.val_set.targets:
             with self.untimed():
                 self._validation_baselines()
-        return window_batches(self.windows, self.cfg.train.batch_size)
+        return window_batches(self.windows, self.cfg.train.batch_size, by_length=self.cfg.train.length_buckets)
 
     def _validation_baselines(self) -> None:
         """The baselines on the validation users each epoch is scored on (fitted on the training part),
@@ -247,7 +250,12 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             refit_cfg = dataclasses.replace(t, epochs=t.refit_epochs, patience=t.refit_epochs + 1)
             log.info("refit: %d more epochs on %d windows with the validation items", t.refit_epochs, len(refit))
             more = train(
-                model, window_batches(refit, t.batch_size), refit_cfg, validate=None, dist=self.dist, device=self.device
+                model,
+                window_batches(refit, t.batch_size, by_length=t.length_buckets),
+                refit_cfg,
+                validate=None,
+                dist=self.dist,
+                device=self.device,
             )
             history.stopped += f"; then {len(more.epoch)} refit epochs with the validation items"
 
