@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     json_logs: bool = True
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     admin_api_key: SecretStr | None = None  # admin endpoints answer 403 while unset
-    events_api_key: SecretStr | None = None  # when set, POST /events needs it (X-API-Key)
+    events_api_key: SecretStr | None = None  # when set, POST /events and GET /history need it (X-API-Key)
     bench_endpoints: bool = False  # POST /bench/noop: the framework's ceiling, for bench/load.py
     console: bool = True  # GET /console: a page to look at a model's answers for a user (public API only)
     # Dynamic micro-batching of concurrent requests (per model); defaults in BatchPolicy.
