@@ -20,7 +20,7 @@ from app.engine.registry import Served
 from app.errors import EventConflict, InvalidEvents, InvalidQuery, StoreUnavailable, UnknownUser
 from app.schemas import EventIn
 from app.store import Event, HistoryStore
-from models.serving import Engine, Timeline, optional_time
+from models.serving import Engine, Timeline, optional_time, unknown_field
 
 R = TypeVar("R")
 # A by-user read of at most this many users runs on the event loop (SQLite: one indexed query of a
@@ -201,14 +201,6 @@ async def post_events(
     )
 
 
-def check_fields(engine: Engine[Any, Any, Any], fields: Sequence[str], loc: list[str | int]) -> None:
-    """Every asked field is one the model has (the query string's twin of the engine's own check)."""
-    for n, name in enumerate(fields):
-        if name not in engine.item_fields:
-            has = f"this model has {engine.item_fields}" if engine.item_fields else "this model has no item fields"
-            raise InvalidQuery(f"unknown field {name!r}; {has}", [*loc, n])
-
-
 async def user_history(
     served: Served, user_id: str, *, store: HistoryStore | None, limit: int, fields: Sequence[str]
 ) -> list[dict[str, Any]]:
@@ -217,7 +209,9 @@ async def user_history(
     engine = served.engine
     if engine.namespace is None:
         raise InvalidQuery(f"model {served.name!r} keeps no user histories", ["query", "model"])
-    check_fields(engine, fields, ["query", "fields"])
+    bad = unknown_field(fields, engine.item_fields)
+    if bad is not None:
+        raise InvalidQuery(bad[1], ["query", "fields", bad[0]])
     st = _store_or_503(store)
     live = (await asyncio.to_thread(st.events, engine.namespace, [user_id], limit)).get(user_id, [])
     stored = engine.stored_timeline(user_id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -70,6 +70,15 @@ class EngineOptions:
     live_events: int = LIVE_EVENTS  # newest live events per user read for a query (seen exclusion included)
     trace: bool = True  # serve scores() as one traced graph where it traces exactly (models/traced.py)
     coarse_from: int | None = COARSE_FROM  # None: every catalog ranked from float32 scores
+
+
+def unknown_field(asked: Sequence[str], available: Collection[str]) -> tuple[int, str] | None:
+    """The first asked display field the model lacks, as (its index, the message), else None."""
+    for n, name in enumerate(asked):
+        if name not in available:
+            has = f"this model has {sorted(available)}" if available else "this model has no item fields"
+            return n, f"unknown field {name!r}; {has}"
+    return None
 
 
 def optional_time(t: float | None) -> float | None:

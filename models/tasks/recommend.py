@@ -25,7 +25,15 @@ from models.ranking import (
     reference_value,
     release_tensor,
 )
-from models.serving import Engine, EngineOptions, QueryError, Timeline, UnknownUserError, optional_time
+from models.serving import (
+    Engine,
+    EngineOptions,
+    QueryError,
+    Timeline,
+    UnknownUserError,
+    optional_time,
+    unknown_field,
+)
 from models.traced import example_rows, serving_scores
 
 # An interaction as requests and histories carry it: (raw id, unix time or None, action or None).
@@ -128,10 +136,9 @@ def check_query(q: RecQuery, position: int, *, fields: ItemFields) -> None:
     """What the schema cannot know: k, and the field names this model's artifact has."""
     if q.k < 1:
         raise QueryError("k must be at least 1", position=position, field=("k",))
-    for n, name in enumerate(q.fields):
-        if name not in fields:
-            has = f"this model has {sorted(fields)}" if fields else "this model has no item fields"
-            raise QueryError(f"unknown field {name!r}; {has}", position=position, field=("fields", n))
+    bad = unknown_field(q.fields, fields)
+    if bad is not None:
+        raise QueryError(bad[1], position=position, field=("fields", bad[0]))
 
 
 class UserQueryEngine(Engine[RecQuery, Prepared, RecResult]):
