@@ -38,7 +38,8 @@ class LoopConfig:
     precision: str = "auto"  # auto = bf16 autocast on CUDA, fp32 on the CPU (where bf16 matmuls are slower)
     clip_grad_norm: float = 0.0  # 0 = no clipping
     warmup_steps: int = 0  # linear warm-up of the learning rate from 0
-    schedule: str = "constant"  # or "cosine": decay to 0 over `epochs` epochs
+    # or "cosine": decay to 0 at `epochs` epochs or at the end of `max_minutes`, whichever is first
+    schedule: str = "constant"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -91,14 +91,21 @@ def _to(batch: Any, device: torch.device) -> Any:
     return batch.to(device, non_blocking=True) if hasattr(batch, "to") else batch
 
 
-def _past(deadline: float, dist: Dist, *, step_no: int) -> bool:
-    """Whether the training budget is spent; under torchrun, rank 0's clock decides for every rank."""
-    if not dist.enabled:
-        return time.monotonic() > deadline
-    if step_no % DIST_CHECK_EVERY:
-        return False
-    (late,) = dist.from_main(float(time.monotonic() > deadline))
-    return late > 0
+class Budget:
+    """The share of the wall-clock budget spent, as every rank sees it: alone, read at every step
+    (about 50 ns); under torchrun, rank 0's clock every DIST_CHECK_EVERY steps (a broadcast), so all
+    ranks stop at the same step and take the same learning rate."""
+
+    def __init__(self, minutes: float, dist: Dist) -> None:
+        self.t0, self.seconds, self.dist = time.monotonic(), minutes * 60, dist
+        self.spent = 0.0
+
+    def update(self, step_no: int) -> float:
+        if not self.dist.enabled:
+            self.spent = (time.monotonic() - self.t0) / self.seconds
+        elif step_no % DIST_CHECK_EVERY == 0:
+            (self.spent,) = self.dist.from_main((time.monotonic() - self.t0) / self.seconds)
+        return self.spent
 
 
 def _score(val: dict[str, float], key: str, train_loss: float) -> float:
@@ -108,16 +115,18 @@ def _score(val: dict[str, float], key: str, train_loss: float) -> float:
 
 
 def lr_schedule(
-    opt: torch.optim.Optimizer, cfg: LoopConfig, *, steps_per_epoch: int
+    opt: torch.optim.Optimizer, cfg: LoopConfig, *, steps_per_epoch: int, budget: Budget | None = None
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over `cfg.warmup_steps`, then constant or a cosine decay to 0 at `cfg.epochs`."""
+    """Linear warm-up over `cfg.warmup_steps`, then constant or a cosine decay that reaches 0 at
+    `cfg.epochs` or when the `budget` is spent, whichever comes first (docs/decisions/lr-schedule.md)."""
     warm, total = cfg.warmup_steps, max(cfg.epochs * steps_per_epoch, cfg.warmup_steps + 1)
 
     def factor(step: int) -> float:
         if step < warm:
             return (step + 1) / warm
         if cfg.schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / (total - warm))))
+            done = max((step - warm) / (total - warm), budget.spent if budget else 0.0)
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, done)))
         return 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
@@ -148,19 +157,19 @@ def train(
     hist = History()
     best_score, best_state, bad = -float("inf"), copy.deepcopy(model.state_dict()), 0
     t0 = time.monotonic()
-    deadline = t0 + cfg.max_minutes * 60
+    budget = Budget(cfg.max_minutes, dist)
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         total = torch.zeros((), device=device)  # summed on the device: no host sync per step
         seen, te = 0, time.monotonic()
         batches = dist.shard(make_batches(gen))
         if sched is None and (cfg.warmup_steps or cfg.schedule != "constant"):
-            sched = lr_schedule(opt, cfg, steps_per_epoch=len(batches))
+            sched = lr_schedule(opt, cfg, steps_per_epoch=len(batches), budget=budget)
         # disable=None: a bar on a terminal, none in logs and CI (a log line every LOG_EVERY_S instead).
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
         last_line, cut = te, ""
         for n, batch in enumerate(bar):
-            if n and _past(deadline, dist, step_no=n):
+            if budget.update(n) >= 1.0 and n:
                 # The budget is a deadline, also inside an epoch: what was trained so far is validated
                 # and kept if it is the best, as after a whole epoch.
                 cut = f" after {n} of {len(batches)} batches"

@@ -161,6 +161,27 @@ def test_lr_schedule_warms_up_then_decays_to_zero_at_the_last_epoch() -> None:
         LoopConfig(schedule="linear")
 
 
+def test_cosine_schedule_ends_with_the_time_budget_when_that_comes_first() -> None:
+    from training.config import LoopConfig
+    from training.distributed import Dist
+    from training.loop import Budget, lr_schedule
+
+    cfg = LoopConfig(epochs=100, lr=1.0, schedule="cosine", max_minutes=1.0)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    budget = Budget(cfg.max_minutes, Dist())
+    sched = lr_schedule(opt, cfg, steps_per_epoch=10, budget=budget)
+    lrs = []
+    for spent in (0.0, 0.5, 0.999, 1.0):  # step 1..4 of 1,000: the clock, not the step count, decides
+        budget.spent = spent
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs[0] == pytest.approx(1.0, abs=1e-4) and lrs[1] == pytest.approx(0.5)
+    assert lrs[2] == pytest.approx(0.0, abs=1e-4) and lrs[3] == pytest.approx(0.0, abs=1e-12)
+    constant = lr_schedule(opt, LoopConfig(lr=1.0), steps_per_epoch=10, budget=budget)
+    constant.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(1.0)  # a constant schedule ignores the clock
+
+
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_configs_parse_and_recommenders_default_to_the_product_protocol(path: Path) -> None:
     from training.jobs import job_for_kind
