@@ -100,11 +100,15 @@ class Budget:
         self.t0, self.seconds, self.dist = time.monotonic(), minutes * 60, dist
         self.spent = 0.0
 
+    def elapsed(self) -> float:
+        """Seconds since the start on this rank's clock."""
+        return time.monotonic() - self.t0
+
     def update(self, step_no: int) -> float:
         if not self.dist.enabled:
-            self.spent = (time.monotonic() - self.t0) / self.seconds
+            self.spent = self.elapsed() / self.seconds
         elif step_no % DIST_CHECK_EVERY == 0:
-            (self.spent,) = self.dist.from_main((time.monotonic() - self.t0) / self.seconds)
+            (self.spent,) = self.dist.from_main(self.elapsed() / self.seconds)
         return self.spent
 
 
@@ -156,7 +160,6 @@ def train(
     sched: torch.optim.lr_scheduler.LambdaLR | None = None
     hist = History()
     best_score, best_state, bad = -float("inf"), copy.deepcopy(model.state_dict()), 0
-    t0 = time.monotonic()
     budget = Budget(cfg.max_minutes, dist)
     for epoch in range(1, cfg.epochs + 1):
         model.train()
@@ -169,7 +172,8 @@ def train(
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
         last_line, cut = te, ""
         for n, batch in enumerate(bar):
-            if budget.update(n) >= 1.0 and n:
+            spent = budget.update(n)  # every step: the cosine schedule reads it too
+            if n and spent >= 1.0:
                 # The budget is a deadline, also inside an epoch: what was trained so far is validated
                 # and kept if it is the best, as after a whole epoch.
                 cut = f" after {n} of {len(batches)} batches"
@@ -207,7 +211,7 @@ def train(
         hist.loss.append(epoch_loss)
         hist.val.append(val)
         # Every rank takes rank 0's score and clock, so all stop at the same epoch.
-        score, elapsed = dist.from_main(_score(val, key_metric, epoch_loss), time.monotonic() - t0)
+        score, elapsed = dist.from_main(_score(val, key_metric, epoch_loss), budget.elapsed())
         hist.seconds.append(elapsed)
         log.info(
             "epoch %d loss %.4f %s (%.0fs, %.0f rows/s)",
@@ -225,7 +229,7 @@ def train(
             if bad >= cfg.patience:
                 hist.stopped = f"early stop: no better validation for {cfg.patience} epochs"
                 break
-        if cut or hist.seconds[-1] > cfg.max_minutes * 60:
+        if cut or hist.seconds[-1] > budget.seconds:
             hist.stopped = f"time budget of {cfg.max_minutes:g} minutes reached in epoch {epoch}{cut}"
             break
     else:
