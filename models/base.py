@@ -23,6 +23,9 @@ class RecommenderConfig:
     n_layers: int = 2
     d_ff: int = 256
     dropout: float = 0.2
+    # False: no dropout on the attention output, the published SASRec's placement
+    # (docs/decisions/attention-output-dropout.md); True keeps torch's encoder-layer placement.
+    attn_out_dropout: bool = True
     # Sampled softmax over negatives shared by the batch (0 = a full softmax where the model offers one).
     n_negatives: int = 1024
     negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency

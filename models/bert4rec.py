@@ -66,16 +66,7 @@ class BERT4Rec(SequentialRecommender):
         super().__init__()
         self.config = config
         self.mask_token = config.vocab_size
-        self.encoder = SequenceEncoder(
-            config.vocab_size + 1,
-            config.max_len,
-            config.d_model,
-            config.n_heads,
-            config.n_layers,
-            config.d_ff,
-            config.dropout,
-            causal=self.causal,
-        )
+        self.encoder = SequenceEncoder.from_config(config, vocab_size=config.vocab_size + 1, causal=self.causal)
         self.transform = nn.Sequential(
             nn.Linear(config.d_model, config.d_model), nn.GELU(), nn.LayerNorm(config.d_model)
         )

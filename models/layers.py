@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.base import RecommenderConfig
 from models.ids import N_SPECIAL, PAD
 
 # Masks: True = hidden, everywhere in the project. The (B, L) and (L, L) forms are the building
@@ -141,15 +142,19 @@ class EncoderLayer(nn.Module):
     """The one transformer encoder layer of every model. Pre-norm (x + SelfAttention(LN(x)), then
     x + FF(LN(x))) or, with `norm_first=False`, post-norm (LN(x + SelfAttention(x)), then
     LN(x + FF(x))). Dropout where torch's encoder layer has it: attention weights, after attention,
-    inside and after the feed-forward."""
+    inside and after the feed-forward; `attn_out_dropout=False` leaves the attention output undropped,
+    as the published SASRec does (docs/decisions/attention-output-dropout.md)."""
 
-    def __init__(self, d: int, n_heads: int, d_ff: int, dropout: float, *, norm_first: bool = True) -> None:
+    def __init__(
+        self, d: int, n_heads: int, d_ff: int, dropout: float, *, norm_first: bool = True, attn_out_dropout: bool = True
+    ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn = Attention(d, n_heads, dropout)
         self.ff = FeedForward(d, d_ff, dropout)
         self.drop = nn.Dropout(dropout)
+        self.attn_drop = self.drop if attn_out_dropout else nn.Identity()
 
     def forward(
         self,
@@ -171,9 +176,9 @@ class EncoderLayer(nn.Module):
             x = x[read][:, None]  # (B, 1, D): the residual stream of the read rows only
             a, w = self.attn(h[read][:, None], h, mask, rope=rope, need_weights=need_weights)
         if self.norm_first:
-            x = x + self.drop(a)
+            x = x + self.attn_drop(a)
             return x + self.drop(self.ff(self.norm2(x))), w
-        x = self.norm1(x + self.drop(a))
+        x = self.norm1(x + self.attn_drop(a))
         return self.norm2(x + self.drop(self.ff(x))), w
 
 
@@ -191,10 +196,12 @@ class EncoderStack(nn.Module):
         *,
         norm_first: bool = True,
         final_norm: bool = False,
+        attn_out_dropout: bool = True,
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            EncoderLayer(d, n_heads, d_ff, dropout, norm_first=norm_first) for _ in range(n_layers)
+            EncoderLayer(d, n_heads, d_ff, dropout, norm_first=norm_first, attn_out_dropout=attn_out_dropout)
+            for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(d) if final_norm else None
 
@@ -252,12 +259,14 @@ class SequenceEncoder(nn.Module):
         self,
         vocab_size: int,
         max_len: int,
+        *,
         d_model: int,
         n_heads: int,
         n_layers: int,
         d_ff: int,
         dropout: float,
         causal: bool,
+        attn_out_dropout: bool = True,
     ) -> None:
         super().__init__()
         self.causal = causal
@@ -266,10 +275,25 @@ class SequenceEncoder(nn.Module):
         self.pos_emb = nn.Embedding(max_len, d_model)
         self.emb_norm = nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
-        self.layers = EncoderStack(n_layers, d_model, n_heads, d_ff, dropout)
+        self.layers = EncoderStack(n_layers, d_model, n_heads, d_ff, dropout, attn_out_dropout=attn_out_dropout)
         self.out_norm = nn.LayerNorm(d_model)
         self.apply(init_weights)
         self.layers.init_as_torch()
+
+    @classmethod
+    def from_config(cls, config: RecommenderConfig, *, vocab_size: int, causal: bool) -> SequenceEncoder:
+        """The encoder a recommender's config describes, over `vocab_size` token ids."""
+        return cls(
+            vocab_size,
+            config.max_len,
+            d_model=config.d_model,
+            n_heads=config.n_heads,
+            n_layers=config.n_layers,
+            d_ff=config.d_ff,
+            dropout=config.dropout,
+            causal=causal,
+            attn_out_dropout=config.attn_out_dropout,
+        )
 
     def _embed(self, seq: torch.Tensor) -> torch.Tensor:
         """Embedded input (B, L, D): token + position, LayerNorm, dropout."""

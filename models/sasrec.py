@@ -43,16 +43,7 @@ class SASRec(SequentialRecommender):
     def __init__(self, config: SASRecConfig) -> None:
         super().__init__()
         self.config = config
-        self.encoder = SequenceEncoder(
-            config.vocab_size,
-            config.max_len,
-            config.d_model,
-            config.n_heads,
-            config.n_layers,
-            config.d_ff,
-            config.dropout,
-            causal=self.causal,
-        )
+        self.encoder = SequenceEncoder.from_config(config, vocab_size=config.vocab_size, causal=self.causal)
         self.sampler = NegativeSampler(
             config.vocab_size, config.n_negatives, config.negative_pop_share, config.logq_correction
         )

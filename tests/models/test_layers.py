@@ -135,10 +135,28 @@ def test_read_equals_forward_at_the_read_position(causal: bool, n_layers: int) -
     from models.layers import SequenceEncoder
 
     torch.manual_seed(0)
-    enc = SequenceEncoder(50, 12, 16, 2, n_layers, 32, 0.1, causal).eval()
+    enc = SequenceEncoder(50, 12, d_model=16, n_heads=2, n_layers=n_layers, d_ff=32, dropout=0.1, causal=causal).eval()
     seq = torch.tensor([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 0, 0, 0, 0, 0, 0], [3, 4, 5, 6, 7, 8, 9, 10]])
     at = torch.tensor([5, 1, 4])  # the last item, or (row 3) a position before the end
     for ctx in (torch.no_grad, torch.inference_mode):  # the fused fast path runs under inference_mode
         with ctx():
             full = enc(seq)[torch.arange(3), at]
             assert torch.allclose(enc.read(seq, at), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("attn_out_dropout", [True, False])
+def test_attention_output_dropout_is_off_when_the_config_says_so(attn_out_dropout: bool) -> None:
+    """With the feed-forward branch zeroed and no dropout on the attention weights, a training-mode
+    pass of the recommender's encoder layer differs from eval only through dropout on the attention
+    output, which `attn_out_dropout=False` removes."""
+    torch.manual_seed(0)
+    shape = dict(vocab_size=30, max_len=8, d_model=16, n_heads=2, n_layers=1, d_ff=16)
+    cfg = SASRecConfig(**shape, dropout=0.5, attn_out_dropout=attn_out_dropout)
+    layer = SASRec(cfg).encoder.layers.layers[0]
+    layer.attn.dropout = 0.0
+    torch.nn.init.zeros_(layer.ff[3].weight)
+    torch.nn.init.zeros_(layer.ff[3].bias)
+    x = torch.randn(3, 8, 16)
+    train_out, _ = layer.train()(x, None, causal=True)
+    eval_out, _ = layer.eval()(x, None, causal=True)
+    assert torch.allclose(train_out, eval_out, atol=1e-6) is not attn_out_dropout
