@@ -40,8 +40,13 @@ class LoopConfig:
     warmup_steps: int = 0  # linear warm-up of the learning rate from 0
     # or "cosine": decay to 0 at `epochs` epochs or at the end of `max_minutes`, whichever is first
     schedule: str = "constant"
+    # > 0: validate, keep and export an exponential moving average of the weights over about this many
+    # recent epochs instead of the last step's (docs/decisions/weight-averaging.md); 0 = off
+    ema_epochs: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.ema_epochs < 0:
+            raise ValueError(f"train.ema_epochs must be >= 0, got {self.ema_epochs}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.schedule not in SCHEDULES:

@@ -10,11 +10,12 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from training.config import LoopConfig
@@ -136,6 +137,15 @@ def lr_schedule(
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+def weight_average(model: M, cfg: LoopConfig, *, steps_per_epoch: int) -> AveragedModel | None:
+    """An exponential moving average of `model`'s weights over about `cfg.ema_epochs` epochs (a decay
+    of 1 - 1 / steps), or None when the config asks for none."""
+    if cfg.ema_epochs <= 0:
+        return None
+    decay = 1.0 - 1.0 / max(cfg.ema_epochs * steps_per_epoch, 1.0)
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))
+
+
 def train(
     model: M,
     make_batches: Callable[[torch.Generator], Sequence[Any]],
@@ -148,7 +158,7 @@ def train(
 ) -> History:
     """Train `model` on the batches `make_batches` draws each epoch; keep the weights of the best
     validation `key_metric` (highest; "-name" = lowest of `name`). Without `validate` the lowest
-    training loss decides.
+    training loss decides. With `cfg.ema_epochs`, the weights validated and kept are the moving average.
     Under torchrun (`dist`), each rank trains on its share of the batches; rank 0 validates.
     """
     dist = dist or Dist()
@@ -161,6 +171,7 @@ def train(
     hist = History()
     best_score, best_state, bad = -float("inf"), copy.deepcopy(model.state_dict()), 0
     budget = Budget(cfg.max_minutes, dist)
+    ema: AveragedModel | None = None
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         total = torch.zeros((), device=device)  # summed on the device: no host sync per step
@@ -168,6 +179,8 @@ def train(
         batches = dist.shard(make_batches(gen))
         if sched is None and (cfg.warmup_steps or cfg.schedule != "constant"):
             sched = lr_schedule(opt, cfg, steps_per_epoch=len(batches), budget=budget)
+        if epoch == 1:
+            ema = weight_average(model, cfg, steps_per_epoch=len(batches))
         # disable=None: a bar on a terminal, none in logs and CI (a log line every LOG_EVERY_S instead).
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
         last_line, cut = te, ""
@@ -188,6 +201,8 @@ def train(
             opt.step()
             if sched is not None:
                 sched.step()
+            if ema is not None:
+                ema.update_parameters(model)
             total += loss.detach().float() * len(batch)
             seen += len(batch)
             if not bar.disable and n % BAR_EVERY == 0:
@@ -205,8 +220,9 @@ def train(
                     spent / done - spent,
                 )
         epoch_loss = total.item() / max(seen, 1)
-        model.eval()
-        val = validate(model) if validate and dist.is_main else {}
+        kept = model if ema is None else cast(M, ema.module)  # the weights validated and kept
+        kept.eval()
+        val = validate(kept) if validate and dist.is_main else {}
         hist.epoch.append(epoch)
         hist.loss.append(epoch_loss)
         hist.val.append(val)
@@ -223,7 +239,7 @@ def train(
         )
         if score > best_score:
             best_score, bad, hist.best_epoch = score, 0, epoch
-            best_state = copy.deepcopy(model.state_dict())
+            best_state = copy.deepcopy(kept.state_dict())
         else:
             bad += 1
             if bad >= cfg.patience:

@@ -121,3 +121,34 @@ def test_window_batches_cover_every_window_once_trimmed(by_length: bool) -> None
         assert got == [ranked[i : i + 4] for i in range(0, len(ranked), 4)]
     else:  # shuffled: some batch mixes short and long windows
         assert max(b[-1] - b[0] for b in got) >= 4
+
+
+class Walk(nn.Module):
+    """A constant gradient: Adam moves the weight by `lr` a step, so its path is -lr, -2 lr, ..."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.w.sum() * batch.sum() / batch.numel()
+
+
+@pytest.mark.parametrize("ema_epochs", [0.0, 1.0, 2.5])
+def test_the_moving_average_of_the_weights_is_what_is_validated_and_kept(ema_epochs: float) -> None:
+    steps, lr = 10, 0.1
+    validated: list[float] = []
+
+    def validate(m: nn.Module) -> dict[str, float]:
+        validated.append(float(m.w.detach()))  # type: ignore[operator]
+        return {"NDCG@10": 1.0}
+
+    model = Walk()
+    loop.train(model, batches(steps), LoopConfig(epochs=1, lr=lr, ema_epochs=ema_epochs), validate=validate)
+    expected = -lr * steps  # the last step's weight
+    if ema_epochs:
+        decay, expected = 1 - 1 / (ema_epochs * steps), -lr  # the average starts at the first step's weight
+        for t in range(2, steps + 1):
+            expected = decay * expected + (1 - decay) * -lr * t
+    assert validated == pytest.approx([expected], abs=1e-5)
+    assert float(model.w.detach()) == pytest.approx(expected, abs=1e-5)
