@@ -28,6 +28,7 @@ from training.config import LoopConfig, RunConfig, parse
 from training.distributed import Dist, resolve_device
 from training.export import export_artifact
 from training.loop import History, seed_everything, train
+from training.memory import reuse_freed_memory
 
 log = logging.getLogger(__name__)
 D = TypeVar("D")
@@ -136,6 +137,8 @@ class Job(ABC, Generic[D, T, E]):
     def run(self) -> Path | None:
         """Train, evaluate and export; returns the artifact folder (None on ranks other than 0)."""
         t = self.cfg.train
+        if t.reuse_freed_memory:
+            reuse_freed_memory()
         if t.threads:
             torch.set_num_threads(t.threads)
         seed_everything(t.seed)
