@@ -30,12 +30,17 @@ class RecommenderConfig:
     n_negatives: int = 1024
     negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency
     logq_correction: bool = True  # False: no log-Q correction of sampled negatives (see NegativeSampler)
+    # Share of the target's probability spread over the other candidates (the catalog, or the sampled
+    # negatives) in the training loss; 0 = plain cross-entropy.
+    label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
         if self.vocab_size <= N_SPECIAL:
             raise ValueError("vocab_size must leave room for at least one item")
         if self.d_model % self.n_heads:
             raise ValueError("d_model must be a multiple of n_heads")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models.base import DotForm, RecommenderConfig, SequentialRecommender
 from models.ids import N_SPECIAL, PAD
-from models.layers import NegativeSampler, SequenceEncoder, init_weights
+from models.layers import NegativeSampler, SequenceEncoder, cross_entropy, init_weights
 
 
 @dataclass
@@ -120,11 +119,12 @@ class BERT4Rec(SequentialRecommender):
         if cfg.n_negatives == 0:
             logits = self._logits(h)
             logits[:, :N_SPECIAL] = float("-inf")
-            return F.cross_entropy(logits, target)
+            return cross_entropy(logits, target, smoothing=cfg.label_smoothing)
         w = self.encoder.token_emb.weight
         neg, correction = self.sampler(seq.device)
         t = self.transform(h)
         pos_logit = (t * w[target]).sum(-1, keepdim=True) + self.out_bias[target, None]
         neg_logit = t @ w[neg].T + self.out_bias[neg] - correction
         neg_logit = neg_logit.masked_fill(neg[None, :] == target[:, None], float("-inf"))
-        return F.cross_entropy(torch.cat([pos_logit, neg_logit], 1), torch.zeros_like(target))
+        logits = torch.cat([pos_logit, neg_logit], 1)
+        return cross_entropy(logits, torch.zeros_like(target), smoothing=cfg.label_smoothing)

@@ -362,6 +362,18 @@ def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
     return table
 
 
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, smoothing: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy of (N, C) logits against (N,) class indices, with `smoothing` of the target
+    spread evenly over the finite logits: a -inf logit (a special, a masked negative) is not a class."""
+    if smoothing == 0.0:
+        return F.cross_entropy(logits, target)
+    logp = F.log_softmax(logits, -1)  # (N, C)
+    nll = -logp.gather(1, target[:, None]).squeeze(1)  # (N,)
+    finite = torch.isfinite(logits)
+    uniform = -logp.masked_fill(~finite, 0.0).sum(-1) / finite.sum(-1)  # (N,)
+    return ((1.0 - smoothing) * nll + smoothing * uniform).mean()
+
+
 class NegativeSampler(nn.Module):
     """Negatives shared by a batch for a sampled softmax, with the log-Q correction.
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from models.base import DotForm, RecommenderConfig, SequentialRecommender
 from models.ids import N_SPECIAL, PAD
-from models.layers import NegativeSampler, SequenceEncoder, last_valid_index
+from models.layers import NegativeSampler, SequenceEncoder, cross_entropy, last_valid_index
 
 LOSSES = ("auto", "sampled_softmax", "softmax", "bce")
 # "auto": the full softmax while it costs at most this many times the sampled one (V logits a target
@@ -88,7 +88,7 @@ class SASRec(SequentialRecommender):
         if kind == "softmax":
             logits = h @ w.T  # (N, V)
             logits[:, :N_SPECIAL] = float("-inf")
-            return F.cross_entropy(logits, pos)
+            return cross_entropy(logits, pos, smoothing=cfg.label_smoothing)
         if kind == "bce":
             neg = torch.randint(N_SPECIAL, cfg.vocab_size, pos.shape, device=pos.device)
             pos_logit = (h * w[pos]).sum(-1)
@@ -103,4 +103,4 @@ class SASRec(SequentialRecommender):
         # A shared negative that is the row's own target is not a negative.
         neg_logit = neg_logit.masked_fill(neg[None, :] == pos[:, None], float("-inf"))
         logits = torch.cat([pos_logit, neg_logit], dim=1)  # (N, 1 + K)
-        return F.cross_entropy(logits, torch.zeros_like(pos))
+        return cross_entropy(logits, torch.zeros_like(pos), smoothing=cfg.label_smoothing)

@@ -1,9 +1,10 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from models.bert4rec import BERT4Rec, BERT4RecConfig
 from models.ids import PAD
-from models.layers import causal_mask, gather_last, last_valid_index, padding_mask
+from models.layers import causal_mask, cross_entropy, gather_last, last_valid_index, padding_mask
 from models.sasrec import SASRec, SASRecConfig
 
 V = 50
@@ -160,3 +161,33 @@ def test_attention_output_dropout_is_off_when_the_config_says_so(attn_out_dropou
     train_out, _ = layer.train()(x, None, causal=True)
     eval_out, _ = layer.eval()(x, None, causal=True)
     assert torch.allclose(train_out, eval_out, atol=1e-6) is not attn_out_dropout
+
+
+def test_smoothed_cross_entropy_spreads_over_the_finite_logits_only() -> None:
+    torch.manual_seed(0)
+    logits, target = torch.randn(6, 10), torch.randint(2, 10, (6,))
+    assert torch.allclose(cross_entropy(logits, target), F.cross_entropy(logits, target))
+    assert torch.allclose(
+        cross_entropy(logits, target, smoothing=0.2), F.cross_entropy(logits, target, label_smoothing=0.2)
+    )
+    # The specials (and a masked negative) are not classes: the smoothed share never reaches them.
+    logits[:, :2] = float("-inf")
+    smoothed = cross_entropy(logits, target, smoothing=0.2)
+    assert torch.isfinite(smoothed)
+    assert torch.allclose(smoothed, F.cross_entropy(logits[:, 2:], target - 2, label_smoothing=0.2))
+
+
+@pytest.mark.parametrize("loss", ["softmax", "sampled_softmax"])
+def test_label_smoothing_changes_the_training_loss_and_stays_finite(loss: str) -> None:
+    cfg = {"vocab_size": V, "max_len": 8, "d_model": 8, "n_heads": 1, "n_layers": 1, "d_ff": 16, "loss": loss}
+    seq = torch.tensor([[5, 6, 7, 0], [8, 9, 10, 11]])
+    values = []
+    for smoothing in (0.0, 0.3):
+        torch.manual_seed(0)
+        m = SASRec(SASRecConfig(**cfg, n_negatives=10, label_smoothing=smoothing)).eval()
+        torch.manual_seed(1)  # the same shared negatives for both
+        values.append(m.loss(seq))
+    assert all(torch.isfinite(v) for v in values)
+    assert not torch.allclose(values[0], values[1])  # the setting reaches the loss that trains
+    with pytest.raises(ValueError, match="label_smoothing"):
+        SASRecConfig(vocab_size=V, label_smoothing=1.0)
