@@ -32,7 +32,7 @@ from training.social_eval import QuerySet, evaluate_scorer
 HOUR = 3600.0
 WINDOWS = (HOUR, 6 * HOUR, 24 * HOUR, 7 * 24 * HOUR)
 WHO = ("received", "made")
-GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
+GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 Key = tuple[float, str]
 
 
