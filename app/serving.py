@@ -20,7 +20,7 @@ from app.engine.registry import Served
 from app.errors import EventConflict, InvalidEvents, InvalidQuery, StoreUnavailable, UnknownUser
 from app.schemas import EventIn
 from app.store import Event, HistoryStore
-from models.serving import Engine, Timeline, optional_time, unknown_field
+from models.serving import Engine, RecentEvent, Timeline, optional_time, unknown_field
 
 R = TypeVar("R")
 # A by-user read of at most this many users runs on the event loop (SQLite: one indexed query of a
@@ -64,6 +64,21 @@ async def live_history(
     return await asyncio.to_thread(st.events, engine.namespace, users, engine.live_budget)
 
 
+async def add_recent(engine: Engine[Any, Any, Any], prepared: list[Any], store: HistoryStore | None) -> None:
+    """Every user's live events of the span the prepared queries need (recent activity), counted in."""
+    span = engine.recent_span(prepared)
+    if span is None:
+        return
+    events: list[RecentEvent] = []
+    if engine.namespace is not None:
+        st = _store_or_503(store)
+        events = await asyncio.to_thread(partial(st.recent, engine.namespace, start=span[0], end=span[1]))
+    if len(prepared) <= PREPARE_INLINE_QUERIES:
+        engine.add_recent(prepared, events)
+    else:
+        await off_loop(engine.add_recent, prepared, events)
+
+
 async def answer(
     served: Served,
     queries: Sequence[Any],
@@ -81,6 +96,7 @@ async def answer(
         if abandoned is not None and abandoned():
             raise AbandonedError("the client went away before its request was prepared")
         prepared = await off_loop(served.engine.prepare, queries, live)
+    await add_recent(served.engine, prepared, store)
     return await served.batcher.submit(prepared, timeout_s, abandoned=abandoned)
 
 

@@ -8,8 +8,8 @@ To the model's log-probabilities it adds c * log(1 + n) per candidate, n = the i
 candidate received (or made) in a window before the query, events strictly earlier only. The
 coefficients are chosen greedily on the validation queries with the `--choose-on` model (one not
 refit over the validation period), then the `--test` model scores the test queries with and without
-them, beside its run's best baseline (metrics.json). An offline probe: the served model has no such
-input (serving would need every candidate's recent activity at the query's time, across workers).
+them, beside its run's best baseline (metrics.json). The probe that chose the windows of the social
+model's `activity` input, which learns its weights instead (docs/decisions/recent-activity.md).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 from pydantic import TypeAdapter, ValidationError
 
+from models import activity
 from models import histories as history_table
 from models.checkpoint import CheckpointError, load_checkpoint
 from models.ids import IdMap
@@ -36,6 +37,7 @@ ITEM_META = "item_meta.json"
 ITEM_FIELDS = "item_fields.json"  # optional display fields: {"fields": {name: {raw item id: value}}}
 USER_META = "user_meta.json"  # social: each user's first activity (the "future" exclusion)
 HISTORIES = history_table.FOLDER  # users' final histories, memory-mapped columns (models/histories.py)
+EVENTS = activity.FOLDER  # social, with recent activity: the log in time order (models/activity.py)
 OLD_HISTORIES = "histories.json"  # the earlier layout: one JSON object, parsed into every worker
 METRICS = "metrics.json"
 RUN_CONFIG = "run_config.json"
@@ -187,3 +189,11 @@ def read_model(folder: Path, manifest: Manifest, expected: type[Any], map_locati
 def check(condition: bool, file: str, problem: str) -> None:
     if not condition:
         raise ArtifactError(file, problem)
+
+
+def read_event_log(folder: Path) -> activity.EventLog:
+    """The version's event log in time order (a social model with recent activity)."""
+    try:
+        return activity.EventLog.read(folder / EVENTS)
+    except history_table.HistoryTableError as exc:
+        raise ArtifactError(EVENTS, str(exc)) from None

@@ -46,7 +46,7 @@ class HistoryTableError(ValueError):
     """A histories folder with a missing or inconsistent file (the message names the file inside it)."""
 
 
-def _map(path: Path, want: type[np.generic]) -> np.ndarray:
+def map_column(path: Path, want: type[np.generic]) -> np.ndarray:
     """A 1-d .npy column of dtype `want`, memory-mapped read-only and marked for random access.
 
     Requests read rows at random: MADV_RANDOM turns the kernel's read-ahead off, so a lookup reads
@@ -105,7 +105,7 @@ class HistoryTable:
             path = folder / f"{name}.npy"
             if name == "actions" and not path.exists():
                 continue
-            cols[name] = _map(path, _DTYPES[name])
+            cols[name] = map_column(path, _DTYPES[name])
         self.hashes, self.key_ends, self.keys = cols["hashes"], cols["key_ends"], cols["keys"]
         self.ends, self.items, self.times = cols["ends"], cols["items"], cols["times"]
         self.actions = cols.get("actions")

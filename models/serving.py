@@ -27,6 +27,8 @@ R = TypeVar("R")  # a result
 # A user's live events from the history store: (raw id, unix time or NaN, action or None), oldest first.
 LiveEvent = tuple[str, float, str | None]
 Timeline = list[LiveEvent]
+# Any user's live event in a namespace: (actor's raw id, target's raw id, unix time, action or None).
+RecentEvent = tuple[str, str, float, str | None]
 
 
 class QueryError(ValueError):
@@ -116,6 +118,14 @@ class Engine(ABC, Generic[Q, P, R]):
     def users(self, queries: Sequence[Q]) -> list[str]:
         """Users whose live events the queries need."""
         return []
+
+    def recent_span(self, prepared: Sequence[P]) -> tuple[float, float] | None:
+        """The time span [start, end) of every user's live events in the namespace that the prepared
+        queries need (a social model's recent activity), else None."""
+        return None
+
+    def add_recent(self, prepared: Sequence[P], events: Sequence[RecentEvent]) -> None:
+        """Hand the prepared queries the live events of `recent_span`, before they run."""
 
     @property
     def actions(self) -> list[str] | None:

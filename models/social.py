@@ -2,6 +2,11 @@
 history. Each step is concat(action embedding, target-user embedding); a transformer encoder with a
 padding mask; the history pooled (mean over valid steps, or the last step); scores over every user.
 
+With `activity` windows, each candidate's interactions received and made in those windows before the
+query (models/activity.py) add sum_f w_f * log(1 + count_f) (w per user with `activity_by_user`, plus
+an MLP of the log-counts with `activity_hidden`) to its log-probability, renormalised: who is being
+interacted with right now, which no single history shows (docs/decisions/recent-activity.md).
+
 Histories are LEFT-padded here (the newest step at the last position), in training and serving alike
 (`pack_steps`), so that "last" and positions counted back from the query need no gather.
 """
@@ -9,7 +14,7 @@ Histories are LEFT-padded here (the newest step at the last position), in traini
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +37,12 @@ def incoming(action: str) -> str:
 
 def is_incoming(action: str | None) -> bool:
     return action is not None and action.startswith(INCOMING)
+
+
+# Adam moves a weight by about the learning rate per step: one epoch of 800 steps at 2e-3 would cap
+# these few weights near 1.6, while the coefficients a search on validation picks reach 4
+# (docs/decisions/recent-activity.md). The scale is their learning-rate multiplier.
+ACTIVITY_SCALE = 10.0
 
 
 def time_buckets(seconds: torch.Tensor, n_buckets: int) -> torch.Tensor:
@@ -58,6 +69,16 @@ class SocialConfig:
     copy_head: bool = True  # a pointer over the history's targets, mixed with the generator by a gate
     action_head: bool = False  # also predict the next action (an auxiliary loss)
     action_weight: float = 0.2
+    # Seconds before the query: each candidate's interactions received and made in each window, an input
+    # with learned weights (empty: none; the batch then carries no activity).
+    activity: list[float] = field(default_factory=list)
+    # > 0: also each candidate's interactions in those windows with the targets of the history's newest
+    # this many steps (the threads the user is in now).
+    activity_contacts: int = 0
+    activity_per_action: bool = False  # also received and made per action the log holds
+    n_own_actions: int = 0  # the log's own actions: the action indices after PAD and UNK (set by the job)
+    activity_by_user: bool = False  # the weights also depend on the user's pooled history (a linear map)
+    activity_hidden: int = 0  # > 0: plus an MLP of this width over the counts and the user's state
 
     def __post_init__(self) -> None:
         if self.pooling not in POOLING:
@@ -66,6 +87,18 @@ class SocialConfig:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if (2 * self.emb_dim) % self.n_heads:
             raise ValueError("2 * emb_dim must be a multiple of n_heads")
+        if any(not (isinstance(w, int | float) and 0 < w < math.inf) for w in self.activity):
+            raise ValueError(f"activity windows must be positive seconds, got {self.activity}")
+        if not 0 <= self.n_own_actions <= max(0, self.n_actions - N_SPECIAL):
+            raise ValueError(f"n_own_actions must be in [0, {self.n_actions - N_SPECIAL}], got {self.n_own_actions}")
+        if self.activity_contacts < 0:
+            raise ValueError(f"activity_contacts must be >= 0, got {self.activity_contacts}")
+
+    @property
+    def n_activity(self) -> int:
+        """Activity features per candidate: received, made (with the contacts), per window."""
+        per_action = 2 * self.n_own_actions if self.activity_per_action else 0
+        return (2 + (self.activity_contacts > 0) + per_action) * len(self.activity)
 
     @property
     def d_model(self) -> int:
@@ -81,6 +114,9 @@ class SocialBatch:
     ago: torch.Tensor  # (B, L) time buckets between each step and the query (0 = padding)
     next_target: torch.Tensor | None = None  # (B,)
     next_action: torch.Tensor | None = None  # (B,)
+    # Sparse recent activity (models/activity.py): the query and user of each entry, and its counts.
+    activity_index: torch.Tensor | None = None  # (2, N) long
+    activity_counts: torch.Tensor | None = None  # (N, F) float
 
     def __len__(self) -> int:
         return int(self.targets.size(0))
@@ -95,6 +131,8 @@ class SocialBatch:
             self.ago.to(device, non_blocking=non_blocking),
             move(self.next_target),
             move(self.next_action),
+            move(self.activity_index),
+            move(self.activity_counts),
         )
 
 
@@ -138,6 +176,19 @@ class SocialModel(nn.Module):
             self.copy_gate = nn.Linear(2 * d, 1)
         self.action_out = nn.Linear(d, c.n_actions) if c.action_head else None
         self.apply(init_weights)
+        # Zero: a model starts as one without the input. Scaled by ACTIVITY_SCALE in use (see there).
+        self.activity_weight = nn.Parameter(torch.zeros(c.n_activity)) if c.n_activity else None
+        self.activity_user = nn.Linear(d, c.n_activity) if c.n_activity and c.activity_by_user else None
+        if self.activity_user is not None:
+            nn.init.zeros_(self.activity_user.weight)
+            nn.init.zeros_(self.activity_user.bias)
+        h = c.activity_hidden if c.n_activity else 0
+        self.activity_in = nn.Linear(c.n_activity, h) if h else None
+        self.activity_in_user = nn.Linear(d, h, bias=False) if h else None
+        self.activity_out = nn.Linear(h, 1) if h else None
+        if self.activity_out is not None:
+            nn.init.zeros_(self.activity_out.weight)
+            nn.init.zeros_(self.activity_out.bias)
 
     def encode(self, b: SocialBatch) -> torch.Tensor:
         """-> per-step states (B, L, D)."""
@@ -183,13 +234,37 @@ class SocialModel(nn.Module):
 
     def forward(self, b: SocialBatch) -> torch.Tensor:
         """-> log-probabilities over users (B, V); PAD and UNK at -inf."""
-        logits, _, att, gate = self._parts(b)
+        logits, z, att, gate = self._parts(b)
+        return self._log_probs(b, logits, z, att, gate)
+
+    def _log_probs(
+        self,
+        b: SocialBatch,
+        logits: torch.Tensor,
+        z: torch.Tensor,
+        att: torch.Tensor | None,
+        gate: torch.Tensor | None,
+    ) -> torch.Tensor:
         if att is None or gate is None:
-            return F.log_softmax(logits, -1)
-        copy = torch.zeros_like(logits).scatter_add(1, b.targets, att)  # (B, V): attention summed per user
-        out = torch.log((gate * F.softmax(logits, -1) + (1 - gate) * copy).clamp(min=1e-12))
-        out[:, :N_SPECIAL] = float("-inf")
-        return out
+            out = F.log_softmax(logits, -1)
+        else:
+            copy = torch.zeros_like(logits).scatter_add(1, b.targets, att)  # (B, V): attention summed per user
+            out = torch.log((gate * F.softmax(logits, -1) + (1 - gate) * copy).clamp(min=1e-12))
+            out[:, :N_SPECIAL] = float("-inf")
+        if self.activity_weight is None:
+            return out
+        if b.activity_index is None or b.activity_counts is None:
+            raise ValueError("this model takes recent activity: the batch has none")
+        w = self.activity_weight[None, :]  # (1, F)
+        if self.activity_user is not None:  # each user's own weights: (N, F) from the pooled state
+            w = w + self.activity_user(z)[b.activity_index[0]]
+        x = torch.log1p(b.activity_counts).to(self.activity_weight.dtype)  # (N, F); half weights on a GPU
+        bonus = (x * (ACTIVITY_SCALE * w)).sum(-1)  # (N,)
+        if self.activity_in is not None and self.activity_in_user is not None and self.activity_out is not None:
+            hidden = F.relu(self.activity_in(x) + self.activity_in_user(z)[b.activity_index[0]])  # (N, H)
+            bonus = bonus + self.activity_out(hidden).squeeze(-1)
+        out = out.index_put((b.activity_index[0], b.activity_index[1]), bonus.to(out.dtype), accumulate=True)
+        return F.log_softmax(out, -1)
 
     def scores(self, b: SocialBatch) -> torch.Tensor:
         """(B, V) scores over users (log-probabilities); PAD and UNK at -inf."""
@@ -197,9 +272,23 @@ class SocialModel(nn.Module):
 
     def loss(self, b: SocialBatch) -> torch.Tensor:
         """Negative log-likelihood of the next target (plus the next action's, weighted, if asked).
-        Only the target's probability is formed: one logsumexp over the users, no (B, V) mixture."""
+        Without recent activity only the target's probability is formed: one logsumexp over the users,
+        no (B, V) mixture; with it the mixture is renormalised over every user."""
         assert b.next_target is not None
+        t = b.next_target[:, None]
         logits, z, att, gate = self._parts(b)
+        if self.activity_weight is not None:
+            loss = -self._log_probs(b, logits, z, att, gate).gather(1, t).mean()
+        else:
+            loss = self._target_nll(b, logits, att, gate)
+        if self.action_out is not None and b.next_action is not None:
+            loss = loss + self.config.action_weight * F.cross_entropy(self.action_out(z), b.next_action)
+        return loss
+
+    def _target_nll(
+        self, b: SocialBatch, logits: torch.Tensor, att: torch.Tensor | None, gate: torch.Tensor | None
+    ) -> torch.Tensor:
+        assert b.next_target is not None
         t = b.next_target[:, None]
         log_gen = logits.gather(1, t).squeeze(1) - torch.logsumexp(logits, -1)  # (B,)
         if att is None or gate is None:
@@ -208,6 +297,4 @@ class SocialModel(nn.Module):
             copied = (att * (b.targets == t)).sum(1)  # (B,) attention on the steps whose target it is
             g = gate.squeeze(1)
             loss = -torch.log((g * log_gen.exp() + (1 - g) * copied).clamp(min=1e-12)).mean()
-        if self.action_out is not None and b.next_action is not None:
-            loss = loss + self.config.action_weight * F.cross_entropy(self.action_out(z), b.next_action)
         return loss

@@ -45,6 +45,8 @@ def convert_histories(folder: Path) -> Path:
         for f in folder.iterdir():
             if f.name != A.OLD_HISTORIES and f.is_file():
                 shutil.copy2(f, tmp / f.name)
+            elif f.name == A.EVENTS and f.is_dir():  # a social model's event log (recent activity)
+                shutil.copytree(f, tmp / f.name)
         HistoryColumns(
             users, steps, times, ids, actions=actions if action_ids is not None else None, action_ids=action_ids
         ).write(tmp / A.HISTORIES)

@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from models import artifact as A
+from models.activity import EventLog
 from models.checkpoint import save_checkpoint
 from models.histories import HistoryColumns, IndexedHistories
 from models.ids import IdMap
@@ -61,7 +62,7 @@ def export_artifact(
         for fname, obj in files.items():
             if isinstance(obj, IdMap):
                 obj.save(tmp / fname)
-            elif isinstance(obj, HistoryColumns | IndexedHistories):
+            elif isinstance(obj, HistoryColumns | IndexedHistories | EventLog):
                 obj.write(tmp / fname)
             else:
                 A.write_json(tmp / fname, obj)

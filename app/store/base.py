@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from models.serving import LIVE_EVENTS, Timeline
+from models.serving import LIVE_EVENTS, RecentEvent, Timeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -20,6 +20,12 @@ T = TypeVar("T")
 # stores nothing: the conflicting ones say "conflict", the others "skipped". "dropped_old": taken (its
 # id is known from now on) but older than the `keep` newest of its user, so not kept.
 Outcome = Literal["stored", "duplicate", "conflict", "skipped", "dropped_old"]
+# Live events of all users one query reads for recent activity, at most (a day of a busy network):
+# beyond it the newest are counted and a warning logged.
+RECENT_EVENTS = 200_000
+# The Redis store keeps every user's events of this long before its newest in a per-namespace set for
+# recent activity (SQLite reads them from its events table): a model's windows must fit in it.
+RECENT_KEEP_S = 7 * 24 * 3600.0
 # A user -> the artifact's events of that user as (raw id, time or None) keys.
 StoredEvents = Callable[[str], set[tuple[str | None, float | None]]]
 
@@ -124,6 +130,11 @@ class HistoryStore(ABC):
     def events(self, namespace: str, users: Sequence[str], limit: int | None = None) -> dict[str, Timeline]:
         """The newest `limit` (default: all kept) live events of each kind (own, received) of each user
         that has any, merged, oldest first (by timestamp, then arrival)."""
+
+    @abstractmethod
+    def recent(self, namespace: str, *, start: float, end: float, limit: int = RECENT_EVENTS) -> list[RecentEvent]:
+        """Every user's own live events (not the steps others' events added) with start <= time < end, the
+        newest `limit` of them, oldest first."""
 
     @abstractmethod
     def users(self, namespace: str) -> Iterator[str]:

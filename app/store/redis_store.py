@@ -8,8 +8,20 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from app.store.base import Event, HistoryStore, Outcome, StoredEvents, StoreError, event_key, json_ts, nan_ts, redact
-from models.serving import LIVE_EVENTS, Timeline
+from app.store.base import (
+    RECENT_EVENTS,
+    RECENT_KEEP_S,
+    Event,
+    HistoryStore,
+    Outcome,
+    StoredEvents,
+    StoreError,
+    event_key,
+    json_ts,
+    nan_ts,
+    redact,
+)
+from models.serving import LIVE_EVENTS, RecentEvent, Timeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -19,11 +31,12 @@ T = TypeVar("T")
 # another payload: then nothing is written); then each new event joins its user's sorted set of its
 # kind (own events, or received steps; score = time; member = a zero-padded arrival number + payload,
 # so equal times keep arrival order), the set is trimmed to `keep`, and an event trimmed at once is
-# reported (4: dropped_old).
+# reported (4: dropped_old). Own events also join the namespace's `recent` set (member = the arrival
+# number + [user, item, action]), trimmed to `horizon` seconds before its newest.
 _APPEND_LUA = """
-local prefix, keep, rprefix = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local prefix, keep, rprefix, horizon = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local out, known, conflict, written = {}, {}, false, {}
-for n = 4, #ARGV, 6 do
+for n = 5, #ARGV, 7 do
   local id, digest = ARGV[n], ARGV[n + 2]
   local prev = known[id]
   if prev == nil then prev = redis.call('HGET', KEYS[1], id) end
@@ -41,18 +54,30 @@ if conflict then
   for i = 1, #out do if out[i] ~= 2 then out[i] = 3 end end
   return out
 end
-for n = 4, #ARGV, 6 do
-  local i = (n - 4) / 6 + 1
+local recent = false
+for n = 5, #ARGV, 7 do
+  local i = (n - 5) / 7 + 1
   if out[i] == 1 then
     local id, user, digest, score, payload = ARGV[n], ARGV[n + 1], ARGV[n + 2], ARGV[n + 3], ARGV[n + 4]
     redis.call('HSET', KEYS[1], id, digest)
-    local seq = redis.call('INCR', KEYS[3])
-    local key = (ARGV[n + 5] == '1' and rprefix or prefix) .. user
-    local member = string.format('%020d', seq) .. payload
+    local seq = string.format('%020d', redis.call('INCR', KEYS[3]))
+    local own = ARGV[n + 5] ~= '1'
+    local key = (own and prefix or rprefix) .. user
+    local member = seq .. payload
     redis.call('ZADD', key, score, member)
     redis.call('ZREMRANGEBYRANK', key, 0, -(keep + 1))
     written[i] = {key, member}
     redis.call('SADD', KEYS[2], user)
+    if own then
+      redis.call('ZADD', KEYS[4], score, seq .. ARGV[n + 6])
+      recent = true
+    end
+  end
+end
+if recent then
+  local newest = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+  if newest[2] then
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (tonumber(newest[2]) - horizon))
   end
 end
 for i, km in pairs(written) do
@@ -67,7 +92,8 @@ _SEQ_WIDTH = 20
 class RedisStore(HistoryStore):
     """Redis store for several instances. Keys, under <prefix><ns>: `seeded` (the data hash last folded),
     `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of the user's
-    own events), `r:<user>` (sorted set of the steps it received).
+    own events), `r:<user>` (sorted set of the steps it received), `recent` (every user's own events of
+    the last RECENT_KEEP_S, for recent activity).
 
     The append script derives the per-user keys inside it, so this needs one Redis server, not a cluster.
     """
@@ -147,6 +173,13 @@ class RedisStore(HistoryStore):
                     if folded:
                         # Removing these members only: events appended meanwhile are untouched.
                         dropped += int(self.r.zrem(key, *folded))
+                        if key.endswith(f"z:{user}"):  # own events: now counted from the artifact's log
+                            recent = [
+                                m[:_SEQ_WIDTH] + _recent_payload(user, item, action)
+                                for m in folded
+                                for item, _, action in [_decode(m)]
+                            ]
+                            self.r.zrem(self._k(namespace, "recent"), *recent)
             self.r.set(self._k(namespace, "seeded"), token)
             return dropped
 
@@ -155,7 +188,7 @@ class RedisStore(HistoryStore):
     def append(self, namespace: str, events: Sequence[Event]) -> list[Outcome]:
         if not events:
             return []
-        args: list[str | int | float] = [self._k(namespace, "z:"), self.keep, self._k(namespace, "r:")]
+        args: list[str | int | float] = [self._k(namespace, "z:"), self.keep, self._k(namespace, "r:"), RECENT_KEEP_S]
         for e in events:
             args += [
                 e.event_id,
@@ -164,8 +197,14 @@ class RedisStore(HistoryStore):
                 _score(e.timestamp),
                 json.dumps([e.item_id, json_ts(e.timestamp), e.action]),
                 int(e.received),
+                _recent_payload(e.user_id, e.item_id, e.action),
             ]
-        keys = [self._k(namespace, "eids"), self._k(namespace, "live"), self._k(namespace, "seq")]
+        keys = [
+            self._k(namespace, "eids"),
+            self._k(namespace, "live"),
+            self._k(namespace, "seq"),
+            self._k(namespace, "recent"),
+        ]
         codes = self._call(lambda: self._append(keys=keys, args=args))
         return [_OUTCOMES[int(c)] for c in codes]
 
@@ -191,6 +230,23 @@ class RedisStore(HistoryStore):
                 out[u] = [_decode(m) for m, _ in members]
         return out
 
+    def recent(self, namespace: str, *, start: float, end: float, limit: int = RECENT_EVENTS) -> list[RecentEvent]:
+        def do() -> list[tuple[str, float]]:
+            return self.r.zrevrangebyscore(  # type: ignore[return-value]
+                self._k(namespace, "recent"), f"({end!r}", repr(float(start)), start=0, num=limit + 1, withscores=True
+            )
+
+        found = self._call(do)
+        if len(found) > limit:
+            log.warning(
+                "recent activity: more than %d live events in %s; the newest %d counted", limit, namespace, limit
+            )
+        out: list[RecentEvent] = []
+        for member, t in reversed(found[:limit]):
+            user, item, action = json.loads(member[_SEQ_WIDTH:])
+            out.append((str(user), str(item), float(t), action))
+        return out
+
     def users(self, namespace: str) -> Iterator[str]:
         def do() -> list[str]:
             return sorted(self.r.smembers(self._k(namespace, "live")))  # type: ignore[arg-type]
@@ -202,6 +258,10 @@ class RedisStore(HistoryStore):
 
     def close(self) -> None:
         self.r.close()
+
+
+def _recent_payload(user: str, item: str, action: str | None) -> str:
+    return json.dumps([user, item, action])
 
 
 def _score(t: float) -> str:

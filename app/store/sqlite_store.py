@@ -10,8 +10,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from app.store.base import Event, HistoryStore, Outcome, StoredEvents, StoreError, json_ts, nan_ts
-from models.serving import LIVE_EVENTS, Timeline
+from app.store.base import (
+    RECENT_EVENTS,
+    Event,
+    HistoryStore,
+    Outcome,
+    StoredEvents,
+    StoreError,
+    json_ts,
+    nan_ts,
+)
+from models.serving import LIVE_EVENTS, RecentEvent, Timeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -22,7 +31,7 @@ class SQLiteStore(HistoryStore):
 
     kind = "sqlite"
     local_reads = True
-    SCHEMA_VERSION = 4
+    SCHEMA_VERSION = 5
     _SCHEMA = """
     -- The data hash whose artifact histories were last folded, per namespace.
     CREATE TABLE IF NOT EXISTS seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
@@ -34,6 +43,8 @@ class SQLiteStore(HistoryStore):
         received INTEGER NOT NULL DEFAULT 0,  -- 1: a step another user's event added (capped apart)
         UNIQUE (ns, event_id));
     CREATE INDEX IF NOT EXISTS events_by_user ON events (ns, user, ts, seq);
+    -- Everyone's events of a time span (recent activity).
+    CREATE INDEX IF NOT EXISTS events_by_time ON events (ns, received, ts);
     -- Every id ever stored, with its payload's digest: kept when an event is folded or trimmed.
     CREATE TABLE IF NOT EXISTS event_ids (ns TEXT, event_id TEXT, digest TEXT NOT NULL,
         PRIMARY KEY (ns, event_id)) WITHOUT ROWID;
@@ -231,6 +242,20 @@ class SQLiteStore(HistoryStore):
             return out
 
         return self._read(do)
+
+    def recent(self, namespace: str, *, start: float, end: float, limit: int = RECENT_EVENTS) -> list[RecentEvent]:
+        rows = self._read(
+            lambda c: c.execute(
+                "SELECT user, item, ts, action FROM events WHERE ns = ? AND received = 0 AND folded = 0 AND ts >= ?"
+                " AND ts < ? ORDER BY ts DESC, seq DESC LIMIT ?",
+                (namespace, start, end, limit + 1),
+            ).fetchall()
+        )
+        if len(rows) > limit:
+            log.warning(
+                "recent activity: more than %d live events in %s; the newest %d counted", limit, namespace, limit
+            )
+        return [(u, i, float(t), a) for u, i, t, a in reversed(rows[:limit])]
 
     def users(self, namespace: str) -> Iterator[str]:
         rows = self._read(

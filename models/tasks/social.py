@@ -22,11 +22,12 @@ import torch
 from pydantic import TypeAdapter
 
 from models import artifact as A
+from models.activity import Activity, EventLog, as_tensors, merge, recent_activity, stack
 from models.histories import HistoryTable
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.manifest import Manifest
 from models.ranking import Ranked, future_mask, index_rows, rank_sparse, release_tensor
-from models.serving import EngineOptions, QueryError, Timeline, UnknownUserError, optional_time
+from models.serving import EngineOptions, QueryError, RecentEvent, Timeline, UnknownUserError, optional_time
 from models.social import SocialBatch, SocialModel, incoming, is_incoming, pack_steps
 from models.tasks.recommend import Prepared, RecQuery, RecResult, UserQueryEngine, check_query, ranked_results
 from models.traced import example_rows, serving_scores
@@ -43,6 +44,7 @@ class SocialArtifact:
     actions: IdMap
     first_activity: dict[str, float]  # raw user id -> unix time of their first event
     histories: HistoryTable  # actor -> steps (target, unix time, action), oldest first; memory-mapped
+    events: EventLog | None  # the log in time order, for a model that takes recent activity
 
 
 def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> SocialArtifact:
@@ -64,13 +66,20 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Soc
         raise A.ArtifactError(A.USER_META, "first_activity must map user ids to unix times") from None
     histories = A.read_history_table(folder)
     A.check(histories.actions is not None, A.HISTORIES, "a social model's histories need actions.npy")
-    return SocialArtifact(folder, manifest, model, users, actions, first, histories)
+    events = A.read_event_log(folder) if model.config.activity else None
+    if events is not None:
+        top = max(int(events.made.max(initial=0)), int(events.received.max(initial=0)))
+        A.check(top < len(users), A.EVENTS, f"user index {top} for {len(users)} model users")
+        top = int(events.actions.max(initial=0))
+        A.check(top < len(actions), A.EVENTS, f"action index {top} for {len(actions)} model actions")
+    return SocialArtifact(folder, manifest, model, users, actions, first, histories, events)
 
 
 @dataclass
 class SocialExtra:
     steps: list[tuple[int, int, float]]  # (target index, action index, unix time), oldest first
     query_time: float
+    activity: Activity | None = None  # recent activity at query_time, the live events' included
 
 
 class SocialEngine(UserQueryEngine):
@@ -175,12 +184,67 @@ class SocialEngine(UserQueryEngine):
             extra=SocialExtra(steps, query_time),
         )
 
+    def recent_span(self, prepared: Sequence[Prepared]) -> tuple[float, float] | None:
+        windows = self.model.config.activity
+        if not windows or not prepared:
+            return None
+        times = [p.extra.query_time for p in prepared if isinstance(p.extra, SocialExtra)]
+        return min(times) - max(windows), max(times)
+
+    def add_recent(self, prepared: Sequence[Prepared], events: Sequence[RecentEvent]) -> None:
+        self._attach([p.extra for p in prepared if isinstance(p.extra, SocialExtra)], events)
+
+    def _attach(self, extras: list[SocialExtra], live: Sequence[RecentEvent]) -> None:
+        n = min(self.model.config.activity_contacts, self.model.config.max_history)
+        contacts = None
+        if n:  # the targets of each history's newest n steps, as the model's window has them
+            contacts = np.zeros((len(extras), n), np.int64)
+            for i, e in enumerate(extras):
+                last = [x for x, _, _ in e.steps[-self.model.config.max_history :][-n:]]
+                contacts[i, n - len(last) :] = last
+        found = self._activity([e.query_time for e in extras], live, contacts)
+        for i, e in enumerate(extras):
+            e.activity = found.row(i)
+
+    def _activity(self, query_times: list[float], live: Sequence[RecentEvent], contacts: np.ndarray | None) -> Activity:
+        """Recent activity at each time: the artifact's log, plus live events (those after it, usually)."""
+        c, log = self.model.config, self.art.events
+        assert log is not None
+        q = np.asarray(query_times, dtype=np.float64)
+
+        def count(times: np.ndarray, made: np.ndarray, received: np.ndarray, actions: np.ndarray) -> Activity:
+            return recent_activity(
+                times,
+                made=made,
+                received=received,
+                query_times=q,
+                windows=c.activity,
+                contacts=contacts,
+                actions=actions if c.activity_per_action else None,
+                n_actions=c.n_own_actions,
+            )
+
+        stored = count(log.times, log.made, log.received, log.actions)
+        if not live:
+            return stored
+        ordered = sorted(live, key=lambda e: e[2])
+        return merge(
+            stored,
+            count(
+                np.asarray([e[2] for e in ordered], dtype=np.float64),
+                np.asarray(self.art.users.indices([e[0] for e in ordered]), dtype=np.int64),
+                np.asarray(self.art.users.indices([e[1] for e in ordered]), dtype=np.int64),
+                np.asarray(self.art.actions.indices([e[3] or "" for e in ordered]), dtype=np.int64),
+            ),
+        )
+
     def _examples(self) -> list[SocialBatch]:
         c, now = self.model.config, 1.7e9
         rows = example_rows(N_SPECIAL, N_SPECIAL + self.art.users.n_entities, max_len=c.max_history)
         # Steps an hour apart before the query, so the batches span the time buckets.
-        return [
-            pack_steps(
+        out = []
+        for batch in rows:
+            b = pack_steps(
                 [
                     [
                         (x, N_SPECIAL + x % max(1, c.n_actions - N_SPECIAL), now - 3600.0 * (len(r) - i))
@@ -191,20 +255,42 @@ class SocialEngine(UserQueryEngine):
                 query_times=[now] * len(batch),
                 max_history=c.max_history,
                 n_buckets=c.n_time_buckets,
-            ).to(self.device)
-            for batch in rows
-        ]
+            )
+            if c.activity:  # each row's targets as recently active, a different number of entries per batch
+                b.activity_index, b.activity_counts = as_tensors(
+                    stack(
+                        [
+                            Activity(
+                                np.zeros(len(r), np.int64),
+                                np.asarray(r, np.int64),
+                                np.ones((len(r), c.n_activity), np.float32),
+                            )
+                            for r in batch
+                        ],
+                        c.n_activity,
+                    )
+                )
+            out.append(b.to(self.device))
+        return out
 
     def run(self, batch: list[Prepared]) -> Ranked:
         c = self.model.config
         extras = [p.extra for p in batch]
         assert all(isinstance(e, SocialExtra) for e in extras)
+        social = [e for e in extras if isinstance(e, SocialExtra)]
         b = pack_steps(
-            [e.steps for e in extras if isinstance(e, SocialExtra)],
-            query_times=[e.query_time for e in extras if isinstance(e, SocialExtra)],
+            [e.steps for e in social],
+            query_times=[e.query_time for e in social],
             max_history=c.max_history,
             n_buckets=c.n_time_buckets,
-        ).to(self.device)
+        )
+        if c.activity:
+            # Queries no live events were added to (offline prediction): the artifact's log alone.
+            self._attach([e for e in social if e.activity is None], [])
+            b.activity_index, b.activity_counts = as_tensors(
+                stack([e.activity for e in social if e.activity is not None], c.n_activity)
+            )
+        b = b.to(self.device)
         scores = self.scores(b).float()
         seen = index_rows([p.history if p.exclude_seen else [] for p in batch], self.device)
         ref = torch.tensor([math.inf if p.reference is None else p.reference for p in batch], device=self.device)

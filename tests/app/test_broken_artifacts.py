@@ -51,15 +51,22 @@ CORRUPTIONS: dict[str, Callable[[Path], None]] = {
 }
 
 
+def _broken_newest(src: Path, tmp_path: Path, name: str, corrupt: Callable[[Path], None]) -> tuple[Path, Path]:
+    """A copy of the artifacts `src` whose `name` gets a newer version, broken by `corrupt`: (root, the
+    good version)."""
+    root = tmp_path / "arts"
+    shutil.copytree(src, root)
+    old = latest_versions(root)[name]
+    shutil.copytree(old, old.parent / NEWER)
+    corrupt(old.parent / NEWER)
+    return root, old
+
+
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_a_broken_newest_version_falls_back_to_the_older_one(
     tiny_location_artifact: Path, tmp_path: Path, corrupt: Callable[[Path], None]
 ) -> None:
-    root = tmp_path / "arts"
-    shutil.copytree(tiny_location_artifact, root)
-    old = latest_versions(root)["sasrec-tiny"]
-    shutil.copytree(old, old.parent / NEWER)
-    corrupt(old.parent / NEWER)
+    root, old = _broken_newest(tiny_location_artifact, tmp_path, "sasrec-tiny", corrupt)
     # A stray folder is not a version, however new its files: only the name shape counts.
     shutil.copytree(old.parent / NEWER, old.parent / "backup")
     with TestClient(create_app(Settings(artifacts_dir=root, device="cpu"))) as c:
@@ -94,3 +101,27 @@ def test_reload_onto_a_broken_version_keeps_serving_and_says_why(tiny_artifacts:
             c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]}).json()["version"]
             == old.name
         )
+
+
+SOCIAL_CORRUPTIONS: dict[str, Callable[[Path], None]] = {
+    "the event log missing": lambda f: shutil.rmtree(f / "events"),
+    "the event log out of time order": lambda f: np.save(
+        f / "events" / "times.npy", np.load(f / "events" / "times.npy")[::-1].copy()
+    ),
+    "the event log naming users the model lacks": lambda f: np.save(
+        f / "events" / "made.npy", np.full(len(np.load(f / "events" / "made.npy")), 10**6, dtype=np.int32)
+    ),
+}
+
+
+@pytest.mark.parametrize("corrupt", SOCIAL_CORRUPTIONS.values(), ids=SOCIAL_CORRUPTIONS.keys())
+def test_a_social_version_with_a_broken_event_log_falls_back(
+    tiny_social_artifact: Path, tmp_path: Path, corrupt: Callable[[Path], None]
+) -> None:
+    root, old = _broken_newest(tiny_social_artifact, tmp_path, "social-tiny", corrupt)
+    with TestClient(create_app(Settings(artifacts_dir=root, device="cpu"))) as c:
+        body = c.get("/readyz").json()
+        assert list(body["broken"]) == [f"social-tiny/{NEWER}"] and "events" in json.dumps(body["broken"])
+        assert str(root) not in json.dumps(body)
+        r = c.post("/recommend", json={"model": "social-tiny", "queries": [{"user_id": "s3"}]})
+        assert r.status_code == 200 and r.json()["version"] == old.name

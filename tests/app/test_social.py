@@ -205,3 +205,37 @@ def test_what_others_do_to_a_user_never_pushes_out_its_own_events(tiny_social_ar
         res = r.json()["results"][0]
         # Whom the victim acted on is still its own history: excluded as seen, all five.
         assert res["excluded"]["seen"] == 5 and not {f"s{n}" for n in range(5)} & {i["item_id"] for i in res["items"]}
+
+
+def test_everyones_live_events_before_the_query_are_recent_activity(
+    client: TestClient, tiny_social_artifact: Path
+) -> None:
+    art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
+    assert art.model.activity_weight is not None and bool(art.model.activity_weight.abs().sum() > 0)
+    end = float(art.events.times[-1]) if art.events is not None else 0.0
+    when = end + 10 * 86400.0  # the artifact's log is more than a day older: no activity from it
+
+    def scores() -> dict[str, float]:
+        r = _rec(client, {"user_id": "s5", "k": 30, "as_of": when})
+        return {i["item_id"]: i["score"] for i in r["items"]}
+
+    def post(events: list[tuple[str, float]]) -> None:
+        body = [
+            {"event_id": eid, "user_id": "s11", "item_id": "s17", "action": "c2q", "timestamp": t} for eid, t in events
+        ]
+        r = client.post("/events", json={"model": MODEL, "events": body})
+        assert r.status_code == 200 and r.json()["stored"] == len(events)
+
+    before = scores()
+    post([("late", when), ("later", when + 60)])  # not before the query: not counted
+    assert scores() == pytest.approx(before, abs=1e-5)
+    post([(f"a{n}", when - 60.0 * (n + 1)) for n in range(5)])  # s11 -> s17, in the minutes before
+    after = scores()
+
+    def gap(s: dict[str, float], a: str, b: str) -> float:
+        return s[a] - s[b]
+
+    # Other users' own events changed s17's and s11's standing in s5's answer, and no one else's.
+    assert abs(gap(after, "s17", "s2") - gap(before, "s17", "s2")) > 1e-4
+    assert abs(gap(after, "s11", "s2") - gap(before, "s11", "s2")) > 1e-4
+    assert gap(after, "s3", "s2") == pytest.approx(gap(before, "s3", "s2"), abs=1e-4)

@@ -224,3 +224,40 @@ def test_an_event_trimmed_in_its_own_write_is_dropped_old(store: HistoryStore) -
     assert out == ["dropped_old", "stored"]
     assert [i for i, _, _ in store.events("ml", ["u"])["u"]] == ["i", "i", "i", "i", "k"]
     assert store.append("ml", [Event("old", "u", "j", 1.0)]) == ["duplicate"]  # its id is known
+
+
+def test_recent_reads_every_users_own_events_of_a_span(store: HistoryStore) -> None:
+    store.append(
+        "soc",
+        [
+            Event("a", "u1", "v1", 100.0, "c2q"),
+            Event("b", "u2", "v1", 150.0, "a2q"),
+            Event("<-b", "v1", "u2", 150.0, "<-a2q", received=True),  # a mirrored step: not counted again
+            Event("c", "u3", "v2", 200.0, "c2q"),
+            Event("d", "u1", "v3", 250.0, "c2q"),
+        ],
+    )
+    store.append("other", [Event("a", "u1", "v1", 120.0, "c2q")])
+    assert store.recent("soc", start=100.0, end=250.0) == [
+        ("u1", "v1", 100.0, "c2q"),
+        ("u2", "v1", 150.0, "a2q"),
+        ("u3", "v2", 200.0, "c2q"),
+    ]
+    assert store.recent("soc", start=100.0, end=251.0, limit=2) == [
+        ("u3", "v2", 200.0, "c2q"),
+        ("u1", "v3", 250.0, "c2q"),
+    ]
+    assert store.recent("soc", start=300.0, end=400.0) == []
+    # Folded into a new artifact: counted from its log from now on, so no longer here.
+    assert store.fold("soc", "v1", held({"u1": {("v1", 100.0)}})) == 1
+    assert [e[0] for e in store.recent("soc", start=0.0, end=1e9)] == ["u2", "u3", "u1"]
+
+
+def test_redis_keeps_a_week_of_recent_events(redis_server: object) -> None:
+    s = RedisStore(redis_server.url, keep=5)  # type: ignore[attr-defined]
+    week = 7 * 24 * 3600.0
+    s.append("soc", [Event("old", "u1", "v1", 1000.0, "c2q"), Event("mid", "u2", "v1", 2000.0, "c2q")])
+    s.append("soc", [Event("new", "u3", "v1", 1500.0 + week, "c2q")])
+    assert [e[0] for e in s.recent("soc", start=0.0, end=1e12)] == ["u2", "u3"]
+    assert [i for i, _, _ in s.events("soc", ["u1"])["u1"]] == ["v1"]  # the user's own history keeps it
+    s.close()

@@ -65,3 +65,36 @@ def test_config_rejects_unknown_choices() -> None:
         SocialConfig(positions="absolute")
     with pytest.raises(ValueError, match="pooling"):
         SocialConfig(pooling="max")
+
+
+def _active(b: SocialBatch, entries: list[tuple[int, int, list[float]]]) -> SocialBatch:
+    b.activity_index = torch.tensor([[r for r, _, _ in entries], [u for _, u, _ in entries]], dtype=torch.long)
+    b.activity_counts = torch.tensor([c for _, _, c in entries], dtype=torch.float32).reshape(-1, 2)
+    return b
+
+
+@pytest.mark.parametrize("extra", [{}, {"activity_by_user": True, "activity_hidden": 4}])
+def test_activity_starts_neutral_then_moves_the_active_users_only(extra: dict) -> None:
+    plain, active = _model(positions="time"), _model(positions="time", activity=[3600.0], **extra)
+    active.load_state_dict({**active.state_dict(), **plain.state_dict()})
+    b = _active(_batch(), [(0, 5, [3.0, 0.0]), (1, 9, [0.0, 1.0]), (1, 5, [1.0, 1.0])])
+    assert torch.allclose(active.scores(b), plain.scores(b), atol=1e-5)  # zero weights: the model alone
+    with torch.no_grad():
+        active.activity_weight.copy_(torch.tensor([0.1, 0.05]))
+        if active.activity_out is not None:
+            active.activity_out.weight.fill_(0.5)
+    s, base = active.scores(b), plain.scores(b)
+    assert torch.allclose(s.exp().sum(1), torch.ones(2), atol=1e-5)  # still a distribution
+    lift = (s - base) - (s - base)[:, 2:3]  # against a user with no activity
+    assert lift[0, 5] > 0 and lift[1, 9] > 0 and lift[1, 5] > 0
+    assert torch.allclose(lift[0, [2, 3, 4, 6, 7, 8, 9, 10, 11]], torch.zeros(9), atol=1e-5)
+    assert torch.isinf(s[:, :2]).all()
+    b.next_target = torch.tensor([5, 9])
+    assert torch.allclose(active.loss(b), -s.gather(1, b.next_target[:, None]).mean(), atol=1e-5)
+
+
+def test_a_model_with_activity_refuses_a_batch_without() -> None:
+    with pytest.raises(ValueError, match="recent activity"):
+        _model(activity=[60.0]).scores(_batch())
+    with pytest.raises(ValueError, match="activity windows"):
+        SocialConfig(activity=[0.0])

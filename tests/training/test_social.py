@@ -238,3 +238,73 @@ def test_without_received_steps_histories_and_events_are_one_way(social_file: Pa
     assert sorted(art.actions.raws()) == ["a2q", "c2a", "c2q"]
     assert not any((a or "").startswith("<-") for u in stored_users(art) for _, _, a in stored(art, u))
     assert SocialEngine(art, EngineOptions()).mirror("s1", "s2", "a2q") is None
+
+
+def test_training_counts_recent_activity_as_serving_does(tiny_social_artifact: Path, social_file: Path) -> None:
+    from models.serving import EngineOptions
+    from models.tasks.recommend import RecQuery
+    from models.tasks.social import SocialEngine, SocialExtra
+    from tests.conftest import TINY_SOCIAL
+    from training.config import read_raw
+    from training.jobs.social import SocialJob
+
+    job = SocialJob(SocialJob.parse_config(read_raw(None, [*TINY_SOCIAL, f"data.path='{social_file}'"])))
+    job.prepare_data()
+    art = load_artifact(latest_versions(tiny_social_artifact)["social-tiny"])
+    engine = SocialEngine(art, EngineOptions(trace=False))
+    events = np.array([40, 700, 1300, len(job.log) - 1])
+    b = job.batch(events, art.model)
+    assert b.activity_index is not None and b.activity_counts is not None
+    trained = {
+        (int(r), int(u)): c.tolist() for (r, u), c in zip(b.activity_index.T.tolist(), b.activity_counts, strict=True)
+    }
+    # Each query as the history the training example holds (the stored one runs past these times).
+    targets, actions, times = job.steps.window(job.step_row[events], art.model.config.max_history)
+    queries = [
+        RecQuery(
+            None,
+            [
+                (art.users.raw(int(x)) or "", float(t), art.actions.raw(int(a)))
+                for x, a, t in zip(targets[n].tolist(), actions[n].tolist(), times[n].tolist(), strict=True)
+                if x
+            ],
+            k=3,
+            as_of=float(job.log.time[e]),
+        )
+        for n, e in enumerate(events)
+    ]
+    prepared = engine.prepare(queries, {})
+    engine.add_recent(prepared, [])
+    served = {}
+    for n, p in enumerate(prepared):
+        assert isinstance(p.extra, SocialExtra) and p.extra.activity is not None
+        served |= {
+            (n, int(u)): c.tolist() for u, c in zip(p.extra.activity.users, p.extra.activity.counts, strict=True)
+        }
+    assert served == trained and len(trained) > 10
+    # By hand for one query: the events of the hour and of the day strictly before it, per user:
+    # received, made, with a target of the actor's newest 3 steps, then received and made per action.
+    e, hour, day = int(events[2]), 3600.0, 86400.0
+    t = float(job.log.time[e])
+    contacts = {int(x) for x in b.targets[2, -3:].tolist()} - {0}
+    by_hand: dict[int, list[float]] = {}
+
+    def add(u: int, side: int, age: float) -> None:
+        if u >= 2:  # known to the model
+            c = by_hand.setdefault(u, [0.0] * 2 * (3 + 2 * 3))
+            c[2 * side + 1] += 1
+            c[2 * side] += age < hour
+
+    for i in range(len(job.log)):
+        age = t - float(job.log.time[i])
+        if 0 < age < day:
+            src, dst, act = int(job.src[i]), int(job.tgt[i]), int(job.act[i]) - 2
+            add(dst, 0, age)
+            add(src, 1, age)
+            if src in contacts:
+                add(dst, 2, age)
+            if dst in contacts:
+                add(src, 2, age)
+            add(dst, 3 + act, age)
+            add(src, 6 + act, age)
+    assert {u: c for (n, u), c in trained.items() if n == 2} == by_hand

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from models import artifact as A
+from models.activity import EventLog, as_tensors, recent_activity
 from models.histories import HistoryColumns
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.registry import build
@@ -75,6 +76,7 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         before_test = pd.unique(np.concatenate([lg.src[: p.test], lg.dst[: p.test]]))
         self.users = IdMap(str(u) for u in before_test)
         own = [str(a) for a in pd.unique(lg.action[: p.test])]
+        self.n_own_actions = len(own)  # indices N_SPECIAL .. N_SPECIAL + len(own) - 1: own actions first
         self.actions = IdMap(own + ([incoming(a) for a in own] if c.incoming else []))
         self.tgt = np.asarray(self.users.indices(list(lg.dst)), dtype=np.int64)
         self.src = np.asarray(self.users.indices(list(lg.src)), dtype=np.int64)
@@ -128,7 +130,15 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         )
 
     def build_model(self) -> SocialModel:
-        model = build(self.cfg.kind, {**self.cfg.model, "n_users": len(self.users), "n_actions": len(self.actions)})
+        model = build(
+            self.cfg.kind,
+            {
+                **self.cfg.model,
+                "n_users": len(self.users),
+                "n_actions": len(self.actions),
+                "n_own_actions": self.n_own_actions,
+            },
+        )
         assert isinstance(model, SocialModel)
         return model
 
@@ -138,6 +148,18 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         query = torch.from_numpy(self.log.time[events])[:, None]
         ago = time_buckets(query - times, c.n_time_buckets).masked_fill(targets == 0, 0)
         b = SocialBatch(targets, actions, ago)
+        if c.activity:
+            found = recent_activity(
+                self.log.time,
+                made=self.src,
+                received=self.tgt,
+                query_times=self.log.time[events],
+                windows=c.activity,
+                contacts=targets[:, targets.size(1) - c.activity_contacts :].numpy() if c.activity_contacts else None,
+                actions=self.act if c.activity_per_action else None,
+                n_actions=c.n_own_actions,
+            )
+            b.activity_index, b.activity_counts = as_tensors(found)
         if with_next:
             b.next_target = torch.from_numpy(self.tgt[events])
             b.next_action = torch.from_numpy(self.act[events])
@@ -307,8 +329,12 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
             "duplicates_dropped": lg.dropped_duplicates,
             "unknown_target_index": UNK,
         }
+        files: dict[str, Any] = {}
+        if model.config.activity:  # what serving counts recent activity from, until live events take over
+            files[A.EVENTS] = EventLog(lg.time, made=self.src, received=self.tgt, actions=self.act)
         return Export(
             files={
+                **files,
                 A.USERS: self.users,
                 A.ACTIONS: self.actions,
                 A.HISTORIES: histories,
