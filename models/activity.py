@@ -25,6 +25,10 @@ from models.histories import HistoryTableError, map_column
 from models.ids import N_SPECIAL
 
 FOLDER = "events"
+# Per query, at most this many of the newest events of the longest window are counted: a network with
+# millions of events a day stays bounded in training batches and requests (MathOverflow: about 170
+# a day, never near it). Training and serving share the bound, so they count alike.
+MAX_EVENTS = 20_000
 _COLUMNS: dict[str, type[np.generic]] = {
     "times": np.float64,
     "made": np.int32,
@@ -73,8 +77,8 @@ def recent_activity(
     if not f or not len(query_times):
         return Activity.empty(sides * f)
     q = np.asarray(query_times, dtype=np.float64)
-    lo = np.searchsorted(times, q - max(windows), side="right")
     hi = np.searchsorted(times, q, side="left")  # strictly earlier than the query
+    lo = np.maximum(np.searchsorted(times, q - max(windows), side="right"), hi - MAX_EVENTS)
     n = np.maximum(hi - lo, 0)
     rows = np.repeat(np.arange(len(q)), n)
     idx = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from models import activity
 from models.activity import Activity, EventLog, merge, recent_activity, stack
 from models.histories import HistoryTableError
 
@@ -44,6 +45,13 @@ def test_contacts_and_actions_add_their_own_counts() -> None:
         (0, 5): [1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0],  # its own events with itself are not "with a contact"
         (0, 6): [0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0],  # 6 -> 5
     }
+
+
+def test_a_busy_window_counts_its_newest_events_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(activity, "MAX_EVENTS", 3)
+    times = np.arange(10.0)
+    a = recent_activity(times, made=np.full(10, 2), received=np.full(10, 3), query_times=np.array([9.5]), windows=[100])
+    assert _counts(a) == {(0, 2): [0.0, 3.0], (0, 3): [3.0, 0.0]}
 
 
 def test_merge_and_stack_sum_disjoint_events() -> None:
