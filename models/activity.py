@@ -107,13 +107,14 @@ def recent_activity(
     # One entry per (query, user), in query order.
     span = int(users.max()) + 1 if len(users) else 1
     keys, inverse = np.unique(rows2 * span + users, return_inverse=True)
-    counts = np.zeros((len(keys), sides * f), np.float32)
-    for j, w in enumerate(windows):
-        inside = age2 < w
-        for s in range(sides):
-            sel = inside & (side == s)
-            counts[:, s * f + j] = np.bincount(inverse[sel], minlength=len(keys))
-    return Activity(keys // span, keys % span, counts)
+    # Each event in the narrowest window that holds it, then summed over the wider ones: one bincount.
+    order = np.argsort(windows, kind="stable")
+    narrowest = np.searchsorted(np.asarray(windows, dtype=np.float64)[order], age2, side="right")
+    inside = narrowest < f
+    cells = (inverse[inside] * sides + side[inside]) * f + narrowest[inside]
+    first = np.bincount(cells, minlength=len(keys) * sides * f).reshape(len(keys), sides, f)
+    counts = np.cumsum(first, axis=2)[:, :, np.argsort(order)]  # back to the windows' given order
+    return Activity(keys // span, keys % span, counts.reshape(len(keys), sides * f).astype(np.float32))
 
 
 def merge(a: Activity, b: Activity) -> Activity:

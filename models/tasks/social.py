@@ -192,6 +192,8 @@ class SocialEngine(UserQueryEngine):
         return min(times) - max(windows), max(times)
 
     def add_recent(self, prepared: Sequence[Prepared], events: Sequence[RecentEvent]) -> None:
+        if not self.model.config.activity:
+            return
         self._attach([p.extra for p in prepared if isinstance(p.extra, SocialExtra)], events)
 
     def _attach(self, extras: list[SocialExtra], live: Sequence[RecentEvent]) -> None:

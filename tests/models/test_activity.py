@@ -23,6 +23,9 @@ def test_counts_per_window_and_direction_strictly_before_the_query() -> None:
     # User 1 (UNK: unknown to the model) is never counted; nothing in the 100 s before 1000.
     assert 1 not in a.users.tolist()
     assert len(a.row(1).users) == 0 and _counts(a.row(0)) == _counts(a)
+    # Windows in another order: the same counts, columns in that order.
+    b = recent_activity(times, made=made, received=received, query_times=np.array([30.0, 1000.0]), windows=[100, 15])
+    assert _counts(b) == {k: [c[1], c[0], c[3], c[2]] for k, c in _counts(a).items()}
 
 
 def test_contacts_and_actions_add_their_own_counts() -> None:
