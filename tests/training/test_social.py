@@ -252,36 +252,49 @@ def test_training_counts_recent_activity_as_serving_does(tiny_social_artifact: P
     job.prepare_data()
     art = load_artifact(latest_versions(tiny_social_artifact)["social-tiny"])
     engine = SocialEngine(art, EngineOptions(trace=False))
-    events = np.array([40, 700, 1300, len(job.log) - 1])
-    b = job.batch(events, art.model)
-    assert b.activity_index is not None and b.activity_counts is not None
-    trained = {
-        (int(r), int(u)): c.tolist() for (r, u), c in zip(b.activity_index.T.tolist(), b.activity_counts, strict=True)
-    }
-    # Each query as the history the training example holds (the stored one runs past these times).
-    targets, actions, times = job.steps.window(job.step_row[events], art.model.config.max_history)
-    queries = [
-        RecQuery(
-            None,
-            [
-                (art.users.raw(int(x)) or "", float(t), art.actions.raw(int(a)))
-                for x, a, t in zip(targets[n].tolist(), actions[n].tolist(), times[n].tolist(), strict=True)
-                if x
-            ],
-            k=3,
-            as_of=float(job.log.time[e]),
-        )
-        for n, e in enumerate(events)
-    ]
-    prepared = engine.prepare(queries, {})
-    engine.add_recent(prepared, [])
-    served = {}
-    for n, p in enumerate(prepared):
-        assert isinstance(p.extra, SocialExtra) and p.extra.activity is not None
-        served |= {
-            (n, int(u)): c.tolist() for u, c in zip(p.extra.activity.users, p.extra.activity.counts, strict=True)
+
+    def both(events: np.ndarray) -> tuple[dict, dict]:
+        """The training batch's counts and the engine's for the same queries, by (query, user)."""
+        b = job.batch(events, art.model)
+        assert b.activity_index is not None and b.activity_counts is not None
+        trained = {
+            (int(r), int(u)): c.tolist()
+            for (r, u), c in zip(b.activity_index.T.tolist(), b.activity_counts, strict=True)
         }
+        # Each query as the history the training example holds (the stored one runs past these times).
+        targets, actions, times = job.steps.window(job.step_row[events], art.model.config.max_history)
+        queries = [
+            RecQuery(
+                None,
+                [
+                    (art.users.raw(int(x)) or "", float(t), art.actions.raw(int(a)))
+                    for x, a, t in zip(targets[n].tolist(), actions[n].tolist(), times[n].tolist(), strict=True)
+                    if x
+                ],
+                k=3,
+                as_of=float(job.log.time[e]),
+            )
+            for n, e in enumerate(events)
+        ]
+        prepared = engine.prepare(queries, {})
+        engine.add_recent(prepared, [])
+        served = {}
+        for n, p in enumerate(prepared):
+            assert isinstance(p.extra, SocialExtra) and p.extra.activity is not None
+            served |= {
+                (n, int(u)): c.tolist() for u, c in zip(p.extra.activity.users, p.extra.activity.counts, strict=True)
+            }
+        return trained, served
+
+    events = np.array([40, 700, 1300, len(job.log) - 1])
+    trained, served = both(events)
     assert served == trained and len(trained) > 10
+    b = job.batch(events, art.model)
+    # A batch whose histories are all shorter than the 3 contacts: every step's target counts.
+    short = np.flatnonzero(job.steps.earlier(job.step_row) == 2)[:2]
+    assert len(short) == 2
+    short_trained, short_served = both(short)
+    assert short_served == short_trained and short_trained
     # By hand for one query: the events of the hour and of the day strictly before it, per user:
     # received, made, with a target of the actor's newest 3 steps, then received and made per action.
     e, hour, day = int(events[2]), 3600.0, 86400.0

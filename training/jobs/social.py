@@ -155,7 +155,7 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
                 received=self.tgt,
                 query_times=self.log.time[events],
                 windows=c.activity,
-                contacts=targets[:, targets.size(1) - c.activity_contacts :].numpy() if c.activity_contacts else None,
+                contacts=targets[:, -c.activity_contacts :].numpy() if c.activity_contacts else None,
                 actions=self.act if c.activity_per_action else None,
                 n_actions=c.n_own_actions,
             )
