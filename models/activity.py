@@ -39,13 +39,13 @@ _COLUMNS: dict[str, type[np.generic]] = {
 
 @dataclass(frozen=True)
 class Activity:
-    """Sparse counts: entry n says user `users[n]` received, made (and had with the querying user's
-    contacts) `counts[n]` interactions in each window before query `rows[n]`'s time. Entries are
-    ordered by query."""
+    """Sparse counts: entry n says user `users[n]` received, made (had with the querying user's
+    contacts; received and made per action) `counts[n]` interactions in each window before query
+    `rows[n]`'s time. Entries are ordered by query."""
 
     rows: np.ndarray  # int64 (N,)
     users: np.ndarray  # int64 (N,)
-    counts: np.ndarray  # float32 (N, F): received per window, made per window, with contacts per window
+    counts: np.ndarray  # float32 (N, F): per kind of count above, one column per window
 
     @classmethod
     def empty(cls, n_features: int) -> Activity:
@@ -71,7 +71,8 @@ def recent_activity(
     """Events (ascending `times`; the actor's and the target's user indices) -> per query, each user's
     interactions received and made in (t - w, t) for each window w, t the query's time; with
     `contacts` ((Q, C) user indices per query, 0 = none), also those with one of the query's contacts
-    (either direction). Users below N_SPECIAL (unknown to the model) are left out."""
+    (either direction); with `actions` (each event's action index), also received and made per action
+    index N_SPECIAL .. N_SPECIAL + n_actions - 1. Users below N_SPECIAL (unknown to the model) are left out."""
     f = len(windows)
     sides = 2 + (contacts is not None) + (2 * n_actions if actions is not None else 0)
     if not f or not len(query_times):

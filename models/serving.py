@@ -125,7 +125,7 @@ class Engine(ABC, Generic[Q, P, R]):
         return None
 
     def add_recent(self, prepared: Sequence[P], events: Sequence[RecentEvent]) -> None:
-        """Hand the prepared queries the live events of `recent_span`, before they run."""
+        """Hand the prepared queries the live events of `recent_span` (oldest first), before they run."""
 
     @property
     def actions(self) -> list[str] | None:

@@ -96,7 +96,8 @@ class SocialConfig:
 
     @property
     def n_activity(self) -> int:
-        """Activity features per candidate: received, made (with the contacts), per window."""
+        """Activity features per candidate, per window: received, made, with the contacts, and
+        received and made per own action (those asked for)."""
         per_action = 2 * self.n_own_actions if self.activity_per_action else 0
         return (2 + (self.activity_contacts > 0) + per_action) * len(self.activity)
 

@@ -202,14 +202,15 @@ class SocialEngine(UserQueryEngine):
         if n:  # the targets of each history's newest n steps, as the model's window has them
             contacts = np.zeros((len(extras), n), np.int64)
             for i, e in enumerate(extras):
-                last = [x for x, _, _ in e.steps[-self.model.config.max_history :][-n:]]
+                last = [x for x, _, _ in e.steps[-n:]]
                 contacts[i, n - len(last) :] = last
         found = self._activity([e.query_time for e in extras], live, contacts)
         for i, e in enumerate(extras):
             e.activity = found.row(i)
 
     def _activity(self, query_times: list[float], live: Sequence[RecentEvent], contacts: np.ndarray | None) -> Activity:
-        """Recent activity at each time: the artifact's log, plus live events (those after it, usually)."""
+        """Recent activity at each time: the artifact's log, plus live events (oldest first; those after
+        the log, usually)."""
         c, log = self.model.config, self.art.events
         assert log is not None
         q = np.asarray(query_times, dtype=np.float64)
@@ -229,14 +230,13 @@ class SocialEngine(UserQueryEngine):
         stored = count(log.times, log.made, log.received, log.actions)
         if not live:
             return stored
-        ordered = sorted(live, key=lambda e: e[2])
         return merge(
             stored,
             count(
-                np.asarray([e[2] for e in ordered], dtype=np.float64),
-                np.asarray(self.art.users.indices([e[0] for e in ordered]), dtype=np.int64),
-                np.asarray(self.art.users.indices([e[1] for e in ordered]), dtype=np.int64),
-                np.asarray(self.art.actions.indices([e[3] or "" for e in ordered]), dtype=np.int64),
+                np.asarray([e[2] for e in live], dtype=np.float64),
+                np.asarray(self.art.users.indices([e[0] for e in live]), dtype=np.int64),
+                np.asarray(self.art.users.indices([e[1] for e in live]), dtype=np.int64),
+                np.asarray(self.art.actions.indices([e[3] or "" for e in live]), dtype=np.int64),
             ),
         )
 
@@ -258,20 +258,11 @@ class SocialEngine(UserQueryEngine):
                 max_history=c.max_history,
                 n_buckets=c.n_time_buckets,
             )
-            if c.activity:  # each row's targets as recently active, a different number of entries per batch
-                b.activity_index, b.activity_counts = as_tensors(
-                    stack(
-                        [
-                            Activity(
-                                np.zeros(len(r), np.int64),
-                                np.asarray(r, np.int64),
-                                np.ones((len(r), c.n_activity), np.float32),
-                            )
-                            for r in batch
-                        ],
-                        c.n_activity,
-                    )
+            if c.activity:  # each row's targets as recently active: the batches differ in their entries
+                b.activity_index = torch.tensor(
+                    [[i for i, r in enumerate(batch) for _ in r], [x for r in batch for x in r]]
                 )
+                b.activity_counts = torch.ones(sum(map(len, batch)), c.n_activity)
             out.append(b.to(self.device))
         return out
 
