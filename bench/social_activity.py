@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.activity import recent_activity
 from models.checkpoint import load_checkpoint
 from models.social import SocialModel
 from training.jobs.social import SocialJob
@@ -37,22 +38,17 @@ Key = tuple[float, str]
 
 
 class Activity:
-    """Per query, log(1 + interactions each user received or made in [t - window, t)), t the query's time;
-    kept sparse (a few hundred users are active in a week), summed into a (B, V) slice on demand."""
+    """Per query, log(1 + interactions each user received or made in (t - window, t)), t the query's time,
+    counted by the model's own function (models/activity.py); kept sparse, summed into a (B, V) slice
+    on demand."""
 
     def __init__(self, job: SocialJob, queries: QuerySet, *, window: float, who: str) -> None:
-        times = job.log.time.astype(np.float64)
-        users = job.tgt if who == "received" else job.src
-        t = times[queries.events]
-        lo = np.searchsorted(times, t - window, side="left")
-        hi = np.searchsorted(times, t, side="left")  # strictly earlier than the query
-        n = hi - lo
-        rows = np.repeat(np.arange(len(t)), n)
-        idx = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
-        # One entry per (query, user): the count of their events in the window.
-        flat, counts = np.unique(rows.astype(np.int64) * len(job.users) + users[idx], return_counts=True)
-        self.rows, self.cols = flat // len(job.users), flat % len(job.users)
-        self.values = torch.from_numpy(np.log1p(counts).astype(np.float32))
+        t = job.log.time[queries.events]
+        found = recent_activity(job.log.time, made=job.src, received=job.tgt, query_times=t, windows=[window])
+        column = found.counts[:, WHO.index(who)]
+        keep = column > 0
+        self.rows, self.cols = found.rows[keep], found.users[keep]
+        self.values = torch.from_numpy(np.log1p(column[keep]))
         self.starts = np.searchsorted(self.rows, np.arange(len(t) + 1))
 
     def add(self, scores: torch.Tensor, part: slice, c: float) -> torch.Tensor:
