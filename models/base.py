@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -45,11 +46,15 @@ class RecommenderConfig:
 
 @dataclass(frozen=True)
 class DotForm:
-    """A model whose scores are `query(seq) @ table.T + bias`, with the specials at -inf: what lets a
-    wide catalog be ranked from coarse scores and a certificate (models/coarse.py)."""
+    """A model whose scores are `query(seq) @ table.T + bias`, plus a few sparse additions per query,
+    with the specials at -inf: what lets a wide catalog be ranked from coarse scores and a
+    certificate (models/coarse.py)."""
 
     table: torch.Tensor  # (V, D)
     bias: torch.Tensor | None  # (V,) or None
+    # (B, L) histories -> (items (B, W), additions (B, W) >= 0): added to those items' scores; a row's
+    # items are distinct, or specials. The transition prior (models/transitions.py).
+    additions: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 class SequentialRecommender(nn.Module, ABC):
@@ -71,6 +76,9 @@ class SequentialRecommender(nn.Module, ABC):
         sampler = getattr(self, "sampler", None)
         if sampler is not None:
             sampler.set_frequencies(counts)
+
+    def set_transitions(self, sequences: Sequence[Sequence[int]]) -> None:
+        """Fill a transition table from training sequences, where the model keeps one."""
 
     @abstractmethod
     def scores(self, seq: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,9 @@ as the model scores them. A coarse score is within ERROR * |query| * |row| of th
 a row is certified when its k-th exact score beats every coarse score left out by more than that
 bound: then no item outside the candidates can enter its top k. A row that is not certified is
 ranked again from its float32 scores over the whole catalog. The answer is the float32 model's top k
-either way; only the time differs.
+either way; only the time differs. A model's sparse additions (DotForm.additions, the transition
+prior) are added to the exact scores, and their items always join the candidates: an item left out
+has no addition, so the certificate is unchanged.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class CoarseRanker:
         self.coarse = table.to(torch.bfloat16)
         self.biased = form.bias is not None
         self.max_norm = float(table[N_SPECIAL:].norm(dim=1).max())
+        self.additions = form.additions
         self.query = query
         self.candidates = candidates
         self.fallbacks = 0  # rows ranked again from float32 scores (not certified)
@@ -85,6 +88,18 @@ class CoarseRanker:
         coarse, cand = top_k(ex.scores, m)  # (B, m), best first
         exact = torch.bmm(self.table[cand], q[:, :, None]).squeeze(2)  # (B, m)
         exact = exact.masked_fill(torch.isinf(coarse), float("-inf"))  # excluded stays excluded
+        added = None
+        if self.additions is not None:
+            # Every item with an addition is a candidate too, so an item left out has none, and the
+            # certificate below holds for it unchanged.
+            items, add = added = self.additions(seq)  # (B, W), (B, W)
+            match = cand[:, :, None] == items[:, None, :]  # (B, m, W)
+            exact = exact + (match * add[:, None, :]).sum(2)
+            extra = torch.bmm(self.table[items], q[:, :, None]).squeeze(2) + add  # (B, W)
+            # Not twice (already a candidate), and not an excluded item or a special.
+            gone = match.any(1) | torch.isinf(ex.scores.gather(1, items))
+            exact = torch.cat([exact, extra.masked_fill(gone, float("-inf"))], 1)
+            cand = torch.cat([cand, items], 1)
         values, pos = exact.topk(min(k, m), dim=1)
         indices = cand.gather(1, pos)
         # Every item left out has a coarse score <= the last candidate's, so an exact score of at most
@@ -93,8 +108,11 @@ class CoarseRanker:
         certified = torch.isinf(left_out) | (values[:, -1] > left_out + self.bound(q))
         if not bool(certified.all()):
             redo = (~certified).nonzero().squeeze(1)
+            scores = self.exact_scores(q[redo])
+            if added is not None:
+                scores.scatter_add_(1, added[0][redo], added[1][redo])
             again = rank_sparse(
-                self.exact_scores(q[redo]),
+                scores,
                 k,
                 seen=None if seen is None else seen[redo],
                 future=None if future is None else future[redo],

@@ -24,6 +24,17 @@ def _sasrec() -> SequentialRecommender:
     return SASRec(SASRecConfig(vocab_size=V, max_len=12, d_model=16, n_heads=2, n_layers=1, d_ff=32)).eval()
 
 
+def _sasrec_prior() -> SequentialRecommender:
+    """A SASRec with a transition prior heavy enough to reorder its top 10."""
+    torch.manual_seed(0)
+    cfg = SASRecConfig(vocab_size=V, max_len=12, d_model=16, n_heads=2, n_layers=1, d_ff=32, transition_width=30)
+    m = SASRec(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    m.set_transitions([torch.randint(N_SPECIAL, V, (400,), generator=g).tolist() for _ in range(60)])
+    m.config.transition_weight = 0.5
+    return m
+
+
 def _bert4rec() -> SequentialRecommender:
     torch.manual_seed(0)
     m = BERT4Rec(BERT4RecConfig(vocab_size=V, max_len=12, d_model=16, n_heads=2, n_layers=1, d_ff=32)).eval()
@@ -63,7 +74,7 @@ def _same(want: Ranked, got: Ranked, scores: torch.Tensor) -> None:
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
-@pytest.mark.parametrize("build", [_sasrec, _bert4rec], ids=["sasrec", "bert4rec"])
+@pytest.mark.parametrize("build", [_sasrec, _sasrec_prior, _bert4rec], ids=["sasrec", "sasrec-prior", "bert4rec"])
 @pytest.mark.parametrize("k", [1, 10, 300, V])  # V: fewer live candidates than k
 def test_coarse_ranking_returns_the_float32_top_k_with_exclusions(build, k: int) -> None:
     model = build()
@@ -76,8 +87,9 @@ def test_coarse_ranking_returns_the_float32_top_k_with_exclusions(build, k: int)
             _same(want, got, _scores(model, batch))
 
 
-def test_rows_the_certificate_does_not_cover_are_ranked_again_from_float32_scores() -> None:
-    model = _sasrec()
+@pytest.mark.parametrize("build", [_sasrec, _sasrec_prior], ids=["sasrec", "sasrec-prior"])
+def test_rows_the_certificate_does_not_cover_are_ranked_again_from_float32_scores(build) -> None:
+    model = build()
     with torch.no_grad():  # items whose scores differ by less than bfloat16 resolves
         w = model.encoder.token_emb.weight
         w.copy_(w[N_SPECIAL] + 1e-4 * torch.randn_like(w))

@@ -234,3 +234,36 @@ def test_predict_covers_every_task_that_keeps_user_histories(
     assert rows and {r["rank"] for r in rows} <= {"1", "2", "3"}
     places = latest_versions(tiny_location_artifact)["mhsa-tiny"]
     assert main(["predict", "--artifact", str(places), "--k", "3", "--out", str(tmp_path)]) == 2  # no stored users
+
+
+def test_the_transition_prior_weight_is_chosen_on_validation_and_served(synthetic_dir: Path, tmp_path: Path) -> None:
+    from models.tasks.recommend import load_artifact
+    from models.transitions import transition_table
+    from training.jobs.recommend import RecommendJob, short_sequences
+
+    overrides = [
+        "model.kind='sasrec'",
+        "name='prior'",
+        "model.n_negatives=8",
+        *TINY_REC,
+        "train.epochs=1",
+        "train.refit_epochs=1",
+        "model.transition_width=4",
+        "eval.transition_weights=[0.0, 1.0, 50.0]",
+    ]
+    folder = run_job(overrides, tmp_path, synthetic_dir)
+    tried = json.loads((folder / "metrics.json").read_text())["transition_prior_valid_ndcg10"]
+    assert set(tried) == {"0", "1", "50"}
+    art = load_artifact(folder)
+    model = art.model
+    best = max(tried.values())
+    assert tried[f"{model.config.transition_weight:g}"] == best
+    assert min(w for w in (0.0, 1.0, 50.0) if tried[f"{w:g}"] == best) == model.config.transition_weight
+    # The served table counts what test time knows: everything but the test items.
+    job = RecommendJob(
+        RecommendJob.parse_config(read_raw(None, overrides)), out_root=tmp_path / "x", data_path=synthetic_dir
+    )
+    job.prepare_data()
+    known = job.split.test.histories + short_sequences(job.split)
+    succ, logc = transition_table(known, model.config.vocab_size, width=4)
+    assert torch.equal(model.successors, succ) and torch.equal(model.successor_log_counts, logc)

@@ -62,10 +62,16 @@ class RecEval:
     batch_size: int = 512
     protocols: list[str] = field(default_factory=lambda: list(PROTOCOLS))  # test protocols
     baselines: list[str] = field(default_factory=lambda: list(BASELINES))  # scored on test beside the model
+    # A model with a transition table (model.transition_width): the prior's weights tried on validation
+    # after training; the best NDCG@10 is kept (0 = no prior). Without a validation split (full_data),
+    # the config's model.transition_weight stays.
+    transition_weights: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0])
 
     def __post_init__(self) -> None:
         for p in [self.protocol, *self.protocols]:
             Protocol(p)  # raises on an unknown one
+        if not self.transition_weights or min(self.transition_weights) < 0:
+            raise ValueError("transition_weights must be a non-empty list of weights >= 0")
         unknown = set(self.baselines) - set(BASELINES)
         if unknown:
             raise ValueError(f"unknown baseline(s) {sorted(unknown)}; known: {sorted(BASELINES)}")
@@ -120,6 +126,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     windows: torch.Tensor
     max_history: int
     valid_baselines: dict[str, dict[str, float]] | None = None  # on the per-epoch validation users
+    transition_weights_tried: dict[float, float] | None = None  # validation NDCG@10 of each prior weight
     _negatives: dict[tuple[int, str], tuple[EvalSet, list[torch.Tensor]]]  # sampled protocols' draws per set
 
     @classmethod
@@ -234,14 +241,35 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     def _all_protocols(self, score: ScoreFn, data: EvalSet, device: torch.device | str) -> dict[str, dict[str, float]]:
         return {p: self._evaluate(score, data, p, device) for p in self.cfg.eval.protocols}
 
+    def _choose_transition_weight(self, model: SequentialRecommender, valid: EvalSet) -> None:
+        """Fill the model's transition table from the training part and keep the prior weight with the
+        best validation NDCG@10 (docs/decisions/transition-prior.md)."""
+        config = model.config
+        model.set_transitions(self.split.train)
+        tried: dict[float, float] = {}
+        for weight in self.cfg.eval.transition_weights:
+            config.transition_weight = weight
+            tried[weight] = self._evaluate(model.scores, valid, self.cfg.eval.protocol, self.device)["NDCG@10"]
+        config.transition_weight = max(tried, key=lambda w: (tried[w], -w))  # a tie goes to the smaller weight
+        self.transition_weights_tried = tried
+        log.info(
+            "transition prior on validation (NDCG@10 by weight): %s; kept %g",
+            " | ".join(f"{w:g} {v:.4f}" for w, v in tried.items()),
+            config.transition_weight,
+        )
+
     def after_training(self, model: nn.Module, history: History) -> None:
         assert isinstance(model, SequentialRecommender)
         self.valid_metrics: dict[str, Any] | None = None
+        self.transition_weights_tried = None
         if self.cfg.data.full_data:
+            model.set_transitions(self.split.train)  # everything; the config's weight stays
             return
         if self.dist.is_main:
             with self.untimed():  # measured before a refit has seen the validation items
                 valid = subsample(self.split.valid, self.cfg.eval.test_users, self.cfg.train.seed)
+                if getattr(model.config, "transition_width", 0):
+                    self._choose_transition_weight(model, valid)
                 self.valid_metrics = self._all_protocols(model.scores, valid, self.device)
         t = self.cfg.train
         if t.refit_epochs:
@@ -258,6 +286,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
                 device=self.device,
             )
             history.stopped += f"; then {len(more.epoch)} refit epochs with the validation items"
+        # Test time knows every interaction but the test items: so does the transition table.
+        model.set_transitions(self.split.test.histories + short_sequences(self.split))
 
     def evaluate(self, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, SequentialRecommender)
@@ -288,6 +318,9 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             self.cfg.train.seed,
         )
         out["valid"] = self.valid_metrics
+        tried = self.transition_weights_tried
+        if tried is not None:
+            out["transition_prior_valid_ndcg10"] = {f"{w:g}": round(v, 4) for w, v in tried.items()}
         out["baselines_valid_per_epoch_users"] = self.valid_baselines
         out["test"] = self._all_protocols(model.scores, test, self.device)
         # What is known at test time: every interaction but the held-out test items (of every user,

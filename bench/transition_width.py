@@ -1,0 +1,50 @@
+"""How wide must a SASRec's transition table be? Validation NDCG@10 by table width and prior weight.
+
+    .venv/bin/python bench/transition_width.py runs/<out>/sasrec-beauty/<version> \
+        --config training/configs/sasrec_beauty.toml --widths 0 20 50 100
+
+Takes a trained SASRec artifact (one trained without the refit, so that the validation items are
+unseen), gives its weights a transition table of each width filled from the job's training part
+(models/transitions.py), and scores the job's whole validation split once per weight of the job's
+own grid (`eval.transition_weights`), through the job's evaluation. The test split is not read.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from models.sasrec import SASRec, SASRecConfig
+from training.jobs.recommend import RecommendJob
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifact", type=Path)
+    ap.add_argument("--config", type=Path, default=Path("training/configs/sasrec_beauty.toml"))
+    ap.add_argument("--widths", type=int, nargs="+", default=[0, 20, 50, 100])
+    args = ap.parse_args()
+
+    job = RecommendJob.prepared(args.config)
+    saved = torch.load(args.artifact / "model.pt", weights_only=True)
+    known = {f for f in SASRecConfig.__dataclass_fields__}
+    base = {k: v for k, v in saved["config"].items() if k in known}
+    weights = {k: v for k, v in saved["state_dict"].items() if "successor" not in k}
+    print(f"{len(job.split.valid.targets)} validation users; NDCG@10 by prior weight")
+    for width in args.widths:
+        model = SASRec(SASRecConfig(**{**base, "transition_width": width, "transition_weight": 0.0})).eval()
+        model.load_state_dict(weights, strict=False)
+        job.max_history = model.max_history
+        model.set_transitions(job.split.train)
+        row = []
+        for w in job.cfg.eval.transition_weights if width else [0.0]:
+            model.config.transition_weight = w
+            ndcg = job._evaluate(model.scores, job.split.valid, "full", "cpu")["NDCG@10"]
+            row.append(f"{w:g}: {ndcg:.4f}")
+        print(f"width {width}: " + " | ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

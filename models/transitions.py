@@ -1,0 +1,45 @@
+"""Item-to-item transition counts as a prior added to a recommender's scores.
+
+For each item, its `width` most frequent next items in the training sequences and the log of
+1 + how often each followed it. A model with a prior scores `model + weight * log1p(count(last, j))`,
+the weight chosen on validation (docs/decisions/transition-prior.md); SASRec keeps the table as
+buffers and adds it in `scores()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def transition_table(
+    sequences: Sequence[Sequence[int]], vocab_size: int, *, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `width` most frequent next items of each item and log1p of their counts.
+
+    -> (successors (V, width) int32, PAD where an item has fewer; log_counts (V, width) float32,
+    0 there). Ties in count go to the smaller index, so the table does not depend on input order."""
+    succ = torch.zeros(vocab_size, width, dtype=torch.int32)
+    logc = torch.zeros(vocab_size, width)
+    items = torch.tensor([i for s in sequences for i in s], dtype=torch.long)  # (T,) all sequences end to end
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
+    starts = lengths.cumsum(0) - lengths
+    follows = torch.ones(len(items), dtype=torch.bool)  # whether items[t] follows items[t - 1] in its sequence
+    follows[starts[lengths > 0]] = False
+    at = follows.nonzero().squeeze(1)
+    if len(at) == 0 or width == 0:
+        return succ, logc
+    # One key per (item, next item); unique sorts the keys, so by item, then next item.
+    keys, counts = torch.unique(items[at - 1] * vocab_size + items[at], return_counts=True)
+    first, second = keys // vocab_size, keys % vocab_size
+    # Within each first item, by count descending (a stable sort keeps ties in index order).
+    order = torch.sort(counts, descending=True, stable=True).indices
+    order = order[torch.sort(first[order], stable=True).indices]
+    first, second, counts = first[order], second[order], counts[order]
+    starts = torch.searchsorted(first, first, side="left")
+    rank = torch.arange(len(first)) - starts
+    keep = rank < width
+    succ[first[keep], rank[keep]] = second[keep].to(torch.int32)
+    logc[first[keep], rank[keep]] = torch.log1p(counts[keep].float())
+    return succ, logc
