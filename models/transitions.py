@@ -13,6 +13,13 @@ from collections.abc import Sequence
 import torch
 
 
+def transition_pairs(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (item, next item) pair within a sequence. -> (items (P,), next items (P,)) long."""
+    first = torch.tensor([x for s in sequences for x in s[:-1]], dtype=torch.long)
+    second = torch.tensor([x for s in sequences for x in s[1:]], dtype=torch.long)
+    return first, second
+
+
 def transition_table(
     sequences: Sequence[Sequence[int]], vocab_size: int, *, width: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,16 +29,11 @@ def transition_table(
     0 there). Ties in count go to the smaller index, so the table does not depend on input order."""
     succ = torch.zeros(vocab_size, width, dtype=torch.int32)
     logc = torch.zeros(vocab_size, width)
-    items = torch.tensor([i for s in sequences for i in s], dtype=torch.long)  # (T,) all sequences end to end
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
-    starts = lengths.cumsum(0) - lengths
-    follows = torch.ones(len(items), dtype=torch.bool)  # whether items[t] follows items[t - 1] in its sequence
-    follows[starts[lengths > 0]] = False
-    at = follows.nonzero().squeeze(1)
-    if len(at) == 0 or width == 0:
+    first, second = transition_pairs(sequences)
+    if len(first) == 0 or width == 0:
         return succ, logc
     # One key per (item, next item); unique sorts the keys, so by item, then next item.
-    keys, counts = torch.unique(items[at - 1] * vocab_size + items[at], return_counts=True)
+    keys, counts = torch.unique(first * vocab_size + second, return_counts=True)
     first, second = keys // vocab_size, keys % vocab_size
     # Within each first item, by count descending (a stable sort keeps ties in index order).
     order = torch.sort(counts, descending=True, stable=True).indices

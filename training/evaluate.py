@@ -15,6 +15,7 @@ import torch
 from models.ids import N_SPECIAL, PAD
 from models.layers import last_valid_index
 from models.ranking import index_mask, pack_histories, pad_rows
+from models.transitions import transition_pairs
 from training.splits import EvalSet
 
 log = logging.getLogger(__name__)
@@ -283,8 +284,7 @@ def _gather_rows(m: _Rows, rows: torch.Tensor) -> torch.Tensor:
 def transitions_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
     """First-order item transitions: for the history's last item, the items that followed it most
     often in `known`; popularity fills (and orders ties)."""
-    a = torch.tensor([x for s in known for x in s[:-1]], dtype=torch.long)
-    b = torch.tensor([x for s in known for x in s[1:]], dtype=torch.long)
+    a, b = transition_pairs(known)
     trans = _Rows.of(_sparse_rows(a, b, torch.ones(len(a)), vocab_size, vocab_size))
     fill = _tie_break(item_counts(known, vocab_size))
 
