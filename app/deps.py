@@ -104,5 +104,28 @@ async def require_writer(services: ServicesDep, x_api_key: Annotated[str | None,
     check_key(services.settings.events_api_key, x_api_key, what="events", required=False)
 
 
+def check_history_reader(settings: Settings, given: str | None) -> None:
+    """Reading a stored history: allowed when no key guards histories, else X-API-Key must be the
+    events key or the read key (constant time against each)."""
+    keys = settings.history_keys
+    if not keys:
+        return
+    if not given:
+        raise Unauthorized(
+            "missing X-API-Key header: stored histories are private here (send the history in the query instead)",
+            ["header", "x-api-key"],
+        )
+    matched = False
+    for key in keys:  # every key compared, so the time says nothing about which one nearly matched
+        matched |= secrets.compare_digest(given.encode(), key.get_secret_value().encode())
+    if not matched:
+        raise Forbidden("wrong API key", ["header", "x-api-key"])
+
+
+async def require_history_reader(services: ServicesDep, x_api_key: Annotated[str | None, Header()] = None) -> None:
+    check_history_reader(services.settings, x_api_key)
+
+
 AdminKey = Depends(require_admin)
 WriterKey = Depends(require_writer)
+HistoryReaderKey = Depends(require_history_reader)

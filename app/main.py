@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             policy=settings.batch_policy(device.type),
             store=services.store,
             on_batch=services.metrics.on_batch,
+            load_timeout_s=settings.load_timeout_s,
         )
         services.registry.load_all(settings.artifacts_dir)
         if not services.registry.names:

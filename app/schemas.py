@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic.json_schema import WithJsonSchema
 
 from app.bodies import token_budget
+from models.serving import FIELD_NAME, MAX_FIELDS
 
 
 def _utf8(s: str) -> str:
@@ -38,8 +39,7 @@ def _utf8(s: str) -> str:
 
 RawId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_utf8)]
 UnixTime = Annotated[float, Field(ge=0, le=1e11, description="unix seconds")]
-FieldName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-MAX_FIELDS = 16  # distinct display fields a query may ask for
+FieldName = Annotated[str, Field(min_length=1, max_length=64, pattern=FIELD_NAME)]
 
 
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")

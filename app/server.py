@@ -28,7 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.handlers import error_json
 from app.middleware import CONNECTION_CLOSED
-from app.settings import get_settings
+from app.settings import SettingsError, get_settings
 
 log = logging.getLogger("app.server")
 LINGER_S = 1.0  # how long a refused connection's remaining input is read and dropped before it is closed
@@ -169,7 +169,10 @@ def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any], interval: flo
 
 
 def main() -> None:
-    s = get_settings()
+    try:
+        s = get_settings()
+    except SettingsError as exc:  # its text names each variable and never a value
+        raise SystemExit(f"seqserve: {exc}") from None
     if s.workers > 1:
         # Every worker counts into this folder and /metrics sums them (prometheus-client's multiprocess
         # mode); emptied at each start, so a previous run's counts never add in.

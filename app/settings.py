@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.engine.batcher import CPU_MAX_BATCH, BatchPolicy
@@ -17,7 +17,22 @@ from models.serving import COARSE_FROM, LIVE_EVENTS
 _BATCH = BatchPolicy()
 _LIMITS = Limits()  # the request bounds' defaults live in Limits
 # Settings that may also come from a file named by SEQSERVE_<NAME>_FILE.
-SECRETS = ("admin_api_key", "events_api_key", "redis_url", "redis_password")
+SECRETS = ("admin_api_key", "events_api_key", "read_api_key", "redis_url", "redis_password")
+
+
+class SettingsError(ValueError):
+    """Settings that do not validate: each problem by its variable, never with a value.
+
+    pydantic's own error text repeats the input (`input_value=...`), and for a check over the whole
+    object that input is every setting, secrets included; even a truncated repr shows a value's ends.
+    """
+
+    def __init__(self, exc: ValidationError) -> None:
+        lines = []
+        for e in exc.errors(include_url=False, include_context=False, include_input=False):
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"SEQSERVE_{'_'.join(str(p) for p in e['loc']).upper()}: {msg}" if e["loc"] else msg)
+        super().__init__("invalid settings: " + "; ".join(lines))
 
 
 class Settings(BaseSettings):
@@ -52,6 +67,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     admin_api_key: SecretStr | None = None  # admin endpoints answer 403 while unset
     events_api_key: SecretStr | None = None  # when set, POST /events and GET /history need it (X-API-Key)
+    # Stored histories are private once either key is set: GET /history and a /recommend query by
+    # user_id need X-API-Key with one of the two (this one cannot write events). A query that carries
+    # its own history needs none (docs/decisions/private-histories.md).
+    read_api_key: SecretStr | None = None
     bench_endpoints: bool = False  # POST /bench/noop: the framework's ceiling, for bench/load.py
     console: bool = True  # GET /console: a page to look at a model's answers for a user (public API only)
     # Dynamic micro-batching of concurrent requests (per model); defaults in BatchPolicy.
@@ -82,7 +101,17 @@ class Settings(BaseSettings):
     # None: beside the SQLite history file.
     state_dir: Path | None = None
     reload_wait_s: float = Field(default=60.0, ge=0)  # POST /admin/reload waits this long for every worker
+    load_timeout_s: float = Field(default=300.0, gt=0)  # a version not loaded within this is reported broken
     housekeeping_s: float = Field(default=1.0, gt=0)  # how often a worker looks for a reload, sets its gauges
+
+    def __init__(self, **values: Any) -> None:
+        error = None
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            error = SettingsError(exc)
+        if error is not None:  # raised outside the handler: no __context__ holding pydantic's text
+            raise error
 
     @model_validator(mode="before")
     @classmethod
@@ -100,10 +129,15 @@ class Settings(BaseSettings):
                     raise ValueError(f"SEQSERVE_{name.upper()}_FILE: cannot read the file ({exc.strerror})") from None
         return data
 
-    @field_validator("admin_api_key", "events_api_key", "redis_password")
+    @field_validator("admin_api_key", "events_api_key", "read_api_key", "redis_password")
     @classmethod
     def _blank_key_is_no_key(cls, v: SecretStr | None) -> SecretStr | None:
         return None if v is None or not v.get_secret_value().strip() else v
+
+    @property
+    def history_keys(self) -> tuple[SecretStr, ...]:
+        """The keys that may read stored histories; empty: histories are public."""
+        return tuple(k for k in (self.events_api_key, self.read_api_key) if k is not None)
 
     @property
     def shared_dir(self) -> Path:

@@ -14,6 +14,7 @@ artifacts/<name>/<version>/events/  (the whole log, oldest first, memory-mapped)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,6 +172,12 @@ class EventLog:
         cols = {name: map_column(folder / f"{name}.npy", dtype) for name, dtype in _COLUMNS.items()}
         if len({len(c) for c in cols.values()}) > 1:
             raise HistoryTableError(f"{', '.join(f'{n}.npy' for n in cols)} differ in length")
-        if len(cols["times"]) > 1 and not bool(np.all(np.diff(cols["times"]) >= 0)):
+        times = cols["times"]
+        if len(times) > 1 and not bool(np.all(np.diff(times) >= 0)):
             raise HistoryTableError("times.npy: not in time order")
+        if len(times) and not (math.isfinite(float(times[0])) and math.isfinite(float(times[-1]))):
+            raise HistoryTableError("times.npy: a time is not finite")  # in order: the ends bound the rest
+        for name in ("made", "received", "actions"):
+            if len(cols[name]) and int(cols[name].min()) < 0:
+                raise HistoryTableError(f"{name}.npy: a negative index")
         return cls(cols["times"], made=cols["made"], received=cols["received"], actions=cols["actions"])

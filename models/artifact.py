@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import uuid
 from pathlib import Path
 from typing import Any, TypeVar
@@ -115,26 +116,68 @@ def discard(tmp: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_regular_tree(folder: Path) -> None:
+    """Refuse a version folder holding anything but regular files and folders (a FIFO, a device, a
+    socket, a link to one): opening a FIFO blocks the loading thread forever. Each entry is looked at
+    with stat(), which never opens it."""
+    pending = [folder]
+    while pending:
+        here = pending.pop()
+        with os.scandir(here) as entries:
+            for entry in entries:
+                try:
+                    mode = os.stat(entry.path).st_mode  # through a link: what would be opened
+                except OSError:
+                    raise ArtifactError(_relative(entry.path, folder), "unreadable or a broken link") from None
+                if stat.S_ISDIR(mode):
+                    pending.append(Path(entry.path))
+                elif not stat.S_ISREG(mode):
+                    raise ArtifactError(_relative(entry.path, folder), "not a regular file; refused")
+
+
+def _relative(path: str, folder: Path) -> str:
+    return Path(path).relative_to(folder).as_posix()
+
+
+def read_regular(path: Path, *, max_bytes: int | None = None) -> bytes:
+    """A regular file's bytes, opened without blocking (never a FIFO's writer wait) and checked as a
+    regular file on the open descriptor; OSError when it is not one or is larger than `max_bytes`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path.name}: not a regular file")
+        if max_bytes is not None and info.st_size > max_bytes:
+            raise OSError(f"{path.name}: {info.st_size} bytes, over the {max_bytes} allowed")
+        return f.read()
+
+
 def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=None, separators=(",", ":")))
 
 
-def read_json(folder: Path, name: str) -> Any:
+def read_json(folder: Path, name: str, *, max_bytes: int | None = None) -> Any:
+    """A JSON file of the version; `max_bytes` bounds what is parsed (a file too large is refused)."""
     p = folder / name
     if not p.is_file():
         raise ArtifactError(name, "missing")
     try:
-        return json.loads(p.read_bytes())
+        raw = read_regular(p, max_bytes=max_bytes)
+    except OSError as exc:
+        too_large = max_bytes is not None and p.stat().st_size > max_bytes
+        raise ArtifactError(name, f"larger than {max_bytes} bytes" if too_large else "unreadable") from exc
+    try:
+        return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArtifactError(name, f"not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
     except RecursionError:
         raise ArtifactError(name, "nested too deeply") from None
 
 
-def read_typed(folder: Path, name: str, adapter: TypeAdapter[T]) -> T:
+def read_typed(folder: Path, name: str, adapter: TypeAdapter[T], *, max_bytes: int | None = None) -> T:
     """A JSON file checked against a type; the first mismatch is named."""
     try:
-        return adapter.validate_python(read_json(folder, name))
+        return adapter.validate_python(read_json(folder, name, max_bytes=max_bytes))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "top level"
@@ -157,9 +200,11 @@ def read_id_map(folder: Path, name: str) -> IdMap:
         raise ArtifactError(name, f"not an id map ({exc})") from None
 
 
-def read_history_table(folder: Path) -> history_table.HistoryTable:
-    """The version's history table; an artifact of the earlier JSON layout is refused with the command
-    that converts it."""
+def read_history_table(
+    folder: Path, *, n_ids: int | None = None, n_actions: int | None = None
+) -> history_table.HistoryTable:
+    """The version's history table, its steps checked against the id maps' sizes; an artifact of the
+    earlier JSON layout is refused with the command that converts it."""
     if not (folder / HISTORIES).is_dir() and (folder / OLD_HISTORIES).is_file():
         raise ArtifactError(
             OLD_HISTORIES,
@@ -167,7 +212,7 @@ def read_history_table(folder: Path) -> history_table.HistoryTable:
             "`python -m training convert-histories <version folder>`",
         )
     try:
-        return history_table.HistoryTable(folder / HISTORIES)
+        return history_table.HistoryTable(folder / HISTORIES, n_ids=n_ids, n_actions=n_actions)
     except history_table.HistoryTableError as exc:
         raise ArtifactError(HISTORIES, str(exc)) from None
 

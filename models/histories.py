@@ -20,6 +20,8 @@ import hashlib
 import json
 import math
 import mmap
+import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +56,13 @@ def map_column(path: Path, want: type[np.generic]) -> np.ndarray:
     """
     name = path.name
     try:
-        with path.open("rb") as f:
+        # O_NONBLOCK: a FIFO put in place of a column must not block the loading thread; it is then
+        # refused as not a regular file (models/artifact.py checks the whole folder first as well).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise HistoryTableError(f"{name}: not a regular file")
+        with os.fdopen(fd, "rb") as f:
             version = np.lib.format.read_magic(f)
             read_header = (
                 np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
@@ -95,10 +103,57 @@ class Row:
         return float(t.max()) if t.size else None
 
 
-class HistoryTable:
-    """Read side: lookup by raw user id through the sorted hashes, rows as slices of the columns."""
+def _column_problem(
+    cols: dict[str, np.ndarray], extra: int, *, n_ids: int | None, n_actions: int | None
+) -> tuple[str, str] | None:
+    """The first broken invariant of a table's columns as (file, problem), or None. Vectorised, and
+    reductions rather than masks where they can be (a 50M-step table is checked without copies)."""
+    hashes, key_ends, keys, ends = cols["hashes"], cols["key_ends"], cols["keys"], cols["ends"]
+    items, times, actions = cols["items"], cols["times"], cols.get("actions")
+    users, steps = len(hashes), len(items)
+    if len(key_ends) != users or len(ends) != users:
+        return "hashes.npy", "hashes, key_ends and ends differ in length"
+    if len(times) != steps or (actions is not None and len(actions) != steps):
+        return "items.npy", "items, times and actions differ in length"
+    for name, col, total in (("ends", ends, steps), ("key_ends", key_ends, len(keys))):
+        if users and (int(col[0]) < 0 or not bool(np.all(col[1:] >= col[:-1]))):
+            return f"{name}.npy", "row ends must be non-negative and in ascending order"
+        if users and int(col[-1]) != total:
+            return f"{name}.npy", "the last row does not end where the columns do"
+        if not users and total:
+            return f"{name}.npy", "steps or keys without a row"
+    if users > 1 and not bool(np.all(hashes[1:] >= hashes[:-1])):
+        return "hashes.npy", "user hashes must be in ascending order"
+    # Each key must be whole UTF-8: no row may start inside a character.
+    starts = key_ends[:-1][key_ends[:-1] < len(keys)]
+    if bool(np.any((keys[starts] & 0xC0) == 0x80)):
+        return "keys.npy", "a user id is not valid UTF-8"
+    try:
+        keys.tobytes().decode()
+    except UnicodeDecodeError:
+        return "keys.npy", "a user id is not valid UTF-8"
+    if steps:
+        top = n_ids + extra if n_ids is not None else None
+        if int(items.min()) < 0 or (top is not None and int(items.max()) >= top):
+            return "items.npy", f"an index outside 0..{top - 1 if top is not None else 'n'} (the id map and extra ids)"
+        # NaN is "no time"; an infinity is corrupt. fmax/fmin skip NaN without a copy.
+        if math.isinf(float(np.fmax.reduce(times))) or math.isinf(float(np.fmin.reduce(times))):
+            return "times.npy", "a time is infinite"
+        if actions is not None and (
+            int(actions.min()) < 0 or (n_actions is not None and int(actions.max()) >= n_actions)
+        ):
+            return "actions.npy", f"an action index outside 0..{(n_actions or 0) - 1}"
+    return None
 
-    def __init__(self, folder: Path) -> None:
+
+class HistoryTable:
+    """Read side: lookup by raw user id through the sorted hashes, rows as slices of the columns.
+
+    Every invariant a lookup relies on is checked once when it opens (`n_ids`: the size of the id map
+    the steps index, `n_actions`: of the action map): a table that breaks one is refused, naming the file.
+    """
+
+    def __init__(self, folder: Path, *, n_ids: int | None = None, n_actions: int | None = None) -> None:
         self.folder = folder
         cols: dict[str, np.ndarray] = {}
         for name in (*_COLUMNS, "actions"):
@@ -109,28 +164,16 @@ class HistoryTable:
         self.hashes, self.key_ends, self.keys = cols["hashes"], cols["key_ends"], cols["keys"]
         self.ends, self.items, self.times = cols["ends"], cols["items"], cols["times"]
         self.actions = cols.get("actions")
-        users, steps = len(self.hashes), len(self.items)
-        problems = [
-            (len(self.key_ends) != users or len(self.ends) != users, "hashes, key_ends and ends differ in length"),
-            (
-                len(self.times) != steps or (self.actions is not None and len(self.actions) != steps),
-                "items, times and actions differ in length",
-            ),
-            (
-                users > 0 and (int(self.ends[-1]) != steps or int(self.key_ends[-1]) != len(self.keys)),
-                "the last row does not end where the columns do",
-            ),
-        ]
-        for bad, what in problems:
-            if bad:
-                raise HistoryTableError(what)
         try:
             extra = json.loads((folder / EXTRA_IDS).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             raise HistoryTableError(f"{EXTRA_IDS}: missing or not JSON") from None
-        if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
-            raise HistoryTableError(f"{EXTRA_IDS}: must be a list of strings")
+        if not isinstance(extra, list) or not all(isinstance(x, str) and _encodable(x) for x in extra):
+            raise HistoryTableError(f"{EXTRA_IDS}: must be a list of valid Unicode strings")
         self.extra_ids: list[str] = extra
+        problem = _column_problem(cols, len(extra), n_ids=n_ids, n_actions=n_actions)
+        if problem is not None:
+            raise HistoryTableError(f"{problem[0]}: {problem[1]}")
 
     def __len__(self) -> int:
         return len(self.hashes)
@@ -189,6 +232,15 @@ class HistoryTable:
         return [(r or "", t, a) for r, t, a in zip(raws, row.times.tolist(), acts, strict=True)]
 
 
+def _encodable(raw: str) -> bool:
+    """Whether `raw` is valid Unicode (JSON can carry lone surrogates; UTF-8 and answers cannot)."""
+    try:
+        raw.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def write_table(
     folder: Path,
     users: Sequence[str],
@@ -206,6 +258,11 @@ def write_table(
         raise ValueError("users, lengths, items and times do not agree")
     if len(set(users)) != len(users):
         raise ValueError("a user appears twice")
+    bad = next((x for x in [*users, *extra_ids] if not _encodable(x)), None)
+    if bad is not None:
+        raise ValueError(f"an id is not valid Unicode: {bad.encode(errors='backslashreplace').decode()!r}")
+    if len(times) and bool(np.isinf(np.asarray(times, dtype=np.float64)).any()):
+        raise ValueError("a time is infinite")
     hashes = np.fromiter((user_hash(u) for u in users), dtype=np.uint64, count=len(users))
     order = np.argsort(hashes, kind="stable")
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else np.zeros(0, np.int64)

@@ -74,6 +74,12 @@ class EngineOptions:
     coarse_from: int | None = COARSE_FROM  # None: every catalog ranked from float32 scores
 
 
+# Display field names: what a request may ask for (app/schemas.py validates against these) and what an
+# artifact may declare; a name outside them could never be asked for.
+FIELD_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+MAX_FIELDS = 16  # distinct display fields a query may ask for, and an artifact may have
+
+
 def unknown_field(asked: Sequence[str], available: Collection[str]) -> tuple[int, str] | None:
     """The first asked display field the model lacks, as (its index, the message), else None."""
     for n, name in enumerate(asked):

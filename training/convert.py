@@ -50,6 +50,8 @@ def convert_histories(folder: Path) -> Path:
         HistoryColumns(
             users, steps, times, ids, actions=actions if action_ids is not None else None, action_ids=action_ids
         ).write(tmp / A.HISTORIES)
+        # Refuse what the service would: the written table is opened as the loader opens it.
+        A.read_history_table(tmp, n_ids=len(ids), n_actions=len(action_ids) if action_ids is not None else None)
         m = json.loads((tmp / A.MANIFEST).read_text())
         m.setdefault("converted_from", folder.name)
         (tmp / A.MANIFEST).write_text(json.dumps(m))

@@ -140,7 +140,7 @@ async function recommend(event) {
   };
   if (m.fields.length) query.fields = m.fields;
   try {
-    const [data] = await Promise.all([api("POST", "recommend", { body: { model: m.name, queries: [query] } }), showHistory(m, user)]);
+    const [data] = await Promise.all([api("POST", "recommend", { body: { model: m.name, queries: [query] }, key: $("api-key").value }), showHistory(m, user)]);
     const r = data.results[0];
     const body = $("answer").tBodies[0];
     body.replaceChildren();

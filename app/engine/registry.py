@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ import torch
 from app.engine.batcher import BatchPolicy, MicroBatcher
 from app.errors import ModelUnavailable, UnknownModel
 from app.store import HistoryStore, StoreError
-from models.artifact import ArtifactError, artifact_names, read_manifest
+from models.artifact import ArtifactError, artifact_names, check_regular_tree, read_manifest
 from models.serving import Engine, EngineOptions
 from models.tasks import TASKS, Task
 
@@ -89,6 +90,7 @@ class ModelRegistry:
     on_batch: Callable[[str], Callable[[int, float], None]] | None = None  # model name -> batch observer
     models: dict[str, Served] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # "name/version" (or "name") -> public reason
+    load_timeout_s: float = 300.0  # a version not loaded by then is recorded broken (its thread is abandoned)
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
     @property
@@ -197,7 +199,7 @@ class ModelRegistry:
         for folder in folders:
             key = f"{name}/{folder.name}"
             try:
-                served = self._load(name, folder)
+                served = self._load_within_deadline(name, folder)
             except Exception as exc:  # any defect of one artifact stays with that artifact
                 self.broken[key] = public_reason(exc)
                 cause = f" ({exc.__cause__})" if exc.__cause__ else ""
@@ -214,8 +216,31 @@ class ModelRegistry:
             return served
         return None
 
+    def _load_within_deadline(self, name: str, folder: Path) -> Served:
+        """`_load` in a thread of its own, given up after `load_timeout_s`: a read that never returns
+        (a hung network mount, a file swapped for a FIFO after the check) cannot hold the reload lock
+        or keep a fresh start from listening. The abandoned thread is a daemon and touches no shared state."""
+        outcome: list[Served | BaseException] = []
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                outcome.append(self._load(name, folder))
+            except BaseException as exc:  # handed to the caller below
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=work, name=f"load-{name}", daemon=True).start()
+        if not done.wait(self.load_timeout_s):
+            raise ArtifactError("version", f"not loaded within {self.load_timeout_s:g} s (SEQSERVE_LOAD_TIMEOUT_S)")
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
     def _load(self, name: str, folder: Path) -> Served:
         """Load, warm and fold one version (no shared state touched: safe in a thread)."""
+        check_regular_tree(folder)
         manifest = read_manifest(folder)
         task = TASKS.get(manifest.task)
         if task is None or task.route is None:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from app import serving
-from app.deps import ServicesDep, WriterKey
+from app.deps import HistoryReaderKey, ServicesDep
 from app.errors import ModelUnavailable
 from app.handlers import json_response
 from app.routers.docs import errors
@@ -22,7 +22,7 @@ MAX_STEPS = 1000
     "/history",
     response_model=HistoryResponse,
     responses=errors(401, 403, 404, 422, 503),
-    dependencies=[WriterKey],
+    dependencies=[HistoryReaderKey],
 )
 async def get_history(
     services: ServicesDep,
@@ -33,7 +33,7 @@ async def get_history(
     fields: Annotated[list[FieldName] | None, Query(max_length=MAX_FIELDS, description="item fields to add")] = None,
 ) -> Response:
     """A user's newest steps: the trained artifact's history and the events stored since. Reads what
-    POST /events writes, so it needs X-API-Key when SEQSERVE_EVENTS_API_KEY is set."""
+    POST /events writes, so it needs X-API-Key (the events or the read key) when either is set."""
     if services.events_route is None:
         raise ModelUnavailable("no model served here keeps user histories", ["query", "model"])
     with services.registry.lease(

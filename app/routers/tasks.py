@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app import serving
-from app.deps import parse_body, services_of
+from app.deps import check_history_reader, parse_body, services_of
 from app.handlers import json_response
 from app.routers.docs import body_doc, errors
 from app.routers.lean import LeanRouter, closed_connection
@@ -54,15 +54,19 @@ def lean_router(spec: TaskRoute, *, body_name: str) -> LeanRouter:
     """The route's POST endpoint: parse the body, lease the model, answer in batches.
     body_name: the component name of its bounded request body in the document."""
     router = LeanRouter(tags=[spec.tag])
+    private = spec.live_events  # its models keep stored histories: answers by user_id read them
 
     async def endpoint(request: Request) -> Response:
         services = services_of(request)
         body = await parse_body(request, services.schemas.requests[spec.name].model)
         with services.registry.lease(body.model, spec.name, services.settings.default_model) as served:  # type: ignore[attr-defined]
             request.state.model = served.name
+            queries = spec.queries(body)
+            if private and services.settings.history_keys and served.engine.users(queries):
+                check_history_reader(services.settings, request.headers.get("x-api-key"))
             results = await serving.answer(
                 served,
-                spec.queries(body),
+                queries,
                 store=services.store,
                 timeout_s=services.settings.request_timeout_s,
                 abandoned=closed_connection(request),
@@ -74,7 +78,10 @@ def lean_router(spec: TaskRoute, *, body_name: str) -> LeanRouter:
     endpoint.__name__ = spec.name  # FastAPI's operationId and the document's summary come from these
     endpoint.__doc__ = spec.summary
     router.post(
-        spec.path, response_model=spec.response, openapi_extra=body_doc(body_name), responses=errors(404, 422, 503, 504)
+        spec.path,
+        response_model=spec.response,
+        openapi_extra=body_doc(body_name),
+        responses=errors(*((401, 403) if spec.live_events else ()), 404, 422, 503, 504),
     )(endpoint)
     return router
 

@@ -118,6 +118,10 @@ class RedisStore(HistoryStore):
             self.r = redis.Redis.from_url(
                 url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True, **auth
             )
+            # The pool makes its connections lazily: one made here (it does not connect) turns an
+            # unknown URL parameter into a start-up error instead of a 500 on every store call.
+            pool = self.r.connection_pool
+            pool.connection_class(**pool.connection_kwargs).disconnect()
         except (ValueError, TypeError, *self._redis_errors) as exc:  # TypeError: an unknown URL parameter
             raise StoreError(f"redis {self.where}: {type(exc).__name__}") from None
         self.prefix = prefix

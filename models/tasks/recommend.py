@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from models.ranking import (
     release_tensor,
 )
 from models.serving import (
+    FIELD_NAME,
+    MAX_FIELDS,
     Engine,
     EngineOptions,
     QueryError,
@@ -84,17 +87,28 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Rec
         items=items,
         release_unit=unit if isinstance(unit, str) else None,
         release=release,
-        histories=A.read_history_table(folder),
-        fields=_read_fields(folder),
+        histories=A.read_history_table(folder, n_ids=len(items)),
+        fields=_read_fields(folder, len(items)),
     )
 
 
-def _read_fields(folder: Path) -> ItemFields:
+# item_fields.json is display text: at most this many bytes per catalog item (ml-100k's title and
+# genres take about 60), plus a little; a larger file would stall loading and hold its size many times over.
+FIELD_BYTES_PER_ITEM = 2048
+FIELD_BYTES_BASE = 1 << 20
+
+
+def _read_fields(folder: Path, n_items: int) -> ItemFields:
     if not (folder / A.ITEM_FIELDS).exists():
         return {}  # optional: data without an item table has none
-    doc = A.read_typed(folder, A.ITEM_FIELDS, _ITEM_FIELDS)
+    bound = FIELD_BYTES_BASE + FIELD_BYTES_PER_ITEM * n_items
+    doc = A.read_typed(folder, A.ITEM_FIELDS, _ITEM_FIELDS, max_bytes=bound)
     A.check(set(doc) == {"fields"}, A.ITEM_FIELDS, 'expected one key, "fields"')
-    return doc["fields"]
+    fields = doc["fields"]
+    A.check(len(fields) <= MAX_FIELDS, A.ITEM_FIELDS, f"{len(fields)} fields; at most {MAX_FIELDS}")
+    bad = next((name for name in fields if not re.match(FIELD_NAME, name)), None)
+    A.check(bad is None, A.ITEM_FIELDS, f"field name {bad!r} is not one a request can ask for ({FIELD_NAME})")
+    return fields
 
 
 @dataclass
@@ -229,7 +243,8 @@ class RecEngine(UserQueryEngine):
             stored = found or stored
         events = [(i, optional_time(t)) for i, t, _ in live] + [(i, t) for i, t, _ in q.history]
         given = self.art.items.indices([i for i, _ in events])
-        unknown = [i for (i, _), x in zip(events, given, strict=True) if x < N_SPECIAL]
+        # Only the query's own ids: stored and live steps are never echoed (docs/decisions/private-histories.md).
+        unknown = [i for (i, _, _), x in zip(q.history, given[len(live) :], strict=True) if x < N_SPECIAL]
         ref = None
         if q.exclude_future and self.art.release_unit:
             times = [t for _, t in events if t is not None] + ([stored[1]] if stored[1] is not None else [])

@@ -64,7 +64,7 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Soc
         first = _FIRST.validate_python(meta.get("first_activity", {}))
     except ValueError:
         raise A.ArtifactError(A.USER_META, "first_activity must map user ids to unix times") from None
-    histories = A.read_history_table(folder)
+    histories = A.read_history_table(folder, n_ids=len(users), n_actions=len(actions))
     A.check(histories.actions is not None, A.HISTORIES, "a social model's histories need actions.npy")
     events = A.read_event_log(folder) if model.config.activity else None
     if events is not None:
@@ -179,7 +179,10 @@ class SocialEngine(UserQueryEngine):
             history=seen,
             exclude_seen=bool(q.exclude_seen),
             requested=requested + ([actor] if actor >= N_SPECIAL else []),
-            unknown=list(dict.fromkeys(i for (i, _, _), x in zip(events, given, strict=True) if x < N_SPECIAL)),
+            # Only the query's own ids: stored and live steps are never echoed (docs/decisions/private-histories.md).
+            unknown=list(
+                dict.fromkeys(i for (i, _, _), x in zip(q.history, given[len(live) :], strict=True) if x < N_SPECIAL)
+            ),
             reference=when if q.exclude_future else None,
             extra=SocialExtra(steps, query_time),
         )

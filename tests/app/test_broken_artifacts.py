@@ -4,7 +4,9 @@ model and every other model, and says which version is broken without showing a 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,7 +50,35 @@ CORRUPTIONS: dict[str, Callable[[Path], None]] = {
     "weights are garbage": lambda f: (f / "model.pt").write_bytes(b"\x80\x04garbage"),
     "weights missing": lambda f: (f / "model.pt").unlink(),
     "deeply nested JSON": lambda f: (f / "item_meta.json").write_text("[" * 100_000 + "]" * 100_000),
+    # Opening a FIFO blocks until a writer comes: refused by a look at the file, never opened.
+    "a FIFO in place of a history column": lambda f: _fifo(f / "histories" / "items.npy"),
+    "a FIFO in place of a JSON file": lambda f: _fifo(f / "item_meta.json"),
+    "a FIFO in place of the weights": lambda f: _fifo(f / "model.pt"),
+    "history rows out of order": lambda f: _edit_column(f, "ends", lambda a: a.__setitem__([0, 1], a[[1, 0]])),
+    "negative row ends": lambda f: _edit_column(f, "ends", lambda a: a.__setitem__(0, -1)),
+    "a history item outside the catalog": lambda f: _edit_column(f, "items", lambda a: a.__setitem__(0, 10**6)),
+    "a negative history item": lambda f: _edit_column(f, "items", lambda a: a.__setitem__(0, -2)),
+    "an infinite history time": lambda f: _edit_column(f, "times", lambda a: a.__setitem__(0, np.inf)),
+    "user key ends out of order": lambda f: _edit_column(f, "key_ends", lambda a: a.__setitem__([0, 1], a[[1, 0]])),
+    "item fields larger than the catalog warrants": lambda f: _json(
+        "item_fields.json", {"fields": {"title": {"1": "x" * 3_000_000}}}
+    )(f),
+    "an item field no request can ask for": lambda f: _json("item_fields.json", {"fields": {"the title": {"1": "x"}}})(
+        f
+    ),
 }
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _edit_column(folder: Path, name: str, change: Callable[[np.ndarray], None]) -> None:
+    path = folder / "histories" / f"{name}.npy"
+    column = np.load(path).copy()
+    change(column)
+    np.save(path, column)
 
 
 def _broken_newest(src: Path, tmp_path: Path, name: str, corrupt: Callable[[Path], None]) -> tuple[Path, Path]:
@@ -68,13 +98,15 @@ def test_a_broken_newest_version_falls_back_to_the_older_one(
 ) -> None:
     root, old = _broken_newest(tiny_location_artifact, tmp_path, "sasrec-tiny", corrupt)
     # A stray folder is not a version, however new its files: only the name shape counts.
-    shutil.copytree(old.parent / NEWER, old.parent / "backup")
-    with TestClient(create_app(Settings(artifacts_dir=root, device="cpu"))) as c:
+    shutil.copytree(old, old.parent / "backup")
+    # Each defect is found by a check, not by the loading deadline (a blocked open would reach it).
+    with TestClient(create_app(Settings(artifacts_dir=root, device="cpu", load_timeout_s=10))) as c:
         ready = c.get("/readyz")
         assert ready.status_code == 200, ready.text
         body = ready.json()
         assert body["models"] == ["bert4rec-tiny", "mhsa-tiny", "sasrec-tiny"]
         assert list(body["broken"]) == [f"sasrec-tiny/{NEWER}"]
+        assert "not loaded within" not in ready.text
         assert str(root) not in ready.text and "Traceback" not in ready.text
         versions = {m["name"]: m["version"] for m in c.get("/models").json()["models"]}
         assert versions["sasrec-tiny"] == old.name
@@ -103,6 +135,41 @@ def test_reload_onto_a_broken_version_keeps_serving_and_says_why(tiny_artifacts:
         )
 
 
+def test_a_version_that_does_not_load_in_time_is_broken_and_reload_moves_on(
+    tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that never returns (a hung mount): the version is reported broken after the deadline, the
+    reload answers, and the next reload is not queued behind the stuck one."""
+    from app.engine.registry import ModelRegistry
+
+    root = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts, root)
+    old = latest_versions(root)["sasrec-tiny"]
+    release = threading.Event()
+    load = ModelRegistry._load
+
+    def stuck(self: ModelRegistry, name: str, folder: Path) -> object:
+        if folder.name == NEWER:
+            release.wait(30)
+        return load(self, name, folder)
+
+    monkeypatch.setattr(ModelRegistry, "_load", stuck)
+    settings = Settings(artifacts_dir=root, device="cpu", admin_api_key="k", load_timeout_s=0.5)
+    try:
+        with TestClient(create_app(settings)) as c:
+            shutil.copytree(old, old.parent / NEWER)
+            for _ in range(2):
+                r = c.post("/admin/reload", headers={"x-api-key": "k"})
+                assert r.status_code == 200, r.text
+                assert "not loaded within 0.5 s" in r.json()["failed"][f"sasrec-tiny/{NEWER}"]
+            ready = c.get("/readyz").json()
+            assert f"sasrec-tiny/{NEWER}" in ready["broken"] and "sasrec-tiny" in ready["models"]
+            r = c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]})
+            assert r.status_code == 200 and r.json()["version"] == old.name
+    finally:
+        release.set()
+
+
 SOCIAL_CORRUPTIONS: dict[str, Callable[[Path], None]] = {
     "the event log missing": lambda f: shutil.rmtree(f / "events"),
     "the event log out of time order": lambda f: np.save(
@@ -111,6 +178,13 @@ SOCIAL_CORRUPTIONS: dict[str, Callable[[Path], None]] = {
     "the event log naming users the model lacks": lambda f: np.save(
         f / "events" / "made.npy", np.full(len(np.load(f / "events" / "made.npy")), 10**6, dtype=np.int32)
     ),
+    "the event log with a negative user": lambda f: np.save(
+        f / "events" / "received.npy", np.full(len(np.load(f / "events" / "received.npy")), -1, dtype=np.int32)
+    ),
+    "the event log with an infinite time": lambda f: np.save(
+        f / "events" / "times.npy", np.append(np.load(f / "events" / "times.npy")[:-1], np.inf)
+    ),
+    "history actions outside the action map": lambda f: _edit_column(f, "actions", lambda a: a.__setitem__(0, 99)),
 }
 
 
@@ -121,7 +195,8 @@ def test_a_social_version_with_a_broken_event_log_falls_back(
     root, old = _broken_newest(tiny_social_artifact, tmp_path, "social-tiny", corrupt)
     with TestClient(create_app(Settings(artifacts_dir=root, device="cpu"))) as c:
         body = c.get("/readyz").json()
-        assert list(body["broken"]) == [f"social-tiny/{NEWER}"] and "events" in json.dumps(body["broken"])
+        reason = json.dumps(body["broken"])
+        assert list(body["broken"]) == [f"social-tiny/{NEWER}"] and ("events" in reason or "histories" in reason)
         assert str(root) not in json.dumps(body)
         r = c.post("/recommend", json={"model": "social-tiny", "queries": [{"user_id": "s3"}]})
         assert r.status_code == 200 and r.json()["version"] == old.name

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 
 
 def test_secrets_come_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,7 +25,7 @@ def test_an_unreadable_secret_file_names_the_variable_not_the_content(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SEQSERVE_EVENTS_API_KEY_FILE", str(tmp_path / "missing"))
-    with pytest.raises(ValidationError, match="SEQSERVE_EVENTS_API_KEY_FILE: cannot read the file"):
+    with pytest.raises(SettingsError, match="SEQSERVE_EVENTS_API_KEY_FILE: cannot read the file"):
         Settings()
     monkeypatch.setenv("SEQSERVE_EVENTS_API_KEY_FILE", "")
     assert Settings().events_api_key is None

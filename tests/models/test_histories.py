@@ -86,3 +86,73 @@ def test_a_pickled_column_is_not_loaded(tmp_path: Path) -> None:
     np.save(tmp_path / "t" / "items.npy", np.array([object()], dtype=object), allow_pickle=True)
     with pytest.raises(H.HistoryTableError, match=r"items\.npy: expected a 1-d int32 array, found 1-d object"):
         H.HistoryTable(tmp_path / "t")
+
+
+def _mutate(folder: Path, column: str, change: object) -> None:
+    path = folder / f"{column}.npy"
+    arr = np.load(path).copy()
+    change(arr)  # type: ignore[operator]
+    np.save(path, arr)
+
+
+def _swap_first_two(a: np.ndarray) -> None:
+    a[[0, 1]] = a[[1, 0]]
+
+
+@pytest.mark.parametrize(
+    ("column", "change", "problem"),
+    [
+        ("ends", _swap_first_two, r"ends\.npy: row ends must be non-negative and in ascending order"),
+        ("ends", lambda a: a.__setitem__(0, -1), r"ends\.npy: row ends must be non-negative"),
+        ("key_ends", _swap_first_two, r"key_ends\.npy: row ends must be non-negative and in ascending order"),
+        ("hashes", _swap_first_two, r"hashes\.npy: user hashes must be in ascending order"),
+        ("items", lambda a: a.__setitem__(0, 10_000), r"items\.npy: an index outside"),
+        ("items", lambda a: a.__setitem__(0, -3), r"items\.npy: an index outside"),
+        ("times", lambda a: a.__setitem__(0, np.inf), r"times\.npy: a time is infinite"),
+        ("times", lambda a: a.__setitem__(-1, -np.inf), r"times\.npy: a time is infinite"),
+        ("keys", lambda a: a.__setitem__(0, 0xFF), r"keys\.npy: a user id is not valid UTF-8"),
+    ],
+)
+def test_every_row_invariant_is_checked_at_open(tmp_path: Path, column: str, change: object, problem: str) -> None:
+    items = _write(tmp_path / "t", IDS)
+    H.HistoryTable(tmp_path / "t", n_ids=len(items))  # whole, it opens
+    _mutate(tmp_path / "t", column, change)
+    with pytest.raises(H.HistoryTableError, match=problem):
+        H.HistoryTable(tmp_path / "t", n_ids=len(items))
+
+
+def test_indices_are_checked_against_the_map_and_the_extra_ids(tmp_path: Path) -> None:
+    items = _write(tmp_path / "t", IDS)  # one extra id ("brand-new") after the map's
+    top = int(np.load(tmp_path / "t" / "items.npy").max())
+    assert top == len(items)  # the extra id's index
+    H.HistoryTable(tmp_path / "t", n_ids=len(items))
+    with pytest.raises(H.HistoryTableError, match=r"items\.npy"):
+        H.HistoryTable(tmp_path / "t", n_ids=len(items) - 1)
+
+
+def test_actions_are_checked_against_the_action_map(tmp_path: Path) -> None:
+    users, acts = IdMap(["s1", "s2", "s9"]), IdMap(["a2q", "<-a2q"])
+    H.HistoryColumns(["s1"], [["s2", "s9"]], [[1.0, 2.0]], users, [["a2q", "<-a2q"]], acts).write(tmp_path / "t")
+    H.HistoryTable(tmp_path / "t", n_ids=len(users), n_actions=len(acts))
+    with pytest.raises(H.HistoryTableError, match=r"actions\.npy: an action index outside"):
+        H.HistoryTable(tmp_path / "t", n_ids=len(users), n_actions=len(acts) - 1)
+
+
+def test_the_writer_refuses_what_the_reader_would(tmp_path: Path) -> None:
+    items = IdMap(["i1"])
+    with pytest.raises(ValueError, match="a time is infinite"):
+        H.HistoryColumns(["u1"], [["i1"]], [[math.inf]], items).write(tmp_path / "a")
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        H.HistoryColumns(["u\ud800"], [["i1"]], [[1.0]], items).write(tmp_path / "b")
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        H.HistoryColumns(["u1"], [["i\udfff"]], [[1.0]], items).write(tmp_path / "c")
+
+
+def test_a_fifo_column_is_refused_without_blocking(tmp_path: Path) -> None:
+    import os
+
+    _write(tmp_path / "t", IDS)
+    (tmp_path / "t" / "items.npy").unlink()
+    os.mkfifo(tmp_path / "t" / "items.npy")  # opening it for reading would wait for a writer forever
+    with pytest.raises(H.HistoryTableError, match=r"items\.npy: not a regular file"):
+        H.HistoryTable(tmp_path / "t")

@@ -90,3 +90,26 @@ def test_a_user_is_answered_as_its_stored_history_given_in_the_query(
     for u, a, b in zip(users, by_user, given, strict=True):
         assert a.items == b.items, u
         assert (a.excluded["seen"], a.excluded["future"]) == (b.excluded["seen"], b.excluded["future"]), u
+
+
+@pytest.mark.parametrize(
+    ("step", "problem"),
+    [(["12", "Infinity"], "a time is infinite"), (["i\ud800", 1.0], "not valid Unicode")],
+)
+def test_the_converter_refuses_what_the_service_would(
+    tiny_artifacts: Path, tmp_path: Path, step: list[object], problem: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts / "sasrec-tiny", root / "sasrec-tiny")
+    folder = latest_versions(root)["sasrec-tiny"]
+    _to_old_layout(folder, social=False)
+    # Python's json reads and writes both: Infinity as a number, a lone surrogate as an escape.
+    text = (folder / "histories.json").read_text()
+    first = next(iter(json.loads(text)))
+    doc = json.loads(text)
+    doc[first] = [*doc[first], json.loads(json.dumps(step).replace('"Infinity"', "Infinity"))]
+    (folder / "histories.json").write_text(json.dumps(doc))
+    assert main(["convert-histories", str(folder)]) == 2
+    assert problem in caplog.text
+    assert latest_versions(root)["sasrec-tiny"] == folder  # nothing published
+    assert not [p for p in (root / "sasrec-tiny").iterdir() if p.name.startswith(".tmp-")]
