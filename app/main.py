@@ -16,7 +16,7 @@ from fastapi_offline import FastAPIOffline
 from app.deps import Services
 from app.engine.registry import ModelRegistry, resolve_device
 from app.handlers import install_error_handlers
-from app.middleware import BodyLimit, Observe
+from app.middleware import BodyBudget, BodyLimit, Observe
 from app.observability import Metrics, configure_logging
 from app.routers import admin, bench, console, events, health, history, metrics, models
 from app.routers.tasks import lean_router, live_route, task_routes
@@ -126,7 +126,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     docs = {app.openapi_url, "/docs", app.swagger_ui_oauth2_redirect_url, DOCS_ASSETS}
     app.router.routes.sort(key=lambda route: getattr(route, "path", None) in docs)
     # Outermost first: every response, a 413 included, gets a request id and is counted.
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, budget=BodyBudget(settings.max_body_bytes_in_flight)
+    )
     app.add_middleware(Observe, metrics=services.metrics)
 
     def openapi() -> dict[str, Any]:

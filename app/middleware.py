@@ -6,9 +6,12 @@ extra tasks and streams (docs/decisions/request-path-trims.md).
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
 import os
+import re
+import threading
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,6 +27,7 @@ CONNECTION_CLOSED = "seqserve.connection_closed"
 _PREFIX = os.urandom(8).hex()
 _COUNTER = itertools.count()
 log = logging.getLogger("app.access")
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:/+=-]{1,128}")
 
 
 class Observe:
@@ -40,7 +44,10 @@ class Observe:
         rid = ""
         for name, value in scope["headers"]:
             if name == b"x-request-id":
-                rid = value[:128].decode("latin-1")
+                # Logged and echoed: only a plain token is taken (no quotes, controls or escapes to
+                # forge log lines with); anything else is replaced by a made-up id.
+                if _REQUEST_ID.fullmatch(value):
+                    rid = value.decode("ascii")
                 break
         rid = rid or f"{_PREFIX}{next(_COUNTER):016x}"
         header = (b"x-request-id", rid.encode("latin-1"))
@@ -70,15 +77,47 @@ class Observe:
             request_id.reset(token)
 
 
-class BodyLimit:
-    """413 with the JSON error shape when a body exceeds `max_bytes`.
+# Bodies up to this size are not counted against the budget below: the request path's bodies are a
+# few hundred bytes, and the connection cap bounds what small bodies can hold (1,024 x 64 KiB).
+UNCOUNTED_BODY_BYTES = 64 * 1024
 
-    Content-Length is checked first; a streamed body is read up to the limit before the app sees
-    it (the framework would turn an error raised mid-read into a 400).
+
+class BodyBudget:
+    """The bytes of request bodies this process holds at once, against a cap; when the last large body
+    is let go, the freed heap is handed back to the system (glibc keeps freed pages otherwise: 1 GB
+    still resident after an attack of 60 unfinished 16 MB bodies, docs/decisions/body-budget.md)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.held = cap, 0
+        self._trim_due = False
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.cap:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n
+        if n:
+            self._trim_due = True
+        if self.held == 0 and self._trim_due:
+            self._trim_due = False
+            _trim_soon()
+
+
+class BodyLimit:
+    """413 with the JSON error shape when a body exceeds `max_bytes`; 503 with Retry-After when taking
+    a large body would put the bodies held at once over `budget`.
+
+    Content-Length is checked first, and a large declared body reserves its whole size before a byte
+    of it is read; a streamed body is read up to the limit before the app sees it (the framework
+    would turn an error raised mid-read into a 400), counted chunk by chunk once it is large.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, budget: BodyBudget | None = None) -> None:
         self.app, self.max_bytes = app, max_bytes
+        self.budget = budget or BodyBudget(1 << 62)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -90,11 +129,28 @@ class BodyLimit:
                 declared = value
                 break
         if declared is not None:
-            if declared.isdigit() and int(declared) > self.max_bytes:
-                await self._reject(send)
+            size = int(declared) if declared.isdigit() else 0
+            if size > self.max_bytes:
+                await _reject(send, 413, "payload_too_large", f"request body exceeds {self.max_bytes} bytes")
                 return
-            await self.app(scope, receive, send)
+            if size <= UNCOUNTED_BODY_BYTES:
+                await self.app(scope, receive, send)
+                return
+            if not self.budget.take(size):
+                await self._busy(send)
+                return
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.budget.give(size)
             return
+        held = [0]  # what this streamed body holds of the budget, given back however the request ends
+        try:
+            await self._streamed(scope, receive, send, held)
+        finally:
+            self.budget.give(held[0])
+
+    async def _streamed(self, scope: Scope, receive: Receive, send: Send, held: list[int]) -> None:
         chunks, size = [], 0
         while True:
             msg = await receive()
@@ -107,8 +163,13 @@ class BodyLimit:
             chunks.append(msg.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                await self._reject(send)
+                await _reject(send, 413, "payload_too_large", f"request body exceeds {self.max_bytes} bytes")
                 return
+            if size > UNCOUNTED_BODY_BYTES:
+                if not self.budget.take(size - held[0]):
+                    await self._busy(send)
+                    return
+                held[0] = size
             if not msg.get("more_body", False):
                 break
         body, replayed = b"".join(chunks), False
@@ -122,15 +183,42 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, send: Send) -> None:
-        from app.handlers import error_json
-
-        body = error_json("payload_too_large", f"request body exceeds {self.max_bytes} bytes")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
+    async def _busy(self, send: Send) -> None:
+        await _reject(
+            send,
+            503,
+            "overloaded",
+            f"request bodies in flight hold {self.budget.held} of {self.budget.cap} bytes; retry shortly",
+            extra=[(b"retry-after", b"1")],
         )
-        await send({"type": "http.response.body", "body": body})
+
+
+async def _reject(
+    send: Send, status: int, code: str, message: str, *, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    from app.handlers import error_json
+
+    body = error_json(code, message)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+_LIBC: ctypes.CDLL | None = None
+_last_trim = 0.0
+
+
+def _trim_soon() -> None:
+    """malloc_trim(0) in a thread, at most once a second (glibc only; elsewhere nothing)."""
+    global _LIBC, _last_trim
+    now = time.monotonic()
+    if now - _last_trim < 1.0:
+        return
+    _last_trim = now
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 - glibc has it; another libc does not
+        except (OSError, AttributeError):
+            return
+    threading.Thread(target=_LIBC.malloc_trim, args=(0,), name="malloc-trim", daemon=True).start()

@@ -7,7 +7,9 @@ with three limits, each a setting (docs/decisions/connection-limits.md):
   - a header larger than SEQSERVE_MAX_HEADER_BYTES: 431, closed;
   - a request (headers and body) not received within SEQSERVE_REQUEST_READ_TIMEOUT_S of its first byte
     (of the connection, for its first request): 408, closed;
-  - more than SEQSERVE_MAX_CONNECTIONS open connections in one process: the new one gets 503, closed.
+  - more than SEQSERVE_MAX_CONNECTIONS open connections in one process: the new one gets 503, closed,
+    unless it asks for /healthz or /readyz within 2 s (a reserve of HEALTH_RESERVE connections);
+  - more than SEQSERVE_MAX_CONNECTIONS_PER_CLIENT open connections from one peer address: 503, closed.
 Idle keep-alive connections are closed after SEQSERVE_KEEP_ALIVE_S, as before.
 """
 
@@ -18,6 +20,7 @@ import logging
 import os
 import shutil
 import weakref
+from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -35,11 +38,23 @@ LINGER_S = 1.0  # how long a refused connection's remaining input is read and dr
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
+# Past the connection cap, this many more connections are let in for the health endpoints alone, with
+# a short deadline for their request: a full server still answers its orchestrator's probes.
+HEALTH_RESERVE = 16
+HEALTH_PATHS = frozenset({b"/healthz", b"/readyz"})
+RESERVE_READ_TIMEOUT_S = 2.0
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     max_header_bytes: int = 16 * 1024
     read_timeout_s: float = 15.0
     max_connections: int = 1024
+    max_connections_per_client: int = 256  # open connections from one peer address
+
+
+# Open connections per peer address, per process (one event loop per process).
+_PER_CLIENT: Counter[str] = Counter()
 
 
 class GuardedHttpTools(HttpToolsProtocol):
@@ -60,12 +75,24 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._refused = self._lingering = False
         self._in_head = True  # receiving a request's start line and headers
         self.since: float | None = None  # when the request being received began (loop time)
+        self._peer: str | None = None  # counted in _PER_CLIENT under this address
+        self._health_only = False  # let in past the cap: only /healthz and /readyz are answered
+        self._read_timeout_s = limits.read_timeout_s
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
-            self._refuse(503, "overloaded", "too many open connections; retry shortly", retry=True)
+        peer = self.client[0] if self.client else ""
+        if _PER_CLIENT[peer] >= self.limits.max_connections_per_client:
+            self._refuse_at_connect("too many open connections from this address; retry shortly")
             return
+        _PER_CLIENT[peer] += 1
+        self._peer = peer
+        if len(self.connections) > self.limits.max_connections:
+            if len(self.connections) > self.limits.max_connections + HEALTH_RESERVE:
+                self._refuse_at_connect("too many open connections; retry shortly")
+                return
+            self._health_only = True
+            self._read_timeout_s = min(self._read_timeout_s, RESERVE_READ_TIMEOUT_S)
         self.since = self.loop.time()  # an idle new connection is a request that has not arrived in time
         if self.loop not in _SWEPT:
             _SWEPT.add(self.loop)
@@ -96,9 +123,31 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._refused = False
         self.scope["extensions"] = {CONNECTION_CLOSED: self.transport.is_closing}  # type: ignore[dict-item]
 
+    def _refuse_at_connect(self, message: str) -> None:
+        # Refused connections linger a second to deliver the 503; they hold no slot meanwhile, or a
+        # client reconnecting fast would fill the cap with its own refusals.
+        self.connections.discard(self)
+        self._release_peer()
+        self._refuse(503, "overloaded", message, retry=True)
+
+    def _release_peer(self) -> None:
+        if self._peer is not None:
+            _PER_CLIENT[self._peer] -= 1
+            if _PER_CLIENT[self._peer] <= 0:
+                del _PER_CLIENT[self._peer]
+            self._peer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._release_peer()
+        super().connection_lost(exc)
+
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._heads += 1
+        if self._health_only and self.url.split(b"?", 1)[0] not in HEALTH_PATHS:
+            self._refused = True
+            self._refuse(503, "overloaded", "too many open connections; retry shortly", retry=True)
+            return
         # A block that ended in this chunk was not counted above; it can only be too large if the
         # chunk (with what came before it) is, and then it is counted exactly.
         limit = self.limits.max_header_bytes
@@ -125,7 +174,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._in_head, self._head_bytes = True, 0
 
     def late(self, now: float) -> bool:
-        return self.since is not None and now - self.since > self.limits.read_timeout_s
+        return self.since is not None and now - self.since > self._read_timeout_s
 
     def expire(self) -> None:
         self.since = None
@@ -134,7 +183,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self.cycle is not None and self.cycle.response_started:
             self.transport.close()  # the app answered early (a 413, say) and the body never came
             return
-        self._refuse(408, "request_timeout", f"the request was not received within {self.limits.read_timeout_s:g} s")
+        self._refuse(408, "request_timeout", f"the request was not received within {self._read_timeout_s:g} s")
 
     def _refuse(self, status: int, code: str, message: str, *, retry: bool = False) -> None:
         log.info("closing a connection from %s: %d %s", self.client, status, code)
@@ -179,7 +228,9 @@ def main() -> None:
         metrics_dir = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(s.shared_dir / "metrics")))
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
-    limits = ConnectionLimits(s.max_header_bytes, s.request_read_timeout_s, s.max_connections)
+    limits = ConnectionLimits(
+        s.max_header_bytes, s.request_read_timeout_s, s.max_connections, s.max_connections_per_client
+    )
     uvicorn.run(
         "app.main:app_from_env",
         factory=True,

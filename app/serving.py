@@ -21,6 +21,7 @@ from app.errors import EventConflict, InvalidEvents, InvalidQuery, StoreUnavaila
 from app.schemas import EventIn
 from app.store import Event, HistoryStore
 from models.serving import Engine, RecentEvent, Timeline, optional_time, unknown_field
+from models.social import is_incoming
 
 R = TypeVar("R")
 # A by-user read of at most this many users runs on the event loop (SQLite: one indexed query of a
@@ -218,10 +219,18 @@ async def post_events(
 
 
 async def user_history(
-    served: Served, user_id: str, *, store: HistoryStore | None, limit: int, fields: Sequence[str]
+    served: Served,
+    user_id: str,
+    *,
+    store: HistoryStore | None,
+    limit: int,
+    fields: Sequence[str],
+    steps: str = "all",
 ) -> list[dict[str, Any]]:
     """A user's newest `limit` steps, newest first: the artifact's history, then the live events
-    stored since, each with the asked fields of its item."""
+    stored since, each with the asked fields of its item. `steps`: "all", "own" (what the user did) or
+    "received" (what others did to the user, a social model's mirrored steps), so a user's own steps
+    are never hidden behind many received ones."""
     engine = served.engine
     if engine.namespace is None:
         raise InvalidQuery(f"model {served.name!r} keeps no user histories", ["query", "model"])
@@ -233,11 +242,13 @@ async def user_history(
     stored = engine.stored_timeline(user_id)
     if not stored and not live:
         raise UnknownUser(f"unknown user {user_id!r}", ["query", "user_id"])
-    steps = [(step, "artifact") for step in stored] + [(step, "live") for step in live]
-    newest = steps[::-1][:limit]
+    every = [(step, "artifact") for step in stored] + [(step, "live") for step in live]
+    if steps != "all":  # the store reads up to `limit` of each kind, so either kind fills its page
+        every = [s for s in every if is_incoming(s[0][2]) == (steps == "received")]
+    newest = every[::-1][:limit]
     ids = [raw for (raw, _, _), _ in newest]
     known = engine.known(ids)
-    described = engine.describe(ids, fields) if fields else [None] * len(ids)
+    described = engine.describe(ids, list(dict.fromkeys(fields))) if fields else [None] * len(ids)
     return [
         {
             "item_id": raw,

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     json_logs: bool = True
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    # Bytes of request bodies over 64 KiB one worker holds at once (being received or served); a large
+    # body that would pass it gets 503 with Retry-After. A body costs about twice its size while parsed.
+    max_body_bytes_in_flight: int = Field(default=256 * 1024 * 1024, ge=1024)
     admin_api_key: SecretStr | None = None  # admin endpoints answer 403 while unset
     events_api_key: SecretStr | None = None  # when set, POST /events and GET /history need it (X-API-Key)
     # Stored histories are private once either key is set: GET /history and a /recommend query by
@@ -97,8 +100,11 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(default=16 * 1024, ge=1024)  # request line + headers; 431 above
     request_read_timeout_s: float = Field(default=15.0, gt=0)  # whole request (headers, body) within; else 408
     max_connections: int = Field(default=1024, ge=1)  # open connections per worker; a new one past it: 503
+    # Open connections from one peer address, per worker: behind a proxy every client shares its address,
+    # so raise it there (docs/decisions/connection-limits.md).
+    max_connections_per_client: int = Field(default=256, ge=1)
     # Workers of one host agree through files here (the reload generation, each worker's versions);
-    # None: beside the SQLite history file.
+    # None: <history_path>.state beside the SQLite history file.
     state_dir: Path | None = None
     reload_wait_s: float = Field(default=60.0, ge=0)  # POST /admin/reload waits this long for every worker
     load_timeout_s: float = Field(default=300.0, gt=0)  # a version not loaded within this is reported broken
@@ -129,6 +135,12 @@ class Settings(BaseSettings):
                     raise ValueError(f"SEQSERVE_{name.upper()}_FILE: cannot read the file ({exc.strerror})") from None
         return data
 
+    @model_validator(mode="after")
+    def _in_flight_holds_a_body(self) -> Settings:
+        if self.max_body_bytes_in_flight < self.max_body_bytes:
+            raise ValueError("SEQSERVE_MAX_BODY_BYTES_IN_FLIGHT must be at least SEQSERVE_MAX_BODY_BYTES")
+        return self
+
     @field_validator("admin_api_key", "events_api_key", "read_api_key", "redis_password")
     @classmethod
     def _blank_key_is_no_key(cls, v: SecretStr | None) -> SecretStr | None:
@@ -141,8 +153,9 @@ class Settings(BaseSettings):
 
     @property
     def shared_dir(self) -> Path:
-        """The folder the workers of one host share (state_dir, else the SQLite file's folder)."""
-        return self.state_dir or self.history_path.parent
+        """The folder the workers of one host share: state_dir, else one named after the SQLite file beside
+        it, so two instances whose files share a folder never share reload state."""
+        return self.state_dir or self.history_path.with_name(f"{self.history_path.name}.state")
 
     def batch_policy(self, device_type: str) -> BatchPolicy:
         """The batchers' policy for models on `device_type` ("cpu", "cuda")."""

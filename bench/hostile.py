@@ -15,6 +15,9 @@ longest stall. Resident memory of the server is sampled every 50 ms (peak during
   64mb-header one complete 64 MB header on GET /healthz
   slow       idle, partial-header, partial-body and unfinished-chunked connections: still open at --slow-s?
   many       3,000 connections each holding a half-sent header: descriptors held after 1 s and at --slow-s
+  bodies-in-flight  150 connections from one client, each a 16 MB body but its last byte (--bodies)
+  half-open  1,024 half-sent headers from 127.0.0.2, then what new connections from 127.0.0.1 and from
+             127.0.0.2 get for /healthz, /readyz and /recommend (--half-open)
   abandoned  two 1,024-query /next-location requests whose clients leave halfway through the first one's
              model time, then a small request:
              how long it waits, and how many of the 2,048 queries the model still computed
@@ -23,6 +26,7 @@ longest stall. Resident memory of the server is sampled every 50 ms (peak during
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -320,6 +324,70 @@ def many(port: int, pid: int, n: int, wait_s: float) -> dict[str, Any]:
     return {"opened": len(socks), "descriptors_held_after_1s": after_1s, f"after_{wait_s:g}s": after_wait}
 
 
+def bodies_in_flight(port: int, n: int, size: int = 16 << 20) -> dict[str, Any]:
+    """`n` connections from one client, each sending a `size`-byte body but its last byte, held open
+    for 2 s, then closed: how many were refused at once (503) and what the rest held."""
+    socks, refused = [], 0
+    head = b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % size
+    chunk = b" " * (size - 1)
+    for _ in range(n):
+        s = _connect(port)
+        try:
+            s.sendall(head + chunk)
+        except OSError:
+            s.close()
+            refused += 1
+            continue
+        socks.append(s)
+    time.sleep(2)
+    for s in socks:
+        s.setblocking(False)
+        with contextlib.suppress(OSError):
+            refused += s.recv(64).startswith(b"HTTP/1.1 503")
+    for s in socks:
+        s.close()
+    return {"connections": n, "body_mb": round(size / 1e6, 1), "refused_503": refused}
+
+
+def _status(port: int, raw: bytes, source: str = "127.0.0.1") -> int:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as s:
+            s.sendall(raw)
+            return _read_status(s)[0]
+    except OSError:
+        return 0
+
+
+def half_open(port: int, n: int) -> dict[str, Any]:
+    """`n` connections from 127.0.0.2 holding a half-sent header; then new connections: what /healthz,
+    /readyz and /recommend answer to another address (127.0.0.1) and to the same one."""
+    socks = []
+    for _ in range(n):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.2", 0))
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            socks.append(s)
+        except OSError:
+            break
+    time.sleep(0.5)
+    get = b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    body = b'{"queries":[]}'
+    post = (
+        b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    out: dict[str, Any] = {"opened": len(socks)}
+    for who, source in (("other_client", "127.0.0.1"), ("same_client", "127.0.0.2")):
+        out[who] = {
+            "healthz": _status(port, get % b"/healthz", source),
+            "readyz": _status(port, get % b"/readyz", source),
+            "recommend": _status(port, post, source),  # 422: let in and answered; 503: refused
+        }
+    for s in socks:
+        s.close()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
@@ -328,6 +396,8 @@ def main() -> None:
     p.add_argument("--attacks", nargs="+", default=["keys", "steps", "big-header", "64mb-header", "slow", "many"])
     p.add_argument("--slow-s", type=float, default=20.0)
     p.add_argument("--many", type=int, default=3000)
+    p.add_argument("--bodies", type=int, default=150, help="connections of the bodies-in-flight attack")
+    p.add_argument("--half-open", type=int, default=1024, help="connections of the half-open attack")
     p.add_argument("--port", type=int, default=8950)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "hostile.json")
     args = p.parse_args()
@@ -360,6 +430,10 @@ def main() -> None:
                     out = abandoned(args.port)
                 elif attack == "slow":
                     out = slow(args.port, args.slow_s)
+                elif attack == "bodies-in-flight":
+                    out = bodies_in_flight(args.port, args.bodies)
+                elif attack == "half-open":
+                    out = half_open(args.port, args.half_open)
                 else:
                     out = many(args.port, proc.pid, args.many, args.slow_s)
                 time.sleep(0.3)

@@ -10,13 +10,22 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, every: float = 0.02) -> None:
+    """Poll `predicate` until it is true; AssertionError after `timeout` seconds (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout:g} s: {getattr(predicate, '__name__', predicate)}")
+        time.sleep(every)
 
 
 def free_port() -> int:

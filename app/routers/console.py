@@ -6,10 +6,11 @@ service through its public API only."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.staticfiles import StaticFiles
-from starlette.responses import FileResponse
+from starlette.responses import FileResponse, Response
 from starlette.routing import Mount
 
 PAGE = Path(__file__).resolve().parent.parent / "console"
@@ -32,4 +33,14 @@ async def console() -> FileResponse:
     return FileResponse(PAGE / "index.html", headers=HEADERS, media_type="text/html")
 
 
-assets = Mount(ASSETS, app=StaticFiles(directory=PAGE), name="console-assets")
+class ConsoleFiles(StaticFiles):
+    """The page's files with the page's headers: index.html is reachable here too, and must not be
+    framed or run another origin's script from this path either."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers.update(HEADERS)
+        return response
+
+
+assets = Mount(ASSETS, app=ConsoleFiles(directory=PAGE), name="console-assets")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
@@ -31,6 +31,10 @@ async def get_history(
     model: Annotated[RawId | None, Query(description="default: the /recommend default")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_STEPS)] = 50,
     fields: Annotated[list[FieldName] | None, Query(max_length=MAX_FIELDS, description="item fields to add")] = None,
+    steps: Annotated[
+        Literal["all", "own", "received"],
+        Query(description="own: what the user did; received: what others did to the user (a social model)"),
+    ] = "all",
 ) -> Response:
     """A user's newest steps: the trained artifact's history and the events stored since. Reads what
     POST /events writes, so it needs X-API-Key (the events or the read key) when either is set."""
@@ -41,6 +45,6 @@ async def get_history(
     ) as served:
         request.state.model = served.name
         events = await serving.user_history(
-            served, user_id, store=services.store, limit=limit, fields=list(dict.fromkeys(fields or []))
+            served, user_id, store=services.store, limit=limit, fields=fields or [], steps=steps
         )
         return json_response({"model": served.name, "user_id": user_id, "events": events})

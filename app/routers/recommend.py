@@ -16,7 +16,7 @@ def to_query(q: RecommendQuery) -> RecQuery:
         exclude_future=q.exclude_future,
         exclude_items=q.exclude_items,
         as_of=q.as_of,
-        fields=list(dict.fromkeys(q.fields)),
+        fields=list(q.fields),  # as sent: an error's index is the request's (answers list each field once)
     )
 
 

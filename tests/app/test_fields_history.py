@@ -110,6 +110,7 @@ def test_history_is_newest_first_with_fields_and_live_events(client: TestClient,
     [
         ({"user_id": "nobody"}, 404, ["query", "user_id"]),
         ({"user_id": "u5", "fields": ["colour"]}, 422, ["query", "fields", 0]),
+        ({"user_id": "u5", "fields": ["title", "title", "colour"]}, 422, ["query", "fields", 2]),
         ({"user_id": "u5", "limit": 0}, 422, ["query", "limit"]),
         ({"user_id": "u5", "model": "nope"}, 404, ["query", "model"]),
         ({}, 422, ["query", "user_id"]),
@@ -168,10 +169,24 @@ def test_docs_page_loads_nothing_from_another_host(client: TestClient) -> None:
     assert client.get("/redoc").status_code == 404  # its bundle fetches a logo from a CDN: not served
 
 
+def test_a_duplicated_field_is_named_at_its_own_index(client: TestClient) -> None:
+    code, body = _recommend(client, {"user_id": "u5", "fields": ["title", "title", "colour"]})
+    assert code == 422 and body["error"]["details"][0]["loc"] == ["body", "queries", 0, "fields", 2]
+    code, body = _recommend(client, {"user_id": "u5", "fields": ["title", "title"]})
+    assert code == 200 and all(set(i["fields"]) == {"title"} for i in body["results"][0]["items"])
+
+
 def test_console_page_and_its_switch(client: TestClient, tiny_artifacts: Path) -> None:
     page = client.get("/console")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "script-src 'self'" in page.headers["content-security-policy"]
+    # The same page through the assets path carries the same headers.
+    same = client.get("/console/assets/index.html")
+    assert (
+        same.status_code == 200 and same.headers["content-security-policy"] == page.headers["content-security-policy"]
+    )
+    assert same.headers["x-content-type-options"] == "nosniff"
+    assert "frame-ancestors 'none'" in client.get("/console/assets/console.js").headers["content-security-policy"]
     assert "/console" not in client.get("/openapi.json").json()["paths"]
     for asset in ("console.js", "console.css"):
         assert client.get(f"/console/assets/{asset}").status_code == 200

@@ -21,6 +21,10 @@ def test_request_id_is_echoed_or_generated(tiny_artifacts: Path) -> None:
     with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu"))) as c:
         r = c.post("/recommend", json={"queries": [{"user_id": "u1"}]}, headers={"X-Request-ID": "abc-123"})
         assert r.headers["X-Request-ID"] == "abc-123"
+        # A value that could forge a log line (quotes, controls) or is too long is replaced, not logged.
+        for forged in (b'a"b', b"x" * 129, b"a b", "é".encode(), b"a\\nb"):
+            got = c.get("/healthz", headers={"X-Request-ID": forged}).headers["X-Request-ID"]
+            assert got.encode() != forged and len(got) == 32
         r = c.post("/recommend", json={"queries": []})
         assert r.status_code == 422 and len(r.headers["X-Request-ID"]) == 32
         assert c.get("/healthz").headers["X-Request-ID"] != r.headers["X-Request-ID"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from tests.servers import start_api, stop
+from tests.servers import start_api, stop, wait_until
 
 SOAK_SECONDS = float(os.environ.get("SEQSERVE_SOAK_SECONDS", "8"))
 
@@ -193,19 +193,79 @@ def test_a_request_not_received_in_time_is_408_and_closed(guarded, sent: bytes) 
     assert waited < 5 and (status == 408 or (status == 0 and sent)), (status, data[:200], waited)
 
 
-def test_connections_past_the_cap_get_503(guarded) -> None:  # type: ignore[no-untyped-def]
+def _connect_from(url: str, source: str) -> socket.socket:
+    """A connection from another loopback address: another client as far as the server can tell."""
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
+
+
+def _request(sock: socket.socket, raw: bytes) -> tuple[int, bytes]:
+    sock.sendall(raw)
+    return _answer(sock)
+
+
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+RECOMMEND = (
+    b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b'Content-Length: 40\r\n\r\n{"queries":[{"user_id":"u1","k":1}]}    '
+)
+
+
+def test_past_the_cap_only_health_checks_get_in(guarded) -> None:  # type: ignore[no-untyped-def]
     _, url = guarded
-    held = [_connect(url) for _ in range(6)]
+    held = [_connect(url) for _ in range(6)]  # the cap (6), all idle
     try:
-        time.sleep(0.2)
-        with _connect(url) as s:
-            status, data = _answer(s)
+        wait_until(lambda: _open_connections(url) >= 6)
+        with _connect(url) as s:  # past the cap: a request for the API is refused
+            status, data = _request(s, RECOMMEND)
         assert status == 503 and b"retry-after: 1" in data.lower()
+        for path in (b"/healthz", b"/readyz"):  # and a health check answered from the reserve
+            with _connect(url) as s:
+                status, _ = _request(s, HEALTHZ.replace(b"/healthz", path))
+            assert status == 200, path
+        reserve = [_connect(url) for _ in range(16)]  # the reserve full of idle connections
+        try:
+            wait_until(lambda: _open_connections(url) >= 22)
+            with _connect(url) as s:
+                status, _ = _answer(s)  # refused at once, whatever it would ask
+            assert status == 503
+        finally:
+            for s in reserve:
+                s.close()
     finally:
         for s in held:
             s.close()
-    time.sleep(0.3)
-    assert httpx.get(f"{url}/healthz").status_code == 200  # room again once they are gone
+    wait_until(lambda: httpx.get(f"{url}/healthz").status_code == 200)  # room again once they are gone
+
+
+def test_one_address_cannot_take_every_connection(tiny_artifacts: Path) -> None:
+    limits = {**LIMITS, "SEQSERVE_MAX_CONNECTIONS": "20", "SEQSERVE_MAX_CONNECTIONS_PER_CLIENT": "5"}
+    proc, url = start_api(tiny_artifacts, limits)
+    try:
+        hog = [_connect_from(url, "127.0.0.2") for _ in range(5)]
+        wait_until(lambda: _open_connections(url) >= 5)
+        with _connect_from(url, "127.0.0.2") as s:  # its sixth
+            status, data = _answer(s)
+        assert status == 503 and b"from this address" in data
+        with _connect_from(url, "127.0.0.1") as s:  # anyone else is served
+            assert _request(s, RECOMMEND)[0] == 200
+        for s in hog:
+            s.close()
+        wait_until(lambda: _status_from(url, "127.0.0.2", RECOMMEND) == 200)  # its share back once closed
+    finally:
+        stop(proc)
+
+
+def _status_from(url: str, source: str, raw: bytes) -> int:
+    with _connect_from(url, source) as s:
+        return _request(s, raw)[0]
+
+
+def _open_connections(url: str) -> int:
+    """Established TCP connections on the server's side of its port (from /proc/net/tcp)."""
+    port = int(url.rsplit(":", 1)[1])
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for r in rows if r.split()[1].endswith(f":{port:04X}") and r.split()[3] == "01")
 
 
 def test_a_client_that_hangs_up_mid_body_is_not_a_server_error(guarded) -> None:  # type: ignore[no-untyped-def]
@@ -299,3 +359,60 @@ def test_the_connection_closed_flag_sees_a_client_leave_after_a_large_body() -> 
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def _large_head(size: int) -> bytes:
+    return b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % size
+
+
+def _one_answer(sock: socket.socket) -> tuple[int, bytes]:
+    """(status, head and body) of one answer on a connection that stays open."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        head, sep, body = data.partition(b"\r\n\r\n")
+        declared = head.lower().split(b"content-length:")
+        if sep and len(declared) > 1 and len(body) >= int(declared[1].split(b"\r\n")[0]):
+            break
+    return (int(data.split(b" ", 2)[1]) if data else 0), data
+
+
+def _refused_at_once(url: str, head: bytes) -> bool:
+    """Whether a large body's request is refused (503, Retry-After) before its body is sent."""
+    with _connect(url) as s:
+        s.settimeout(0.5)
+        s.sendall(head)
+        try:
+            status, data = _one_answer(s)
+        except TimeoutError:
+            return False  # taken: it waits for the body
+    return status == 503 and b"retry-after: 1" in data.lower()
+
+
+def test_unfinished_bodies_have_a_total(tiny_artifacts: Path) -> None:
+    """Two 1 MB bodies fill a 2 MB budget: a third large one is refused before it is read, a small
+    request is still served, and the room comes back when the holders leave."""
+    mb = 1 << 20
+    limits = {"SEQSERVE_MAX_BODY_BYTES": str(mb), "SEQSERVE_MAX_BODY_BYTES_IN_FLIGHT": str(2 * mb)}
+    proc, url = start_api(tiny_artifacts, {**LIMITS, "SEQSERVE_REQUEST_READ_TIMEOUT_S": "30", **limits})
+    try:
+        holders = [_connect(url) for _ in range(2)]
+        for s in holders:
+            s.sendall(_large_head(mb) + b" " * (mb - 1))  # all but the last byte
+        wait_until(lambda: _refused_at_once(url, _large_head(mb)))
+        chunked = b"POST /recommend HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        with _connect(url) as s:  # a streamed body is counted as it grows
+            s.sendall(chunked + b"20000\r\n" + b" " * 0x20000 + b"\r\n")
+            status, _ = _one_answer(s)
+        assert status == 503
+        assert httpx.post(f"{url}/recommend", json={"queries": [{"user_id": "u1", "k": 1}]}).status_code == 200
+        for s in holders:
+            s.close()
+        body = orjson_padded({"model": "sasrec-tiny", "queries": [{"user_id": "u1", "k": 1}]}, mb)
+        post = lambda: httpx.post(f"{url}/recommend", content=body, headers={"content-type": "application/json"})  # noqa: E731
+        wait_until(lambda: post().status_code == 200)
+    finally:
+        stop(proc)

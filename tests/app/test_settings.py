@@ -29,3 +29,10 @@ def test_an_unreadable_secret_file_names_the_variable_not_the_content(
         Settings()
     monkeypatch.setenv("SEQSERVE_EVENTS_API_KEY_FILE", "")
     assert Settings().events_api_key is None
+
+
+def test_instances_with_sqlite_files_in_one_folder_share_no_state(tmp_path: Path) -> None:
+    one = Settings(history_path=tmp_path / "a.sqlite3")
+    two = Settings(history_path=tmp_path / "b.sqlite3")
+    assert one.shared_dir != two.shared_dir and one.shared_dir.parent == tmp_path
+    assert Settings(history_path=tmp_path / "a.sqlite3", state_dir=tmp_path / "s").shared_dir == tmp_path / "s"

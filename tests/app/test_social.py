@@ -239,3 +239,28 @@ def test_everyones_live_events_before_the_query_are_recent_activity(
     assert abs(gap(after, "s17", "s2") - gap(before, "s17", "s2")) > 1e-4
     assert abs(gap(after, "s11", "s2") - gap(before, "s11", "s2")) > 1e-4
     assert gap(after, "s3", "s2") == pytest.approx(gap(before, "s3", "s2"), abs=1e-4)
+
+
+def test_history_pages_own_and_received_steps_apart(client: TestClient, tiny_social_artifact: Path) -> None:
+    """Many received steps never hide what the user did: each kind has its own page."""
+    art = load_artifact(latest_versions(tiny_social_artifact)[MODEL])
+    t = max(t for u in stored_users(art) for _, t, _ in stored(art, u)) + 100
+    own = {"event_id": "own-1", "user_id": "s20", "item_id": "s3", "action": "a2q", "timestamp": t}
+    received = [
+        {"event_id": f"r{n}", "user_id": "s7", "item_id": "s20", "action": "a2q", "timestamp": t + 1 + n}
+        for n in range(6)
+    ]
+    assert client.post("/events", json={"model": MODEL, "events": [own, *received]}).status_code == 200
+
+    def page(steps: str) -> list[dict]:
+        r = client.get("/history", params={"user_id": "s20", "model": MODEL, "limit": 3, "steps": steps})
+        assert r.status_code == 200, r.text
+        return list(r.json()["events"])
+
+    assert all(e["action"].startswith("<-") for e in page("all"))  # the newest three are received
+    mine = page("own")
+    assert mine[0]["item_id"] == "s3" and mine[0]["source"] == "live"
+    assert not any(e["action"].startswith("<-") for e in mine)
+    assert [e["item_id"] for e in page("received")] == ["s7"] * 3
+    bad = client.get("/history", params={"user_id": "s20", "model": MODEL, "steps": "mine"})
+    assert bad.status_code == 422 and bad.json()["error"]["details"][0]["loc"] == ["query", "steps"]
