@@ -17,7 +17,7 @@ from app.deps import Services
 from app.engine.registry import ModelRegistry, resolve_device
 from app.handlers import install_error_handlers
 from app.middleware import BodyBudget, BodyLimit, Observe
-from app.observability import Metrics, configure_logging
+from app.observability import AccessLog, Metrics, configure_logging
 from app.routers import admin, bench, console, events, health, history, metrics, models
 from app.routers.tasks import lean_router, live_route, task_routes
 from app.schemas import bounded, components
@@ -33,6 +33,7 @@ DOCS_ASSETS = "/docs-assets"
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     services = Services(settings=settings, metrics=Metrics(), registry=ModelRegistry())
+    access = AccessLog(json_lines=settings.json_logs)
     routes = task_routes()
     services.schemas = bounded(settings.limits, {r.name: r.body(settings.limits) for r in routes})
     services.route_paths = {r.name: r.path for r in routes}
@@ -40,8 +41,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.torch_threads:
-            torch.set_num_threads(settings.torch_threads)
         try:
             services.store = open_store(
                 settings.history_store,
@@ -56,6 +55,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # ones by user_id, and /events, answer 503 and /readyz says the store is unavailable.
             log.error("history store not available: %s", exc)
         device = resolve_device(settings.device)
+        threads = settings.model_threads(device.type)
+        if threads is not None:
+            torch.set_num_threads(threads)
         services.registry = ModelRegistry(
             options=EngineOptions(
                 device=device,
@@ -80,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.error("no shared folder for the workers (%s): POST /admin/reload reaches this process only", exc)
         keeper = asyncio.create_task(_housekeeping(services))
         yield
+        access.flush()
         keeper.cancel()
         with suppress(asyncio.CancelledError):
             await keeper
@@ -129,7 +132,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, budget=BodyBudget(settings.max_body_bytes_in_flight)
     )
-    app.add_middleware(Observe, metrics=services.metrics)
+    app.add_middleware(Observe, metrics=services.metrics, access=access)
 
     def openapi() -> dict[str, Any]:
         """The generated document plus the request bodies the dependencies parse, with this app's bounds."""

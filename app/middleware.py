@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import logging
 import os
 import re
 import threading
@@ -16,7 +15,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.observability import Metrics, request_id
+from app.observability import AccessLog, Metrics, request_id
 
 QUIET = frozenset({"/metrics", "/healthz", "/readyz"})
 # An ASGI scope extension the service's server (app/server.py) sets on every request: a callable that
@@ -26,7 +25,6 @@ CONNECTION_CLOSED = "seqserve.connection_closed"
 # restarts without uuid4's cost on every request (2.4% of a no-op request in the profile).
 _PREFIX = os.urandom(8).hex()
 _COUNTER = itertools.count()
-log = logging.getLogger("app.access")
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:/+=-]{1,128}")
 
 
@@ -34,8 +32,9 @@ class Observe:
     """Request id (taken from X-Request-ID or made up, returned in the response, carried by the logs),
     request counts and latency per endpoint and model, and one access-log line per request."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, access: AccessLog | None = None) -> None:
         self.app, self.metrics = app, metrics
+        self.access = access or AccessLog(json_lines=True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -72,8 +71,8 @@ class Observe:
             endpoint = getattr(route, "path", "unmatched")
             model = scope.get("state", {}).get("model", "-")
             self.metrics.observe_request(endpoint, model, status, seconds)
-            if endpoint not in QUIET and log.isEnabledFor(logging.INFO):
-                log.info("%s %s %d %.1fms", scope["method"], endpoint, status, seconds * 1000)
+            if endpoint not in QUIET and self.access.enabled():
+                self.access.write(f"{scope['method']} {endpoint} {status} {seconds * 1000:.1f}ms", rid)
             request_id.reset(token)
 
 

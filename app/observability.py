@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 
+import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 from app.workers import alive
@@ -118,6 +122,54 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out)
+
+
+class AccessLog:
+    """The access log: one line per request, in the log's format, written in batches.
+
+    Through `logging`, a line cost 10 us of the event loop (a LogRecord, the handler's lock, the
+    formatter, a write and a flush per line): 21% of /recommend's throughput at 64 clients on the
+    2-core box (docs/decisions/request-path-threads.md). Here a line is formatted directly and kept;
+    the lines go out in one write every `flush_s` seconds, or at 256 lines, or at shutdown. The logger
+    "app.access" still decides whether lines are written (its level), and nothing else logs through it.
+    """
+
+    def __init__(self, *, json_lines: bool, flush_s: float = 0.2, fd: int = 2) -> None:
+        self.json_lines, self.flush_s, self.fd = json_lines, flush_s, fd
+        self.logger = logging.getLogger("app.access")
+        self._lines: list[bytes] = []
+        self._second = -1
+        self._stamp = ""
+        self._timer: asyncio.TimerHandle | None = None
+
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)
+
+    def write(self, message: str, rid: str) -> None:
+        now = time.time()
+        if int(now) != self._second:  # the time stamp changes once a second
+            self._second = int(now)
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now))
+        if self.json_lines:
+            line = orjson.dumps(
+                {"time": self._stamp, "level": "INFO", "logger": "app.access", "message": message, "request_id": rid}
+            )
+        else:
+            line = f"{self._stamp} INFO app.access: {message}".encode()
+        self._lines.append(line + b"\n")
+        if len(self._lines) >= 256:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.flush_s, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._lines:
+            data, self._lines = b"".join(self._lines), []
+            with contextlib.suppress(OSError):  # a closed log stream must not fail requests
+                os.write(self.fd, data)
 
 
 def configure_logging(level: str, json_lines: bool = True) -> None:

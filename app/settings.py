@@ -49,7 +49,9 @@ class Settings(BaseSettings):
     # is faster at load (models/coarse.py); 0 = never.
     coarse_ranking_from: int = Field(default=COARSE_FROM, ge=0)
     default_model: str | None = None  # None = the first model by name
-    torch_threads: int = Field(default=0, ge=0)  # 0 = leave torch's default
+    # Intra-op threads of each worker's model calls; 0 = one core left to the event loop: the worker's
+    # share of the CPUs less one, at least 1 (docs/decisions/request-path-threads.md).
+    torch_threads: int = Field(default=0, ge=0)
     # Request bounds: the OpenAPI document states these, and validation enforces exactly these.
     max_queries: int = Field(default=_LIMITS.max_queries, ge=1)  # queries per request
     max_k: int = Field(default=_LIMITS.max_k, ge=1)
@@ -145,6 +147,15 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_key_is_no_key(cls, v: SecretStr | None) -> SecretStr | None:
         return None if v is None or not v.get_secret_value().strip() else v
+
+    def model_threads(self, device_type: str) -> int | None:
+        """Threads for torch on `device_type`; None: leave torch's own choice (a GPU's host side)."""
+        if self.torch_threads:
+            return self.torch_threads
+        if device_type != "cpu":
+            return None
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, cores // self.workers - 1)
 
     @property
     def history_keys(self) -> tuple[SecretStr, ...]:

@@ -132,7 +132,7 @@ async def run(args: argparse.Namespace) -> None:
         f"busy {calls['seconds'] / wall:.2f} of the run"
     )
     if profiler:
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
+        pstats.Stats(profiler).sort_stats(os.environ.get("PSORT", "cumulative")).print_stats(args.profile)
     await to_app.put({"type": "lifespan.shutdown"})
     await from_app.get()
     await lifespan

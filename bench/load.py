@@ -34,6 +34,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import IO
 
 import httpx2 as httpx
 
@@ -65,7 +66,7 @@ def _uvicorn(
         cwd=root,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=_log_file(),
         start_new_session=True,
     )
 
@@ -98,7 +99,7 @@ def start_server(
             cwd=root,
             env=env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=_log_file(),
             start_new_session=True,
         )
     else:  # a checkout from before app/server.py, or a loop/parser ablation
@@ -155,7 +156,7 @@ def start_litserve(
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=_log_file(),
         start_new_session=True,
     )
     return wait_ready(proc, f"http://127.0.0.1:{port}/health")
@@ -180,6 +181,24 @@ def pause(proc: subprocess.Popen[bytes], paused: bool) -> None:
     os.killpg(proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
 
 
+_LOGS: list[IO[bytes]] = []
+
+
+def _log_file() -> IO[bytes]:
+    """Where a server's output goes: a file, never a pipe nobody reads (a server logging every request at
+    INFO fills a pipe's 64 KB and then blocks on its next log line). The newest is read if it exits."""
+    _LOGS.append(tempfile.TemporaryFile())
+    return _LOGS[-1]
+
+
+def _output() -> str:
+    """What the newest started server wrote."""
+    if not _LOGS:
+        return ""
+    _LOGS[-1].seek(0)
+    return _LOGS[-1].read().decode(errors="replace")[-4000:]
+
+
 def wait_ready(proc: subprocess.Popen[bytes], url: str) -> subprocess.Popen[bytes]:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -189,7 +208,7 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str) -> subprocess.Popen[byte
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+            raise RuntimeError(f"server exited: {_output()}")
         time.sleep(0.3)
     stop(proc)
     raise RuntimeError("server did not become ready in 120 s")

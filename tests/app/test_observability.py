@@ -180,3 +180,39 @@ def test_a_dead_worker_s_gauges_leave_the_sum(tmp_path: Path) -> None:
         text=True,
     ).stdout
     assert 'seqserve_queue_depth{model="m"} 2.0' in out  # the live worker's 2, not 7
+
+
+def test_access_lines_are_written_in_batches_in_the_log_format(tmp_path: Path) -> None:
+    import json as _json
+
+    from app.observability import AccessLog
+
+    out = tmp_path / "access.log"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT)
+
+    async def run() -> tuple[str, str]:
+        log = AccessLog(json_lines=True, flush_s=0.05, fd=fd)
+        log.write("POST /recommend 200 1.2ms", "rid-1")
+        log.write("GET /models 200 0.3ms", "rid-2")
+        before = out.read_text()  # kept, not yet written
+        await asyncio.sleep(0.2)  # the timer's flush
+        plain = AccessLog(json_lines=False, fd=fd)
+        plain.write("GET /history 401 0.1ms", "rid-3")
+        plain.flush()
+        return before, out.read_text()
+
+    try:
+        before, text = asyncio.run(run())
+    finally:
+        os.close(fd)
+    assert before == ""
+    first, second, third = text.splitlines()
+    assert _json.loads(first) | {"time": "-"} == {
+        "time": "-",
+        "level": "INFO",
+        "logger": "app.access",
+        "message": "POST /recommend 200 1.2ms",
+        "request_id": "rid-1",
+    }
+    assert _json.loads(second)["request_id"] == "rid-2"
+    assert third.endswith(" INFO app.access: GET /history 401 0.1ms")
