@@ -16,6 +16,7 @@ the pages are shared by every worker on the host, and only the rows a request re
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -174,27 +175,52 @@ class HistoryTable:
         problem = _column_problem(cols, len(extra), n_ids=n_ids, n_actions=n_actions)
         if problem is not None:
             raise HistoryTableError(f"{problem[0]}: {problem[1]}")
+        # The request path's lookups read Python ints through memoryviews: a numpy scalar per index and
+        # a mask per row cost 12 us a query against 3 us (docs/decisions/request-path-threads.md).
+        self._hash_at, self._key_end_at, self._end_at = (memoryview(c) for c in (self.hashes, self.key_ends, self.ends))
+        self._key_bytes, self._item_at, self._time_at = (memoryview(c) for c in (self.keys, self.items, self.times))
+        self._item_range = (int(self.items.min()), int(self.items.max())) if len(self.items) else (0, 0)
+        self._times_in_order = _times_in_row_order(self.times, self.ends)
 
     def __len__(self) -> int:
         return len(self.hashes)
 
     def _key(self, row: int) -> bytes:
-        start = int(self.key_ends[row - 1]) if row else 0
-        return self.keys[start : int(self.key_ends[row])].tobytes()
+        start = self._key_end_at[row - 1] if row else 0
+        return self._key_bytes[start : self._key_end_at[row]].tobytes()
 
     def find(self, user: str) -> int | None:
         """The row of `user`, or None."""
-        if not len(self.hashes):
-            return None
         h = user_hash(user)
         key = user.encode()
-        row = int(np.searchsorted(self.hashes, np.uint64(h)))
+        row = bisect.bisect_left(self._hash_at, h)
         # Equal hashes (a 64-bit collision) sit next to each other: compare the ids themselves.
-        while row < len(self.hashes) and int(self.hashes[row]) == h:
+        while row < len(self._hash_at) and self._hash_at[row] == h:
             if self._key(row) == key:
                 return row
             row += 1
         return None
+
+    def span(self, user: str) -> tuple[int, int] | None:
+        """Where `user`'s steps lie in the step columns, (start, end), or None."""
+        row = self.find(user)
+        if row is None:
+            return None
+        return (self._end_at[row - 1] if row else 0), self._end_at[row]
+
+    def known_items(self, start: int, end: int, n_ids: int) -> list[int]:
+        """The steps' entities that index the model's map (neither special nor extra), oldest first."""
+        low, high = self._item_range
+        if low >= N_SPECIAL and high < n_ids:  # the whole table is: no mask needed
+            return self._item_at[start:end].tolist()
+        x = self.items[start:end]
+        return x[(x >= N_SPECIAL) & (x < n_ids)].tolist()
+
+    def newest_time(self, start: int, end: int) -> float | None:
+        """The newest known time of the steps, or None when none has one."""
+        if self._times_in_order:
+            return self._time_at[end - 1] if end > start else None
+        return Row(self.items[start:end], self.times[start:end], None).last_time()
 
     def row(self, index: int) -> Row:
         start, end = (int(self.ends[index - 1]) if index else 0), int(self.ends[index])
@@ -230,6 +256,21 @@ class HistoryTable:
         if row.actions is not None and action_ids is not None:
             acts = [action_ids.raw(a) if 0 <= a < len(action_ids) else None for a in row.actions.tolist()]
         return [(r or "", t, a) for r, t, a in zip(raws, row.times.tolist(), acts, strict=True)]
+
+
+def _times_in_row_order(times: np.ndarray, ends: np.ndarray, chunk: int = 1 << 22) -> bool:
+    """Whether every row's times are known and non-decreasing (then a row's newest is its last). One byte
+    per step marks the row starts; the comparison runs in chunks."""
+    if not len(times) or bool(np.isnan(times.min())):  # min propagates NaN: one pass, no copy
+        return not len(times)
+    starts = np.zeros(len(times), dtype=bool)
+    starts[ends[:-1][ends[:-1] < len(times)]] = True  # a row may start lower than the one before ends
+    for lo in range(0, len(times) - 1, chunk):
+        hi = min(lo + chunk, len(times) - 1)
+        down = np.flatnonzero(times[lo + 1 : hi + 1] < times[lo:hi]) + lo + 1
+        if not bool(starts[down].all()):
+            return False
+    return True
 
 
 def _encodable(raw: str) -> bool:

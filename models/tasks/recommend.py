@@ -220,11 +220,11 @@ class RecEngine(UserQueryEngine):
 
     def _stored(self, user: str) -> tuple[list[int], float | None] | None:
         """A user's stored items the model knows, and the newest stored time (read from the mapped table)."""
-        row = self.art.histories.get(user)
-        if row is None:
+        table = self.art.histories
+        found = table.span(user)
+        if found is None:
             return None
-        x = row.items
-        return x[(x >= N_SPECIAL) & (x < len(self.art.items))].tolist(), row.last_time()
+        return table.known_items(*found, len(self.art.items)), table.newest_time(*found)
 
     def known(self, raw_ids: Sequence[str]) -> list[bool]:
         return [x >= N_SPECIAL for x in self.art.items.indices(raw_ids)]

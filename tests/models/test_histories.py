@@ -156,3 +156,31 @@ def test_a_fifo_column_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "t" / "items.npy")  # opening it for reading would wait for a writer forever
     with pytest.raises(H.HistoryTableError, match=r"items\.npy: not a regular file"):
         H.HistoryTable(tmp_path / "t")
+
+
+@pytest.mark.parametrize("order", ["in order", "shuffled"])
+def test_the_request_path_lookup_equals_the_row_it_reads(tmp_path: Path, order: str) -> None:
+    """span / known_items / newest_time (memoryviews, shortcuts for clean tables) against the row itself."""
+    rng = np.random.default_rng(0)
+    items = IdMap([f"i{n}" for n in range(20)])
+    users = [f"u{n}" for n in range(60)]
+    steps = [[f"i{x}" for x in rng.integers(0, 20, size=n % 7)] for n in range(60)]
+    times = [sorted(rng.uniform(0, 1e9, size=len(s)).tolist()) for s in steps]
+    if order == "shuffled":
+        times = [t[::-1] for t in times]
+    H.HistoryColumns(users, steps, times, items).write(tmp_path / "clean")
+    steps[5] = [*steps[5], "not-in-the-map"]  # an extra id, and a step without a time
+    times[5] = [*times[5], math.nan]
+    H.HistoryColumns(users, steps, times, items).write(tmp_path / "mixed")
+    for name in ("clean", "mixed"):
+        table = H.HistoryTable(tmp_path / name, n_ids=len(items))
+        for user in [*users, "nobody"]:
+            row = table.get(user)
+            found = table.span(user)
+            if row is None:
+                assert found is None
+                continue
+            assert found is not None
+            x = row.items
+            assert table.known_items(*found, len(items)) == x[(x >= 2) & (x < len(items))].tolist()
+            assert table.newest_time(*found) == row.last_time(), (name, user)
