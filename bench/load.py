@@ -187,7 +187,7 @@ _LOGS: list[IO[bytes]] = []
 def _log_file() -> IO[bytes]:
     """Where a server's output goes: a file, never a pipe nobody reads (a server logging every request at
     INFO fills a pipe's 64 KB and then blocks on its next log line). The newest is read if it exits."""
-    _LOGS.append(tempfile.TemporaryFile())
+    _LOGS.append(tempfile.TemporaryFile())  # noqa: SIM115 - open for the server's life; read if it exits
     return _LOGS[-1]
 
 

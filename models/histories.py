@@ -177,8 +177,8 @@ class HistoryTable:
             raise HistoryTableError(f"{problem[0]}: {problem[1]}")
         # The request path's lookups read Python ints through memoryviews: a numpy scalar per index and
         # a mask per row cost 12 us a query against 3 us (docs/decisions/request-path-threads.md).
-        self._hash_at, self._key_end_at, self._end_at = (memoryview(c) for c in (self.hashes, self.key_ends, self.ends))
-        self._key_bytes, self._item_at, self._time_at = (memoryview(c) for c in (self.keys, self.items, self.times))
+        self._hash_at, self._key_end_at, self._end_at = (c.data for c in (self.hashes, self.key_ends, self.ends))
+        self._key_bytes, self._item_at, self._time_at = (c.data for c in (self.keys, self.items, self.times))
         self._item_range = (int(self.items.min()), int(self.items.max())) if len(self.items) else (0, 0)
         self._times_in_order = _times_in_row_order(self.times, self.ends)
 

@@ -142,5 +142,12 @@ def test_console_says_what_is_wrong(driver: Any, service: str) -> None:
     _wait(driver, lambda d: d.find_element(By.ID, "model").get_attribute("value"))
     driver.find_element(By.ID, "user").send_keys("nobody-here")
     driver.find_element(By.ID, "ask").click()
+    # Histories are private on this service: without the key the page says so, about any user.
     error = _wait(driver, lambda d: d.find_element(By.ID, "error") if d.find_element(By.ID, "error").text else None)
+    assert "401" in error.text and "X-API-Key" in error.text
+    driver.find_element(By.ID, "api-key").send_keys(KEY)
+    driver.find_element(By.ID, "ask").click()
+    error = _wait(
+        driver, lambda d: d.find_element(By.ID, "error") if "404" in d.find_element(By.ID, "error").text else None
+    )
     assert "404" in error.text and "unknown user" in error.text
