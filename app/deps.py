@@ -23,7 +23,7 @@ from app import bodies
 from app.engine.registry import ModelRegistry
 from app.errors import Forbidden, Unauthorized
 from app.observability import Metrics
-from app.schemas import EventsRequest, RequestModels, bounded
+from app.schemas import EventsRequest, PinRequest, RequestModels, bounded
 from app.serving import off_loop
 from app.settings import Settings
 from app.store import HistoryStore
@@ -82,6 +82,13 @@ async def events_body(request: Request) -> EventsRequest:
 
 
 EventsBody = Annotated[EventsRequest, Depends(events_body)]
+
+
+async def pin_body(request: Request) -> PinRequest:
+    return await parse_body(request, PinRequest)
+
+
+PinBody = Annotated[PinRequest, Depends(pin_body)]
 
 
 def check_key(expected: SecretStr | None, given: str | None, *, what: str, required: bool) -> None:

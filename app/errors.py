@@ -66,3 +66,9 @@ class InvalidQuery(DomainError):
     """A query parameter the schema cannot check (a field the model does not have, a model without histories)."""
 
     status, code = 422, "invalid_query"
+
+
+class NoOlderVersion(DomainError):
+    """A rollback with no older version on disk to go to."""
+
+    status, code = 409, "no_older_version"

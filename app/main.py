@@ -22,7 +22,7 @@ from app.routers import admin, bench, console, events, health, history, metrics,
 from app.routers.tasks import lean_router, live_route, task_routes
 from app.schemas import bounded, components
 from app.settings import Settings, get_settings
-from app.store import StoreError, open_store
+from app.store import HistoryStore, StoreError, open_store
 from app.workers import Coordinator, WorkerSync
 from models.serving import EngineOptions
 
@@ -71,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             on_batch=services.metrics.on_batch,
             load_timeout_s=settings.load_timeout_s,
         )
+        services.registry.pins = _stored_pins(services.store) or {}
         services.registry.load_all(settings.artifacts_dir)
         if not services.registry.names:
             log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)
@@ -155,10 +156,30 @@ async def _housekeeping(services: Services) -> None:
         try:
             services.metrics.set_queue_depths(services.registry.queue_depths())
             services.metrics.forget_dead_workers()
-            if services.coordinator is not None:
-                await services.coordinator.follow()
+            # Pins are read first, so a reload another worker asked for serves them; pins set through
+            # another host (a shared Redis) reach this worker here too.
+            pins = await asyncio.to_thread(_stored_pins, services.store)
+            changed = pins is not None and pins != services.registry.pins
+            if pins is not None:
+                services.registry.pins = pins
+            followed = services.coordinator is not None and await services.coordinator.follow()
+            if changed and not followed:
+                await services.registry.reload(services.settings.artifacts_dir)
+                if services.coordinator is not None:
+                    services.coordinator.announce()
         except Exception:  # a bad file or a failed reload must not end the loop
             log.exception("housekeeping failed; trying again in %.1f s", services.settings.housekeeping_s)
+
+
+def _stored_pins(store: HistoryStore | None) -> dict[str, str] | None:
+    """The pinned versions the shared store holds; None while it cannot be read (what serves stays)."""
+    if store is None:
+        return None
+    try:
+        return store.pins()
+    except StoreError as exc:
+        log.debug("version pins not read: %s", exc)
+        return None
 
 
 def app_from_env() -> FastAPI:

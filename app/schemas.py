@@ -403,6 +403,36 @@ class ReloadReport(BaseModel):
     all_workers: bool = Field(description="every worker reached this reload before the answer (SEQSERVE_RELOAD_WAIT_S)")
 
 
+class PinRequest(Strict):
+    version: str = Field(
+        min_length=1, max_length=64, pattern=r"^\d{8}T\d{6}Z(-\d+)?$", description="a version folder's name"
+    )
+
+
+class VersionMove(BaseModel):
+    name: str
+    pinned: str | None = Field(description="the version pinned now; null: the newest that loads")
+    serving: str | None = Field(description="the version this worker serves after the move")
+    reload: ReloadReport
+
+
+class VersionInfo(BaseModel):
+    version: str
+    created_at: str | None
+    state: Literal["serving", "kept", "broken"] = Field(
+        description="serving: answers requests here; kept: on disk, not serving; broken: failed to load"
+    )
+    pinned: bool
+    metrics: dict[str, Any] = Field(description="the offline test figures of its training run")
+    reason: str | None = Field(default=None, description="why it is broken")
+
+
+class VersionsResponse(BaseModel):
+    name: str
+    pinned: str | None
+    versions: list[VersionInfo] = Field(description="newest first")
+
+
 class ErrorBody(BaseModel):
     code: str
     message: str
@@ -489,7 +519,8 @@ def bounded(limits: Limits, requests: dict[str, Body] | None = None) -> RequestM
 def components(models: RequestModels) -> dict[str, Any]:
     """The OpenAPI component schemas of the request bodies the app parses itself, with its bounds."""
     out: dict[str, Any] = {}
-    for model in (*(b.model for b in models.requests.values()), models.events):
+    parsed: list[type[BaseModel]] = [*(b.model for b in models.requests.values()), models.events, PinRequest]
+    for model in parsed:
         spec = model.model_json_schema(ref_template="#/components/schemas/{model}")
         out.update(spec.pop("$defs", {}))
         out[model.__name__] = spec

@@ -112,13 +112,15 @@ class Coordinator:
     def announce(self) -> None:
         self.sync.report(self.seen, self.registry.versions())
 
-    async def follow(self) -> None:
-        """Reload when another worker has bumped the generation since this one last looked."""
+    async def follow(self) -> bool:
+        """Reload when another worker has bumped the generation since this one last looked (-> True)."""
         generation = await asyncio.to_thread(self.sync.generation)
-        if generation > self.seen:
-            self.seen = generation
-            await self.registry.reload(self.root)
-            self.announce()
+        if generation <= self.seen:
+            return False
+        self.seen = generation
+        await self.registry.reload(self.root)
+        self.announce()
+        return True
 
     async def reload_everywhere(self, wait_s: float) -> tuple[dict[str, dict[str, str]], bool, dict[int, WorkerReport]]:
         """Reload this worker and make every other one follow: (this worker's report, whether all

@@ -91,6 +91,7 @@ class ModelRegistry:
     models: dict[str, Served] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # "name/version" (or "name") -> public reason
     load_timeout_s: float = 300.0  # a version not loaded by then is recorded broken (its thread is abandoned)
+    pins: dict[str, str] = field(default_factory=dict)  # model name -> the version an admin pinned
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
     @property
@@ -129,9 +130,11 @@ class ModelRegistry:
                 served.drained.set()
 
     def load_all(self, root: Path) -> None:
-        """Load every artifact name from its newest version that loads; failures are recorded, never fatal."""
+        """Load every artifact name from its pinned version, else its newest that loads; failures are
+        recorded, never fatal (a pinned version that fails gives way to the newest that loads)."""
         for name, folders in artifact_names(root).items():
-            served = self._first_loadable(name, folders)
+            pinned = [f for f in folders if f.name == self.pins.get(name)]
+            served = self._first_loadable(name, pinned + [f for f in folders if f not in pinned])
             if served is not None:
                 self._install(served)
         _freeze_heap()
@@ -147,6 +150,9 @@ class ModelRegistry:
             for name, folders in artifact_names(root).items():
                 current = self.models.get(name)
                 newer = folders[: folders.index(current.folder)] if current and current.folder in folders else folders
+                pinned = [f for f in folders if f.name == self.pins.get(name)]
+                if pinned:  # the pinned version, older or newer, unless it serves already
+                    newer = [] if current is not None and current.folder == pinned[0] else pinned
                 if not newer:
                     report["unchanged"][name] = current.version if current else ""
                     continue

@@ -141,6 +141,14 @@ class HistoryStore(ABC):
         """Every user with live events."""
 
     @abstractmethod
+    def pins(self) -> dict[str, str]:
+        """Model name -> the version an admin pinned it to; every worker and host sharing the store sees them."""
+
+    @abstractmethod
+    def set_pin(self, name: str, version: str | None) -> None:
+        """Pin `name` to `version`, durably; None removes the pin (back to the newest that loads)."""
+
+    @abstractmethod
     def ping(self) -> None:
         """Raise StoreError when the store cannot be used."""
 

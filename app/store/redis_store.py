@@ -257,6 +257,14 @@ class RedisStore(HistoryStore):
 
         return iter(self._call(do))
 
+    def pins(self) -> dict[str, str]:
+        found = self._call(lambda: self.r.hgetall(f"{self.prefix}pins"))
+        return {str(k): str(v) for k, v in found.items()}
+
+    def set_pin(self, name: str, version: str | None) -> None:
+        key = f"{self.prefix}pins"
+        self._call(lambda: self.r.hdel(key, name) if version is None else self.r.hset(key, name, version))
+
     def ping(self) -> None:
         self._call(self.r.ping)
 

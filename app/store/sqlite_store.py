@@ -31,7 +31,7 @@ class SQLiteStore(HistoryStore):
 
     kind = "sqlite"
     local_reads = True
-    SCHEMA_VERSION = 5
+    SCHEMA_VERSION = 6
     _SCHEMA = """
     -- The data hash whose artifact histories were last folded, per namespace.
     CREATE TABLE IF NOT EXISTS seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
@@ -48,6 +48,8 @@ class SQLiteStore(HistoryStore):
     -- Every id ever stored, with its payload's digest: kept when an event is folded or trimmed.
     CREATE TABLE IF NOT EXISTS event_ids (ns TEXT, event_id TEXT, digest TEXT NOT NULL,
         PRIMARY KEY (ns, event_id)) WITHOUT ROWID;
+    -- The version an admin pinned per model name (absent: the newest that loads).
+    CREATE TABLE IF NOT EXISTS pins (name TEXT PRIMARY KEY, version TEXT NOT NULL, at REAL NOT NULL);
     """
 
     def __init__(self, path: Path, keep: int = LIVE_EVENTS) -> None:
@@ -264,6 +266,25 @@ class SQLiteStore(HistoryStore):
             ).fetchall()
         )
         return (u for (u,) in rows)
+
+    def pins(self) -> dict[str, str]:
+        def do(conn: sqlite3.Connection) -> dict[str, str]:
+            return {name: version for name, version in conn.execute("SELECT name, version FROM pins")}
+
+        return self._read(do)
+
+    def set_pin(self, name: str, version: str | None) -> None:
+        def do(conn: sqlite3.Connection) -> None:
+            if version is None:
+                conn.execute("DELETE FROM pins WHERE name = ?", (name,))
+            else:
+                conn.execute(
+                    "INSERT INTO pins (name, version, at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET version = excluded.version, at = excluded.at",
+                    (name, version, time.time()),
+                )
+
+        self._write(do)
 
     def ping(self) -> None:
         self._read(lambda c: c.execute("SELECT 1").fetchone())

@@ -261,3 +261,14 @@ def test_redis_keeps_a_week_of_recent_events(redis_server: object) -> None:
     assert [e[0] for e in s.recent("soc", start=0.0, end=1e12)] == ["u2", "u3"]
     assert [i for i, _, _ in s.events("soc", ["u1"])["u1"]] == ["v1"]  # the user's own history keeps it
     s.close()
+
+
+def test_version_pins_are_kept_and_removed(store: HistoryStore) -> None:
+    assert store.pins() == {}
+    store.set_pin("sasrec", "20261122T111403Z")
+    store.set_pin("bert", "20261122T111403Z-2")
+    store.set_pin("sasrec", "20261120T000000Z")  # a new pin replaces the old
+    assert store.pins() == {"sasrec": "20261120T000000Z", "bert": "20261122T111403Z-2"}
+    store.set_pin("bert", None)
+    store.set_pin("never-pinned", None)
+    assert store.pins() == {"sasrec": "20261120T000000Z"}
