@@ -401,6 +401,9 @@ class ReloadReport(BaseModel):
     failed: dict[str, str] = Field(description="name/version -> why; the current version keeps serving")
     workers: dict[str, dict[str, str]] = Field(description="each worker process (by pid) -> model -> version it serves")
     all_workers: bool = Field(description="every worker reached this reload before the answer (SEQSERVE_RELOAD_WAIT_S)")
+    deleted: list[str] = Field(
+        default_factory=list, description="name/version folders deleted beyond SEQSERVE_KEEP_VERSIONS"
+    )
 
 
 class PinRequest(Strict):

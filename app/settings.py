@@ -110,6 +110,9 @@ class Settings(BaseSettings):
     state_dir: Path | None = None
     reload_wait_s: float = Field(default=60.0, ge=0)  # POST /admin/reload waits this long for every worker
     load_timeout_s: float = Field(default=300.0, gt=0)  # a version not loaded within this is reported broken
+    # Versions kept on disk per model name after each reload: the newest N, plus a pinned or serving one;
+    # 0 keeps every version (and a read-only artifacts folder is never touched).
+    keep_versions: int = Field(default=0, ge=0)
     housekeeping_s: float = Field(default=1.0, gt=0)  # how often a worker looks for a reload, sets its gauges
 
     def __init__(self, **values: Any) -> None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +176,27 @@ class ModelRegistry:
         """Answer what is queued, then stop every batcher's worker."""
         for served in list(self.models.values()):
             await served.batcher.stop()
+
+    def prune(self, root: Path, keep: int, *, in_use: AbstractSet[str] = frozenset()) -> list[str]:
+        """Delete the version folders of each name beyond its newest `keep`, never the pinned one, the one
+        serving here, nor any "name/version" in `in_use` (what other workers serve); -> each deleted.
+        A folder that cannot be deleted (a read-only mount) is left, and logged."""
+        removed = []
+        for name, folders in artifact_names(root).items():
+            spare = {self.pins.get(name), self.models[name].version if name in self.models else None}
+            for folder in folders[keep:]:
+                if folder.name in spare or f"{name}/{folder.name}" in in_use:
+                    continue
+                try:
+                    shutil.rmtree(folder)
+                except OSError as exc:
+                    log.warning("version %s/%s not deleted: %s", name, folder.name, exc.strerror)
+                    continue
+                self.broken.pop(f"{name}/{folder.name}", None)
+                removed.append(f"{name}/{folder.name}")
+        if removed:
+            log.info("deleted versions beyond the newest %d: %s", keep, ", ".join(removed))
+        return removed
 
     def versions(self) -> dict[str, str]:
         """Model name -> the version serving it."""

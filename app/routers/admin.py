@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path as FsPath
 from typing import Annotated
 
@@ -29,11 +30,18 @@ async def reload(services: ServicesDep) -> ReloadReport:
 async def _reload_everywhere(services: Services) -> ReloadReport:
     if services.coordinator is None:
         report = await services.registry.reload(services.settings.artifacts_dir)
-        return ReloadReport(**report, workers={"self": services.registry.versions()}, all_workers=True)
-    report, complete, workers = await services.coordinator.reload_everywhere(services.settings.reload_wait_s)
-    return ReloadReport(
-        **report, workers={str(pid): w.versions for pid, w in sorted(workers.items())}, all_workers=complete
-    )
+        workers, complete = {"self": services.registry.versions()}, True
+    else:
+        report, complete, found = await services.coordinator.reload_everywhere(services.settings.reload_wait_s)
+        workers = {str(pid): w.versions for pid, w in sorted(found.items())}
+    deleted: list[str] = []
+    keep = services.settings.keep_versions
+    if keep and complete:  # only once every worker has moved off what would be deleted
+        in_use = {f"{n}/{v}" for w in workers.values() for n, v in w.items()}
+        deleted = await asyncio.to_thread(
+            partial(services.registry.prune, services.settings.artifacts_dir, keep, in_use=in_use)
+        )
+    return ReloadReport(**report, workers=workers, all_workers=complete, deleted=deleted)
 
 
 @router.post(

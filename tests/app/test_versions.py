@@ -127,3 +127,22 @@ def test_one_pin_moves_every_worker(root: Path, tmp_path: Path) -> None:
         assert {httpx.post(f"{url}/recommend", json=body).json()["version"] for _ in range(30)} == {first}
     finally:
         stop(proc)
+
+
+def test_retention_keeps_the_newest_and_what_is_pinned(root: Path, tmp_path: Path) -> None:
+    named = latest_versions(root)["sasrec-tiny"].parent
+    first = sorted(p.name for p in named.iterdir())[0]
+    for extra in ("20991231T235957Z", "20991231T235958Z"):
+        shutil.copytree(named / NEWER, named / extra)
+    settings = _settings(root, tmp_path / "state").model_copy(update={"keep_versions": 2})
+    with TestClient(create_app(settings)) as c:
+        r = c.post("/admin/models/sasrec-tiny/pin", json={"version": first}, headers=ADMIN)
+        assert r.status_code == 200
+        # The newest two stay, and the pinned (serving) first one; the one between goes.
+        assert r.json()["reload"]["deleted"] == ["sasrec-tiny/20991231T235957Z"]
+        assert sorted(p.name for p in named.iterdir()) == sorted([first, "20991231T235958Z", NEWER])
+        assert _served(c) == first
+        r = c.post("/admin/models/sasrec-tiny/unpin", headers=ADMIN)
+        assert r.json()["reload"]["deleted"] == [f"sasrec-tiny/{first}"] and _served(c) == NEWER
+    with TestClient(create_app(_settings(root, tmp_path / "state2"))) as c:  # 0: everything is kept
+        assert c.post("/admin/reload", headers=ADMIN).json()["deleted"] == []
