@@ -28,6 +28,17 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, every: floa
         time.sleep(every)
 
 
+async def wait_until_async(predicate: Callable[[], bool], timeout: float = 10.0, every: float = 0.02) -> None:
+    """wait_until for a test running on an event loop: the loop keeps running while it polls."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout:g} s: {getattr(predicate, '__name__', predicate)}")
+        await asyncio.sleep(every)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

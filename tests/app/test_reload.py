@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 from pathlib import Path
 
 import httpx2 as httpx
@@ -15,6 +14,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from models.artifact import latest_versions
+from tests.servers import wait_until_async
 
 KEY = {"X-API-Key": "s3cret"}
 
@@ -170,13 +170,13 @@ def test_a_request_keeps_its_model_version_through_a_reload(tiny_artifacts: Path
                 req = asyncio.create_task(
                     c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]})
                 )
-                await asyncio.sleep(0.2)
                 old = services.registry.models["sasrec-tiny"]
-                assert old.holders == 1  # leased, waiting on the store
+                await wait_until_async(lambda: old.holders == 1)  # leased, waiting on the store
                 _new_version(root, "sasrec-tiny", "29990101T000000Z")
                 reload = asyncio.create_task(c.post("/admin/reload", headers=KEY))
-                await asyncio.sleep(0.3)
-                assert services.registry.models["sasrec-tiny"].version == "29990101T000000Z"  # swapped in
+                await wait_until_async(  # swapped in
+                    lambda: services.registry.models["sasrec-tiny"].version == "29990101T000000Z"
+                )
                 assert not old.batcher.stopped  # but the old one still owes an answer
                 gate.set()
                 r, rr = await req, await reload
@@ -188,7 +188,7 @@ def test_a_request_keeps_its_model_version_through_a_reload(tiny_artifacts: Path
 
 def test_one_reload_reaches_every_worker(tiny_artifacts: Path, tmp_path: Path) -> None:
     """SEQSERVE_WORKERS=2: one POST /admin/reload, then every answer, whichever worker gives it, is new."""
-    from tests.servers import start_api, stop
+    from tests.servers import start_api, stop, wait_until
 
     root = _root(tiny_artifacts, tmp_path)
     env = {
@@ -202,12 +202,7 @@ def test_one_reload_reaches_every_worker(tiny_artifacts: Path, tmp_path: Path) -
         with httpx.Client(base_url=url, timeout=30) as c:
             # /readyz answered from one worker; the other may still be loading its models. Each worker
             # reports once loaded, so wait (on a slow machine, seconds) until both have.
-            workers: set[str] = set()
-            deadline = time.monotonic() + 90
-            while len(workers) < 2 and time.monotonic() < deadline:
-                workers = set(c.post("/admin/reload", headers=KEY).json()["workers"])
-                time.sleep(0.2)
-            assert len(workers) == 2, workers
+            wait_until(lambda: len(c.post("/admin/reload", headers=KEY).json()["workers"]) == 2, timeout=90)
             _new_version(root, "sasrec-tiny", "29990101T000000Z", nudge=0.5)
             r = c.post("/admin/reload", headers=KEY).json()
             assert r["all_workers"] and len(r["workers"]) == 2
