@@ -94,6 +94,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         job = job_cls(cfg, out_root=args.out, data_path=args.data, dist=dist, shared_data=args.shared_data)
         folder = job.run()
+        dist.finish()
         if folder is not None:
             print(folder)
         return 0

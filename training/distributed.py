@@ -68,6 +68,13 @@ class Dist:
         # Parameters some batches leave unused (e.g. a copy head) must not stall the gradient sync.
         return nn.parallel.DistributedDataParallel(step, device_ids=ids, find_unused_parameters=True)
 
+    def finish(self) -> None:
+        """Wait until every rank is done before any tears down: a rank that left while another still
+        worked (rank 0 exports alone) sometimes aborted in gloo's teardown ("terminate called without
+        an active exception"). Only on success: a rank that failed must not wait for the others."""
+        if self.enabled and tdist.is_initialized():
+            tdist.barrier()
+
     def close(self) -> None:
         if self.enabled and tdist.is_initialized():
             tdist.destroy_process_group()
