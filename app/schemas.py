@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic.json_schema import WithJsonSchema
 
 from app.bodies import token_budget
+from app.limits import Limits
 from models.serving import FIELD_NAME, MAX_FIELDS
 
 
@@ -61,19 +62,6 @@ DateTime = Annotated[
     BeforeValidator(_rfc3339),
     WithJsonSchema({"type": "string", "format": "date-time"}),
 ]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The bounds of a request, from the settings."""
-
-    max_queries: int = 1024
-    max_k: int = 1000
-    max_history: int = 2000
-    max_exclude_items: int = 1000
-    max_total_k: int = 20_000  # sum of k over a request's queries
-    max_total_items: int = 100_000  # history events plus excluded items over a request's queries
-    max_events: int = 1000
 
 
 class Strict(BaseModel):

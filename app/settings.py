@@ -10,8 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.engine.batcher import CPU_MAX_BATCH, BatchPolicy
-from app.schemas import Limits
+from app.limits import CPU_MAX_BATCH, BatchPolicy, Limits
 from models.serving import COARSE_FROM, LIVE_EVENTS
 
 _BATCH = BatchPolicy()

@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from app.limits import BatchPolicy
+
 Q = TypeVar("Q")
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -39,23 +41,6 @@ class AbandonedError(RuntimeError):
 
 class BatcherStoppedError(RuntimeError):
     """The batcher was stopped (its model version was swapped out): it takes no more work."""
-
-
-# On the CPU the model's cost per query is flat from batch 16 up (docs/decisions/cpu-batch-cap.md), so
-# a large batch buys nothing there. A cap under the number of clients splits a closed loop of them into
-# cohorts that alternate: the event loop answers one and parses its next requests while the model
-# runs the other. 32 against 256: 1.25-1.38x at 64 clients, on par at 16, 32 and 128.
-CPU_MAX_BATCH = 32
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    """How a batcher groups requests; the service's settings default to these values."""
-
-    enabled: bool = True
-    max_batch_size: int = 256  # queries per model call; the service's default on the CPU is CPU_MAX_BATCH
-    max_wait_ms: float = 2.0  # longest wait for more when others are queued
-    max_queue: int = 1024  # waiting requests (or chunks of a large one) before QueueFullError
 
 
 @dataclass

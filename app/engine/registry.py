@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from app.engine.batcher import BatchPolicy, MicroBatcher
+from app.engine.batcher import MicroBatcher
 from app.errors import ModelUnavailable, UnknownModel
+from app.limits import BatchPolicy
 from app.store import HistoryStore, StoreError
 from models.artifact import ArtifactError, artifact_names, check_regular_tree, read_manifest
 from models.serving import Engine, EngineOptions

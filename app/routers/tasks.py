@@ -16,9 +16,10 @@ from starlette.responses import Response
 from app import serving
 from app.deps import check_history_reader, parse_body, services_of
 from app.handlers import json_response
+from app.limits import Limits
 from app.routers.docs import body_doc, errors
 from app.routers.lean import LeanRouter, closed_connection
-from app.schemas import Body, Limits
+from app.schemas import Body
 from models.tasks import TASKS
 
 

@@ -11,11 +11,11 @@ import pytest
 from app.engine.batcher import (
     AbandonedError,
     BatcherStoppedError,
-    BatchPolicy,
     BatchTimeoutError,
     MicroBatcher,
     QueueFullError,
 )
+from app.limits import BatchPolicy
 
 
 class Model:
@@ -181,7 +181,7 @@ def test_a_dead_worker_is_restarted() -> None:
 def test_default_cap_follows_the_device() -> None:
     """Unset, a model call takes up to 32 queries on the CPU (cohorts that alternate with the event
     loop) and 256 on CUDA; a value that is set holds on both."""
-    from app.engine.batcher import CPU_MAX_BATCH
+    from app.limits import CPU_MAX_BATCH
     from app.settings import Settings
 
     assert Settings().batch_policy("cpu").max_batch_size == CPU_MAX_BATCH == 32

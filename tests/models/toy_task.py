@@ -13,8 +13,9 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
+from app.limits import Limits
 from app.routers.tasks import TaskRoute
-from app.schemas import Body, Limits
+from app.schemas import Body
 from models import artifact as A
 from models.manifest import Manifest
 from models.registry import build
