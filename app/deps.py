@@ -91,15 +91,27 @@ async def pin_body(request: Request) -> PinRequest:
 PinBody = Annotated[PinRequest, Depends(pin_body)]
 
 
-def check_key(expected: SecretStr | None, given: str | None, *, what: str, required: bool) -> None:
-    """A constant-time API key check. Unset key: allowed unless `required` (then the endpoint is off)."""
-    if expected is None:
+def check_key(
+    expected: SecretStr | tuple[SecretStr, ...] | None,
+    given: str | None,
+    *,
+    what: str,
+    required: bool,
+    missing: str = "missing X-API-Key header",
+) -> None:
+    """A constant-time API key check against one key or any of several. No key set: allowed unless
+    `required` (then the endpoint is off)."""
+    keys = expected if isinstance(expected, tuple) else (() if expected is None else (expected,))
+    if not keys:
         if required:
             raise Forbidden(f"{what} endpoints are disabled: set SEQSERVE_ADMIN_API_KEY", ["header", "x-api-key"])
         return
     if not given:
-        raise Unauthorized("missing X-API-Key header", ["header", "x-api-key"])
-    if not secrets.compare_digest(given.encode(), expected.get_secret_value().encode()):
+        raise Unauthorized(missing, ["header", "x-api-key"])
+    matched = False
+    for key in keys:  # every key compared, so the time says nothing about which one nearly matched
+        matched |= secrets.compare_digest(given.encode(), key.get_secret_value().encode())
+    if not matched:
         raise Forbidden("wrong API key", ["header", "x-api-key"])
 
 
@@ -113,20 +125,14 @@ async def require_writer(services: ServicesDep, x_api_key: Annotated[str | None,
 
 def check_history_reader(settings: Settings, given: str | None) -> None:
     """Reading a stored history: allowed when no key guards histories, else X-API-Key must be the
-    events key or the read key (constant time against each)."""
-    keys = settings.history_keys
-    if not keys:
-        return
-    if not given:
-        raise Unauthorized(
-            "missing X-API-Key header: stored histories are private here (send the history in the query instead)",
-            ["header", "x-api-key"],
-        )
-    matched = False
-    for key in keys:  # every key compared, so the time says nothing about which one nearly matched
-        matched |= secrets.compare_digest(given.encode(), key.get_secret_value().encode())
-    if not matched:
-        raise Forbidden("wrong API key", ["header", "x-api-key"])
+    events key or the read key."""
+    check_key(
+        settings.history_keys,
+        given,
+        what="history",
+        required=False,
+        missing="missing X-API-Key header: stored histories are private here (send the history in the query instead)",
+    )
 
 
 async def require_history_reader(services: ServicesDep, x_api_key: Annotated[str | None, Header()] = None) -> None:

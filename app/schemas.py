@@ -26,15 +26,14 @@ from pydantic.json_schema import WithJsonSchema
 
 from app.bodies import token_budget
 from app.limits import Limits
+from models.ids import encodable
 from models.serving import FIELD_NAME, MAX_FIELDS
 
 
 def _utf8(s: str) -> str:
     # JSON can carry lone surrogates, which no store or response can encode.
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("not valid UTF-8 text (lone surrogate)") from None
+    if not encodable(s):
+        raise ValueError("not valid UTF-8 text (lone surrogate)")
     return s
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.ids import N_SPECIAL, IdMap
+from models.ids import N_SPECIAL, IdMap, encodable
 
 FOLDER = "histories"
 _COLUMNS = ("hashes", "key_ends", "keys", "ends", "items", "times")
@@ -169,7 +169,7 @@ class HistoryTable:
             extra = json.loads((folder / EXTRA_IDS).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             raise HistoryTableError(f"{EXTRA_IDS}: missing or not JSON") from None
-        if not isinstance(extra, list) or not all(isinstance(x, str) and _encodable(x) for x in extra):
+        if not isinstance(extra, list) or not all(isinstance(x, str) and encodable(x) for x in extra):
             raise HistoryTableError(f"{EXTRA_IDS}: must be a list of valid Unicode strings")
         self.extra_ids: list[str] = extra
         problem = _column_problem(cols, len(extra), n_ids=n_ids, n_actions=n_actions)
@@ -273,15 +273,6 @@ def _times_in_row_order(times: np.ndarray, ends: np.ndarray, chunk: int = 1 << 2
     return True
 
 
-def _encodable(raw: str) -> bool:
-    """Whether `raw` is valid Unicode (JSON can carry lone surrogates; UTF-8 and answers cannot)."""
-    try:
-        raw.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def write_table(
     folder: Path,
     users: Sequence[str],
@@ -299,7 +290,7 @@ def write_table(
         raise ValueError("users, lengths, items and times do not agree")
     if len(set(users)) != len(users):
         raise ValueError("a user appears twice")
-    bad = next((x for x in [*users, *extra_ids] if not _encodable(x)), None)
+    bad = next((x for x in [*users, *extra_ids] if not encodable(x)), None)
     if bad is not None:
         raise ValueError(f"an id is not valid Unicode: {bad.encode(errors='backslashreplace').decode()!r}")
     if len(times) and bool(np.isinf(np.asarray(times, dtype=np.float64)).any()):

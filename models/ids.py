@@ -76,3 +76,12 @@ class IdMap:
     @classmethod
     def load(cls, path: Path) -> IdMap:
         return cls.from_json(json.loads(path.read_text()))
+
+
+def encodable(raw: str) -> bool:
+    """Whether `raw` is valid Unicode (JSON can carry lone surrogates; UTF-8 and answers cannot)."""
+    try:
+        raw.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
