@@ -455,7 +455,8 @@ class RequestModels:
         """The most JSON values (',' + '{' + '[') a body of `model` within the limits can hold."""
         if model is self.events:
             return token_budget(model, {"events": self.limits.max_events})
-        counts = next(b.counts for b in self.requests.values() if b.model is model)
+        # A body without list fields of its own (an admin call's) is bounded by its fields alone.
+        counts = next((b.counts for b in self.requests.values() if b.model is model), {})
         return token_budget(model, counts)
 
 

@@ -79,6 +79,8 @@ def test_version_calls_check_what_they_are_given(root: Path, tmp_path: Path) -> 
         assert r.status_code == 404 and r.json()["error"]["details"][0]["loc"] == ["body", "version"]
         r = c.post(pin, json={"version": "../../etc"}, headers=ADMIN)
         assert r.status_code == 422
+        r = c.post(pin, json={"version": "2" * 100_000}, headers=ADMIN)  # a body over 64 KiB: the large-body parser
+        assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["body", "version"]
         r = c.post("/admin/models/no-such-model/pin", json={"version": NEWER}, headers=ADMIN)
         assert r.status_code == 404
         assert c.get("/models/no-such-model/versions").status_code == 404
