@@ -6,6 +6,7 @@ extra tasks and streams (docs/decisions/request-path-trims.md).
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import itertools
 import os
@@ -205,15 +206,21 @@ async def _reject(
 
 _LIBC: ctypes.CDLL | None = None
 _last_trim = 0.0
+_trim_pending = False
 
 
 def _trim_soon() -> None:
-    """malloc_trim(0) in a thread, at most once a second (glibc only; elsewhere nothing)."""
-    global _LIBC, _last_trim
-    now = time.monotonic()
-    if now - _last_trim < 1.0:
+    """malloc_trim(0) in a thread, at most once a second: one asked for sooner runs when the second is
+    up, so the last release of an attack is always followed by a trim (glibc only; elsewhere nothing)."""
+    global _LIBC, _last_trim, _trim_pending
+    wait = _last_trim + 1.0 - time.monotonic()
+    if wait > 0:
+        if not _trim_pending:
+            _trim_pending = True
+            asyncio.get_running_loop().call_later(wait, _trim_soon)
         return
-    _last_trim = now
+    _trim_pending = False
+    _last_trim = time.monotonic()
     if _LIBC is None:
         try:
             _LIBC = ctypes.CDLL("libc.so.6")
