@@ -20,19 +20,40 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.store.base import Event, HistoryStore, Outcome, StoredEvents, StoreError, redact
+from app.store.base import (
+    Arrival,
+    Candidate,
+    Event,
+    HistoryStore,
+    Mode,
+    OnlineKey,
+    Outcome,
+    StoredEvents,
+    StoreError,
+    Sums,
+    UserKey,
+    Variant,
+    redact,
+)
 from app.store.redis_store import RedisStore
 from app.store.sqlite_store import SQLiteStore
 from models.serving import LIVE_EVENTS
 
 __all__ = [
+    "Arrival",
+    "Candidate",
     "Event",
     "HistoryStore",
+    "Mode",
+    "OnlineKey",
     "Outcome",
     "RedisStore",
     "SQLiteStore",
     "StoreError",
     "StoredEvents",
+    "Sums",
+    "UserKey",
+    "Variant",
     "open_store",
     "redact",
 ]

@@ -7,7 +7,7 @@ import json
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -28,6 +28,13 @@ RECENT_EVENTS = 200_000
 RECENT_KEEP_S = 7 * 24 * 3600.0
 # A user -> the artifact's events of that user as (raw id, time or None) keys.
 StoredEvents = Callable[[str], set[tuple[str | None, float | None]]]
+# Arrivals (own events in the order the store took them, for online evaluation) are kept this long:
+# a served list older than the online window is never scored, and the window is bounded by this.
+ARRIVALS_KEEP_S = 24 * 3600.0
+# Online evaluation sums per (model, version, variant, bucket start): buckets older than this are dropped.
+ONLINE_KEEP_S = 30 * 24 * 3600.0
+Mode = Literal["canary", "shadow"]
+Variant = Literal["live", "canary", "shadow"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,80 @@ class Event:
         """Identifies the payload, so a reused event id with another payload is recognised."""
         payload = json.dumps([self.user_id, self.item_id, json_ts(self.timestamp), self.action])
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A version of a model tried beside the live one: `canary` answers `share` of the users (sticky
+    by user id); `shadow` scores the same by-user queries off the response path. `since`: when it
+    became the candidate (its online figures are compared with the live version's from then on)."""
+
+    version: str
+    mode: Mode
+    share: float
+    since: float
+    outcome: str | None = None  # "promoted" or "retired" once the trial ended; None while it runs
+
+    @property
+    def running(self) -> bool:
+        return self.outcome is None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "version": self.version,
+                "mode": self.mode,
+                "share": self.share,
+                "since": self.since,
+                "outcome": self.outcome,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Candidate:
+        raw = json.loads(text)
+        mode = raw["mode"]
+        if mode not in ("canary", "shadow"):
+            raise ValueError(f"unknown candidate mode {mode!r}")
+        return cls(str(raw["version"]), mode, float(raw["share"]), float(raw["since"]), raw.get("outcome"))
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A user's own event as the store took it: what scores the lists served to that user before `at`
+    (the server's clock when it was stored, not the event's own time)."""
+
+    namespace: str
+    user: str
+    item: str
+    at: float
+
+
+@dataclass
+class Sums:
+    """Online evaluation sums of scored lists: count, hits@10, NDCG@10 (and its square, for the
+    interval), reciprocal rank."""
+
+    n: float = 0.0
+    hits: float = 0.0
+    ndcg: float = 0.0
+    ndcg2: float = 0.0
+    rr: float = 0.0
+
+    FIELDS = ("n", "hits", "ndcg", "ndcg2", "rr")
+
+    def add(self, other: Sums) -> None:
+        for f in self.FIELDS:
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
+    def values(self) -> tuple[float, ...]:
+        return tuple(getattr(self, f) for f in self.FIELDS)
+
+
+# (model name, version, variant, bucket start in unix seconds)
+OnlineKey = tuple[str, str, str, float]
+# (model name, trial start, version, variant, user): a trial's scored lists per user, for the rule
+UserKey = tuple[str, float, str, str, str]
 
 
 class StoreError(RuntimeError):
@@ -147,6 +228,42 @@ class HistoryStore(ABC):
     @abstractmethod
     def set_pin(self, name: str, version: str | None) -> None:
         """Pin `name` to `version`, durably; None removes the pin (back to the newest that loads)."""
+
+    @abstractmethod
+    def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:
+        """Own events stored after `cursor`, in arrival order, at most `limit`, and the cursor to read on
+        from; None: nothing, and the cursor of the newest (a worker starts reading from now)."""
+
+    @abstractmethod
+    def add_online(self, sums: Mapping[OnlineKey, Sums]) -> None:
+        """Add a worker's online evaluation sums to the shared totals (and drop buckets past ONLINE_KEEP_S)."""
+
+    @abstractmethod
+    def online(self, name: str) -> dict[OnlineKey, Sums]:
+        """The shared online evaluation totals of model `name`, per version, variant and bucket."""
+
+    @abstractmethod
+    def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:
+        """Add per-user (lists, NDCG@10 sum) of a trial to the shared ones."""
+
+    @abstractmethod
+    def user_sums(self, name: str, trial: float) -> dict[tuple[str, str], list[tuple[float, float]]]:
+        """(version, variant) -> each user's (lists, NDCG@10 sum) since the trial of `name` that began at `trial`."""
+
+    @abstractmethod
+    def candidates(self) -> dict[str, Candidate]:
+        """Model name -> its last candidate: the version on trial beside its live one, or the trial that
+        ended last (its outcome set), so a retired version is not tried again."""
+
+    @abstractmethod
+    def set_candidate(self, name: str, candidate: Candidate | None) -> None:
+        """Try `candidate` beside the live version of `name`, durably; None forgets the name's trials.
+        The per-user sums of its earlier trials are dropped."""
+
+    @abstractmethod
+    def settle(self, name: str, version: str, *, promote: bool) -> bool:
+        """End the running trial of `version` of `name` in one write: its outcome set and, when `promote`,
+        the name pinned to it. False (nothing written) when that trial is not running."""
 
     @abstractmethod
     def ping(self) -> None:

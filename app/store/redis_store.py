@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from app.store.base import (
+    ONLINE_KEEP_S,
     RECENT_EVENTS,
     RECENT_KEEP_S,
+    Arrival,
+    Candidate,
     Event,
     HistoryStore,
+    OnlineKey,
     Outcome,
     StoredEvents,
     StoreError,
+    Sums,
+    UserKey,
     event_key,
     json_ts,
     nan_ts,
@@ -32,11 +40,13 @@ T = TypeVar("T")
 # kind (own events, or received steps; score = time; member = a zero-padded arrival number + payload,
 # so equal times keep arrival order), the set is trimmed to `keep`, and an event trimmed at once is
 # reported (4: dropped_old). Own events also join the namespace's `recent` set (member = the arrival
-# number + [user, item, action]), trimmed to `horizon` seconds before its newest.
+# number + [user, item, action]), trimmed to `horizon` seconds before its newest, and the `arrivals`
+# stream shared by every namespace (online evaluation), capped at about `maxlen` entries.
 _APPEND_LUA = """
 local prefix, keep, rprefix, horizon = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local ns, now, maxlen = ARGV[5], ARGV[6], ARGV[7]
 local out, known, conflict, written = {}, {}, false, {}
-for n = 5, #ARGV, 7 do
+for n = 8, #ARGV, 7 do
   local id, digest = ARGV[n], ARGV[n + 2]
   local prev = known[id]
   if prev == nil then prev = redis.call('HGET', KEYS[1], id) end
@@ -55,8 +65,8 @@ if conflict then
   return out
 end
 local recent = false
-for n = 5, #ARGV, 7 do
-  local i = (n - 5) / 7 + 1
+for n = 8, #ARGV, 7 do
+  local i = (n - 8) / 7 + 1
   if out[i] == 1 then
     local id, user, digest, score, payload = ARGV[n], ARGV[n + 1], ARGV[n + 2], ARGV[n + 3], ARGV[n + 4]
     redis.call('HSET', KEYS[1], id, digest)
@@ -71,6 +81,8 @@ for n = 5, #ARGV, 7 do
     if own then
       redis.call('ZADD', KEYS[4], score, seq .. ARGV[n + 6])
       recent = true
+      local item = cjson.decode(payload)[1]
+      redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*', 'ns', ns, 'user', user, 'item', item, 'at', now)
     end
   end
 end
@@ -85,6 +97,19 @@ for i, km in pairs(written) do
 end
 return out
 """
+# Ends the trial of a candidate version if it still runs (KEYS: candidates, pins; ARGV: name, version,
+# promote, the spec with its outcome): 1 when settled, 0 when the candidate had changed or ended.
+_SETTLE_LUA = """
+local spec = redis.call('HGET', KEYS[1], ARGV[1])
+if not spec then return 0 end
+local c = cjson.decode(spec)
+if c['version'] ~= ARGV[2] or (c['outcome'] ~= nil and c['outcome'] ~= cjson.null) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
+if ARGV[3] == '1' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
+return 1
+"""
+# Entries the arrivals stream keeps, about (a day of a busy service).
+ARRIVALS_MAX = 2_000_000
 _OUTCOMES: dict[int, Outcome] = {1: "stored", 0: "duplicate", 2: "conflict", 3: "skipped", 4: "dropped_old"}
 _SEQ_WIDTH = 20
 
@@ -126,6 +151,7 @@ class RedisStore(HistoryStore):
             raise StoreError(f"redis {self.where}: {type(exc).__name__}") from None
         self.prefix = prefix
         self._append = self.r.register_script(_APPEND_LUA)
+        self._settle = self.r.register_script(_SETTLE_LUA)
 
     def _k(self, namespace: str, what: str) -> str:
         return f"{self.prefix}{namespace}:{what}"
@@ -192,7 +218,15 @@ class RedisStore(HistoryStore):
     def append(self, namespace: str, events: Sequence[Event]) -> list[Outcome]:
         if not events:
             return []
-        args: list[str | int | float] = [self._k(namespace, "z:"), self.keep, self._k(namespace, "r:"), RECENT_KEEP_S]
+        args: list[str | int | float] = [
+            self._k(namespace, "z:"),
+            self.keep,
+            self._k(namespace, "r:"),
+            RECENT_KEEP_S,
+            namespace,
+            repr(time.time()),
+            ARRIVALS_MAX,
+        ]
         for e in events:
             args += [
                 e.event_id,
@@ -208,6 +242,7 @@ class RedisStore(HistoryStore):
             self._k(namespace, "live"),
             self._k(namespace, "seq"),
             self._k(namespace, "recent"),
+            f"{self.prefix}arrivals",
         ]
         codes = self._call(lambda: self._append(keys=keys, args=args))
         return [_OUTCOMES[int(c)] for c in codes]
@@ -265,11 +300,106 @@ class RedisStore(HistoryStore):
         key = f"{self.prefix}pins"
         self._call(lambda: self.r.hdel(key, name) if version is None else self.r.hset(key, name, version))
 
+    def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:
+        key = f"{self.prefix}arrivals"
+        Entries = list[tuple[str, dict[str, str]]]  # decode_responses=True: every id and field is a str
+        if cursor is None:
+            last = cast(Entries, self._call(lambda: self.r.xrevrange(key, count=1)))
+            return (last[0][0] if last else "0-0"), []
+        found = cast(Entries, self._call(lambda: self.r.xrange(key, min=f"({cursor}", max="+", count=limit)))
+        out = [Arrival(f["ns"], f["user"], f["item"], float(f["at"])) for _, f in found]
+        return (found[-1][0] if found else cursor), out
+
+    def add_online(self, sums: Mapping[OnlineKey, Sums]) -> None:
+        if not sums:
+            return
+
+        def do() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            for (name, version, variant, bucket), s in sums.items():
+                for metric, value in zip(Sums.FIELDS, s.values(), strict=True):
+                    pipe.hincrbyfloat(
+                        f"{self.prefix}online:{name}", f"{version}|{variant}|{bucket:.0f}|{metric}", value
+                    )
+            pipe.execute()
+            for name in {key[0] for key in sums}:
+                fields = cast(list[str], self.r.hkeys(f"{self.prefix}online:{name}"))
+                old = [f for f in fields if _bucket(f) < time.time() - ONLINE_KEEP_S]
+                if old:
+                    self.r.hdel(f"{self.prefix}online:{name}", *old)
+
+        self._call(do)
+
+    def online(self, name: str) -> dict[OnlineKey, Sums]:
+        found = self._call(lambda: self.r.hgetall(f"{self.prefix}online:{name}"))
+        out: dict[OnlineKey, Sums] = {}
+        for field_name, value in found.items():
+            version, variant, bucket, metric = str(field_name).split("|")
+            sums = out.setdefault((name, version, variant, float(bucket)), Sums())
+            setattr(sums, metric, float(value))
+        return out
+
+    def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:
+        if not sums:
+            return
+
+        def do() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            for (name, trial, version, variant, user), (n, ndcg) in sums.items():
+                key = f"{self.prefix}trial:{name}:{trial!r}"
+                pipe.hincrbyfloat(key, json.dumps([version, variant, user, "n"]), float(n))
+                pipe.hincrbyfloat(key, json.dumps([version, variant, user, "ndcg"]), float(ndcg))
+            pipe.execute()
+
+        self._call(do)
+
+    def user_sums(self, name: str, trial: float) -> dict[tuple[str, str], list[tuple[float, float]]]:
+        found = self._call(lambda: self.r.hgetall(f"{self.prefix}trial:{name}:{trial!r}"))
+        per: dict[tuple[str, str, str], list[float]] = {}
+        for field_name, value in found.items():
+            version, variant, user, metric = json.loads(field_name)
+            per.setdefault((version, variant, user), [0.0, 0.0])[0 if metric == "n" else 1] = float(value)
+        out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for (version, variant, _), (n, ndcg) in per.items():
+            out.setdefault((version, variant), []).append((n, ndcg))
+        return out
+
+    def candidates(self) -> dict[str, Candidate]:
+        found = self._call(lambda: self.r.hgetall(f"{self.prefix}candidates"))
+        return {str(k): Candidate.from_json(str(v)) for k, v in found.items()}
+
+    def set_candidate(self, name: str, candidate: Candidate | None) -> None:
+        key = f"{self.prefix}candidates"
+        keep = f"{self.prefix}trial:{name}:{candidate.since!r}" if candidate is not None else None
+
+        def do() -> None:
+            for old in self.r.scan_iter(f"{self.prefix}trial:{name}:*", count=100):
+                if old != keep:
+                    self.r.unlink(old)
+            if candidate is None:
+                self.r.hdel(key, name)
+            else:
+                self.r.hset(key, name, candidate.to_json())
+
+        self._call(do)
+
+    def settle(self, name: str, version: str, *, promote: bool) -> bool:
+        keys = [f"{self.prefix}candidates", f"{self.prefix}pins"]
+        spec = self._call(lambda: self.r.hget(keys[0], name))
+        if spec is None:
+            return False
+        ended = dataclasses.replace(Candidate.from_json(str(spec)), outcome="promoted" if promote else "retired")
+        return bool(self._call(lambda: self._settle(keys=keys, args=[name, version, int(promote), ended.to_json()])))
+
     def ping(self) -> None:
         self._call(self.r.ping)
 
     def close(self) -> None:
         self.r.close()
+
+
+def _bucket(field_name: str) -> float:
+    return float(field_name.split("|")[2])
 
 
 def _recent_payload(user: str, item: str, action: str | None) -> str:

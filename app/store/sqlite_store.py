@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
 from app.store.base import (
+    ARRIVALS_KEEP_S,
+    ONLINE_KEEP_S,
     RECENT_EVENTS,
+    Arrival,
+    Candidate,
     Event,
     HistoryStore,
+    OnlineKey,
     Outcome,
     StoredEvents,
     StoreError,
+    Sums,
+    UserKey,
     json_ts,
     nan_ts,
 )
@@ -31,7 +39,7 @@ class SQLiteStore(HistoryStore):
 
     kind = "sqlite"
     local_reads = True
-    SCHEMA_VERSION = 6
+    SCHEMA_VERSION = 7
     _SCHEMA = """
     -- The data hash whose artifact histories were last folded, per namespace.
     CREATE TABLE IF NOT EXISTS seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
@@ -50,6 +58,20 @@ class SQLiteStore(HistoryStore):
         PRIMARY KEY (ns, event_id)) WITHOUT ROWID;
     -- The version an admin pinned per model name (absent: the newest that loads).
     CREATE TABLE IF NOT EXISTS pins (name TEXT PRIMARY KEY, version TEXT NOT NULL, at REAL NOT NULL);
+    -- Own events in the order they were stored, for online evaluation (kept ARRIVALS_KEEP_S).
+    CREATE TABLE IF NOT EXISTS arrivals (seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,
+        user TEXT NOT NULL, item TEXT NOT NULL, at REAL NOT NULL);
+    CREATE INDEX IF NOT EXISTS arrivals_by_time ON arrivals (at);
+    -- The version tried beside the live one per model name (Candidate as JSON).
+    CREATE TABLE IF NOT EXISTS candidates (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
+    -- Online evaluation sums of every worker and host, per model, version, variant and time bucket.
+    CREATE TABLE IF NOT EXISTS online (name TEXT NOT NULL, version TEXT NOT NULL, variant TEXT NOT NULL,
+        bucket REAL NOT NULL, n REAL NOT NULL, hits REAL NOT NULL, ndcg REAL NOT NULL, ndcg2 REAL NOT NULL,
+        rr REAL NOT NULL, PRIMARY KEY (name, version, variant, bucket)) WITHOUT ROWID;
+    -- A running trial's scored lists per user (the promotion rule's unit), both sides.
+    CREATE TABLE IF NOT EXISTS trial_users (name TEXT NOT NULL, trial REAL NOT NULL, version TEXT NOT NULL,
+        variant TEXT NOT NULL, user TEXT NOT NULL, n REAL NOT NULL, ndcg REAL NOT NULL,
+        PRIMARY KEY (name, trial, version, variant, user)) WITHOUT ROWID;
     """
 
     def __init__(self, path: Path, keep: int = LIVE_EVENTS) -> None:
@@ -199,6 +221,11 @@ class SQLiteStore(HistoryStore):
                     for e in new
                 ),
             )
+            conn.executemany(
+                "INSERT INTO arrivals (ns, user, item, at) VALUES (?, ?, ?, ?)",
+                ((namespace, e.user_id, e.item_id, now) for e in new if not e.received),
+            )
+            conn.execute("DELETE FROM arrivals WHERE at < ?", (now - ARRIVALS_KEEP_S,))
             for user, received in {(e.user_id, int(e.received)) for e in new}:  # the newest `keep` of each kind
                 conn.execute(
                     "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE ns = ? AND user = ? AND received = ?"
@@ -285,6 +312,101 @@ class SQLiteStore(HistoryStore):
                 )
 
         self._write(do)
+
+    def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:
+        if cursor is None:
+            last = self._read(lambda c: c.execute("SELECT COALESCE(MAX(seq), 0) FROM arrivals").fetchone()[0])
+            return str(last), []
+        rows = self._read(
+            lambda c: c.execute(
+                "SELECT seq, ns, user, item, at FROM arrivals WHERE seq > ? ORDER BY seq LIMIT ?", (int(cursor), limit)
+            ).fetchall()
+        )
+        return (str(rows[-1][0]) if rows else cursor), [Arrival(ns, u, i, float(at)) for _, ns, u, i, at in rows]
+
+    def add_online(self, sums: Mapping[OnlineKey, Sums]) -> None:
+        def do(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO online (name, version, variant, bucket, n, hits, ndcg, ndcg2, rr)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name, version, variant, bucket) DO UPDATE SET"
+                " n = n + excluded.n, hits = hits + excluded.hits, ndcg = ndcg + excluded.ndcg,"
+                " ndcg2 = ndcg2 + excluded.ndcg2, rr = rr + excluded.rr",
+                ((*key, *s.values()) for key, s in sums.items()),
+            )
+            conn.execute("DELETE FROM online WHERE bucket < ?", (time.time() - ONLINE_KEEP_S,))
+
+        if sums:
+            self._write(do)
+
+    def online(self, name: str) -> dict[OnlineKey, Sums]:
+        rows = self._read(
+            lambda c: c.execute(
+                "SELECT version, variant, bucket, n, hits, ndcg, ndcg2, rr FROM online WHERE name = ?", (name,)
+            ).fetchall()
+        )
+        return {(name, v, var, float(b)): Sums(*vals) for v, var, b, *vals in rows}
+
+    def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:
+        def do(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO trial_users (name, trial, version, variant, user, n, ndcg) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (name, trial, version, variant, user) DO UPDATE SET n = n + excluded.n,"
+                " ndcg = ndcg + excluded.ndcg",
+                ((*key, float(v[0]), float(v[1])) for key, v in sums.items()),
+            )
+
+        if sums:
+            self._write(do)
+
+    def user_sums(self, name: str, trial: float) -> dict[tuple[str, str], list[tuple[float, float]]]:
+        rows = self._read(
+            lambda c: c.execute(
+                "SELECT version, variant, n, ndcg FROM trial_users WHERE name = ? AND trial = ?", (name, trial)
+            ).fetchall()
+        )
+        out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for version, variant, n, ndcg in rows:
+            out.setdefault((version, variant), []).append((float(n), float(ndcg)))
+        return out
+
+    def candidates(self) -> dict[str, Candidate]:
+        rows = self._read(lambda c: c.execute("SELECT name, spec FROM candidates").fetchall())
+        return {name: Candidate.from_json(spec) for name, spec in rows}
+
+    def set_candidate(self, name: str, candidate: Candidate | None) -> None:
+        def do(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "DELETE FROM trial_users WHERE name = ? AND trial != ?",
+                (name, candidate.since if candidate is not None else -1.0),
+            )
+            if candidate is None:
+                conn.execute("DELETE FROM candidates WHERE name = ?", (name,))
+            else:
+                conn.execute(
+                    "INSERT INTO candidates (name, spec) VALUES (?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
+                    (name, candidate.to_json()),
+                )
+
+        self._write(do)
+
+    def settle(self, name: str, version: str, *, promote: bool) -> bool:
+        def do(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT spec FROM candidates WHERE name = ?", (name,)).fetchone()
+            cand = Candidate.from_json(row[0]) if row is not None else None
+            if cand is None or cand.version != version or not cand.running:
+                return False
+            ended = dataclasses.replace(cand, outcome="promoted" if promote else "retired")
+            conn.execute("UPDATE candidates SET spec = ? WHERE name = ?", (ended.to_json(), name))
+            if promote:
+                conn.execute(
+                    "INSERT INTO pins (name, version, at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET version = excluded.version, at = excluded.at",
+                    (name, version, time.time()),
+                )
+            return True
+
+        return self._write(do)
 
     def ping(self) -> None:
         self._read(lambda c: c.execute("SELECT 1").fetchone())

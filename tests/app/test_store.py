@@ -272,3 +272,60 @@ def test_version_pins_are_kept_and_removed(store: HistoryStore) -> None:
     store.set_pin("bert", None)
     store.set_pin("never-pinned", None)
     assert store.pins() == {"sasrec": "20261120T000000Z"}
+
+
+def test_arrivals_come_in_store_order_from_a_cursor(store: HistoryStore) -> None:
+    store.append("ml", [Event("old", "u0", "a", 1.0)])
+    cursor, nothing = store.arrivals(None)  # a worker starts reading from now
+    assert nothing == []
+    store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u2", "y", 10.0)])
+    store.append("ml", [Event("e1", "u1", "x", 30.0)])  # a duplicate arrives nowhere
+    store.append("beauty", [Event("m", "u1", "z", math.nan), Event("<-m", "u9", "u1", math.nan, received=True)])
+    cursor, got = store.arrivals(cursor, limit=2)
+    assert [(a.namespace, a.user, a.item) for a in got] == [("ml", "u1", "x"), ("ml", "u2", "y")]
+    cursor, got = store.arrivals(cursor)
+    assert [(a.namespace, a.user, a.item) for a in got] == [("beauty", "u1", "z")]  # received steps are not arrivals
+    assert store.arrivals(cursor) == (cursor, [])
+
+
+def test_online_sums_add_up_across_writers(store: HistoryStore) -> None:
+    from app.store import Sums
+
+    key = ("sasrec", "v1", "live", 1_800_000_000.0)
+    store.add_online({key: Sums(1, 1, 0.5, 0.25, 0.5)})
+    store.add_online({key: Sums(1, 0, 0, 0, 0.1), ("sasrec", "v2", "canary", 1_800_000_000.0): Sums(1, 1, 1, 1, 1)})
+    store.add_online({("other", "v1", "live", 1_800_000_000.0): Sums(5, 5, 5, 5, 5)})
+    got = store.online("sasrec")
+    assert got[key].values() == pytest.approx((2, 1, 0.5, 0.25, 0.6))
+    assert set(got) == {key, ("sasrec", "v2", "canary", 1_800_000_000.0)}
+
+
+def test_a_candidate_is_settled_once(store: HistoryStore) -> None:
+    from app.store import Candidate
+
+    c = Candidate("v2", "canary", 0.25, 100.0)
+    store.set_candidate("sasrec", c)
+    assert store.candidates() == {"sasrec": c}
+    assert not store.settle("sasrec", "v3", promote=True)  # not the candidate: nothing written
+    assert store.candidates() == {"sasrec": c} and store.pins() == {}
+    assert store.settle("sasrec", "v2", promote=True)
+    assert store.candidates() == {"sasrec": Candidate("v2", "canary", 0.25, 100.0, "promoted")}
+    assert store.pins() == {"sasrec": "v2"}
+    assert not store.settle("sasrec", "v2", promote=False)  # a second worker's late decision changes nothing
+    assert store.candidates()["sasrec"].outcome == "promoted"
+    store.set_candidate("sasrec", Candidate("v4", "shadow", 1.0, 200.0))
+    assert store.settle("sasrec", "v4", promote=False)  # retired: the pin stays, the trial is remembered
+    assert store.candidates()["sasrec"].outcome == "retired" and store.pins() == {"sasrec": "v2"}
+    store.set_candidate("sasrec", None)
+    assert store.candidates() == {}
+
+
+def test_a_trials_user_sums_add_up_and_go_with_the_next_trial(store: HistoryStore) -> None:
+    from app.store import Candidate
+
+    store.set_candidate("m", Candidate("v2", "canary", 0.5, 100.0))
+    store.add_user_sums({("m", 100.0, "v2", "canary", "u1"): (1, 0.5), ("m", 100.0, "v1", "live", "u2"): (2, 1.0)})
+    store.add_user_sums({("m", 100.0, "v2", "canary", "u1"): (1, 0.25), ("other", 100.0, "v1", "live", "u2"): (9, 9)})
+    assert store.user_sums("m", 100.0) == {("v2", "canary"): [(2.0, 0.75)], ("v1", "live"): [(2.0, 1.0)]}
+    store.set_candidate("m", Candidate("v3", "canary", 0.5, 200.0))  # a new trial: the old one's sums go
+    assert store.user_sums("m", 100.0) == {} and store.user_sums("other", 100.0) != {}
