@@ -222,6 +222,12 @@ class HistoryTable:
             return self._time_at[end - 1] if end > start else None
         return Row(self.items[start:end], self.times[start:end], None).last_time()
 
+    def items_at(self, start: int, end: int, t: float) -> set[int]:
+        """The entities of the steps whose time is `t` (where a newer version's table and the live events
+        meet: several steps can share a second)."""
+        times = self.times[start:end]
+        return set(self.items[start:end][times == t].tolist())
+
     def row(self, index: int) -> Row:
         start, end = (int(self.ends[index - 1]) if index else 0), int(self.ends[index])
         return Row(

@@ -125,6 +125,15 @@ class Engine(ABC, Generic[Q, P, R]):
         """Users whose live events the queries need."""
         return []
 
+    def subject(self, query: Q) -> str | None:
+        """The stored user a query asks about (its answer can be scored against that user's next event,
+        and a canary split is sticky by it); None for a query that carries its whole history."""
+        return None
+
+    def ranked(self, result: R) -> list[str]:
+        """The raw ids of an answer, best first (what a user was shown)."""
+        return []
+
     def recent_span(self, prepared: Sequence[P]) -> tuple[float, float] | None:
         """The time span [start, end) of every user's live events in the namespace that the prepared
         queries need (a social model's recent activity), else None."""

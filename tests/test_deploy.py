@@ -35,11 +35,14 @@ def _volumes(service: dict[str, Any]) -> list[tuple[str, str, bool]]:
 
 def test_services_and_start_order(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert {"api", "redis", "trainer", "retrain"} <= set(services)
+    assert {"api", "redis", "trainer", "train", "retrain"} <= set(services)
     deps = services["api"]["depends_on"]
     assert deps["trainer"]["condition"] == "service_completed_successfully"
     assert deps["redis"]["condition"] == "service_healthy"
-    assert services["retrain"]["profiles"] == ["train"]
+    assert services["train"]["profiles"] == ["train"]
+    assert services["retrain"]["profiles"] == ["retrain"]  # warm, from the live events in Redis
+    assert services["retrain"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert services["retrain"]["environment"]["SEQSERVE_HISTORY_STORE"] == "redis"
     assert "profiles" not in services["trainer"]  # runs on every `up`, and trains only into an empty volume
     assert services["trainer"]["restart"] == "no"
 
@@ -51,7 +54,7 @@ def test_api_uses_redis_and_reads_artifacts_read_only(compose: dict[str, Any]) -
     assert ("artifacts", "/app/artifacts", True) in _volumes(api)
     assert any(p.endswith(":8000") for p in api["ports"])
     assert "/readyz" in " ".join(api["healthcheck"]["test"])
-    for name in ("trainer", "retrain"):
+    for name in ("trainer", "train", "retrain"):
         assert ("artifacts", "/app/artifacts", False) in _volumes(compose["services"][name])
     assert "artifacts" in compose["volumes"] and "redis-data" in compose["volumes"]
 
@@ -70,10 +73,11 @@ def test_entrypoints_are_the_scripts_used_here(compose: dict[str, Any]) -> None:
     assert "scripts/serve.sh" in (ROOT / "README.md").read_text()
     for name, script in (
         ("trainer", ["scripts/train_defaults.sh"]),
-        ("retrain", ["scripts/train_defaults.sh", "--force"]),
+        ("train", ["scripts/train_defaults.sh", "--force"]),
+        ("retrain", ["scripts/retrain.sh"]),
     ):
         assert compose["services"][name]["entrypoint"] == script
-    for script in ("serve.sh", "train_defaults.sh", "bootstrap.sh"):
+    for script in ("serve.sh", "train_defaults.sh", "retrain.sh", "bootstrap.sh"):
         assert os.access(ROOT / "scripts" / script, os.X_OK), script
 
 
@@ -123,7 +127,7 @@ def _default(text: str) -> str:
 def test_one_shot_services_have_no_healthcheck(compose: dict[str, Any]) -> None:
     """The image's HEALTHCHECK polls the api's /readyz: a trainer would be shown 'unhealthy' while it trains."""
     one_shot = [n for n, s in compose["services"].items() if s.get("restart") == "no"]
-    assert {"trainer", "retrain", "secrets"} <= set(one_shot)
+    assert {"trainer", "train", "retrain", "secrets"} <= set(one_shot)
     for name in one_shot:
         assert compose["services"][name].get("healthcheck") == {"disable": True}, name
 

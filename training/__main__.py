@@ -16,7 +16,7 @@ from pathlib import Path
 
 from models.tasks import TASKS
 from training import distributed
-from training.config import kind_of, read_raw
+from training.config import apply_override, kind_of, read_raw
 from training.data import DataFormatError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="artifact version folder, or an artifacts folder: the newest version of each name that needs it",
     )
+    wm = sub.add_parser(
+        "warm",
+        help="continue a served version's training on new data (its log plus the live events since), as a new version",
+    )
+    wm.add_argument("--artifact", type=Path, required=True, help="a version folder, or a model's folder (its newest)")
+    wm.add_argument("--data", type=Path, required=True, help="the log to continue on (python -m app.export_history)")
+    wm.add_argument("--minutes", type=float, default=0.5, help="the training loop's budget (train.max_minutes)")
+    wm.add_argument("--out", type=Path, help="artifacts folder (default: the one holding --artifact)")
+    wm.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -75,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                 for folder in convert_root(args.artifact):
                     print(folder)
             return 0
+        if args.command == "warm":
+            return _warm(args)
         return _train(args)
     except (DataFormatError, ValueError, FileNotFoundError) as exc:
         logging.getLogger("training").error("%s", exc)
@@ -102,6 +113,33 @@ def _train(args: argparse.Namespace) -> int:
         if dist.enabled:
             logging.getLogger("training").info("rank %d of %d finished", dist.rank, dist.world)
         dist.close()
+
+
+def _warm(args: argparse.Namespace) -> int:
+    """The served version's own run config, on the new data, within the new budget, from its weights."""
+    import json
+
+    from models.artifact import versions
+    from training.jobs import job_for_kind
+
+    folder = args.artifact if (args.artifact / "manifest.json").is_file() else next(iter(versions(args.artifact)), None)
+    if folder is None:
+        raise FileNotFoundError(f"{args.artifact}: no artifact version there")
+    raw = json.loads((folder / "run_config.json").read_text())
+    kind = raw.get("kind") or raw["model"].get("kind")
+    raw = {k: raw[k] for k in ("name", "model", "data", "train", "eval") if k in raw}
+    raw["model"] = {**raw["model"], "kind": kind}
+    raw["data"] = {**raw.get("data", {}), "path": str(args.data), "item_table": ""}
+    raw["train"] = {**raw.get("train", {}), "max_minutes": args.minutes}
+    for o in args.overrides:
+        apply_override(raw, o)
+    job_cls = job_for_kind(kind_of(raw))
+    cfg = job_cls.parse_config(raw)
+    job = job_cls(cfg, out_root=args.out or folder.parent.parent, data_path=args.data, warm_from=folder)
+    out = job.run()
+    if out is not None:
+        print(out)
+    return 0
 
 
 def train_defaults(out: Path, *, tasks: list[str] | None = None) -> int:

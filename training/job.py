@@ -66,8 +66,10 @@ class Job(ABC, Generic[D, T, E]):
         data_path: Path | None = None,
         dist: Dist | None = None,
         shared_data: Path | None = None,
+        warm_from: Path | None = None,
     ) -> None:
         self.cfg = cfg
+        self.warm_from = warm_from  # a version folder whose weights the model starts from
         self.out_root = out_root or self.default_out
         self.data_path = data_path
         self.shared_data = shared_data  # the ../shared/data folder, for data sets looked up by name
@@ -93,6 +95,10 @@ class Job(ABC, Generic[D, T, E]):
     @abstractmethod
     def train_batches(self, model: nn.Module) -> Callable[[torch.Generator], Sequence[Any]]:
         """Per-epoch training batches: whatever the model's loss() takes."""
+
+    def warm_start(self, model: nn.Module) -> dict[str, Any]:
+        """Load what of the `warm_from` version's weights fits `model`; -> what was carried (for run_config)."""
+        raise ValueError(f"the {self.task} task has no warm start")
 
     def preflight(self, model: nn.Module) -> None:
         """Checks on one real batch before training; raise with the name of the failed check."""
@@ -146,7 +152,9 @@ class Job(ABC, Generic[D, T, E]):
         self.prepare_data()
         data_seconds = time.monotonic() - t_data
         log.info("data ready in %.1f s", data_seconds)
-        model = self.build_model().to(self.device)
+        model = self.build_model()
+        warm = self.warm_start(model) if self.warm_from is not None else None
+        model = model.to(self.device)
         seed_everything(t.seed + self.dist.rank)  # same initial weights everywhere; each rank its own sampling
         self.preflight(model)
         t0 = time.monotonic()
@@ -203,6 +211,8 @@ class Job(ABC, Generic[D, T, E]):
         if dataclasses.is_dataclass(config) and not isinstance(config, type):
             run_config["model"] = dataclasses.asdict(config)
         run_config.update(pieces.run_config)
+        if warm is not None:
+            run_config["warm_start"] = warm
         manifest = Manifest.new(
             name=self.cfg.name,
             kind=self.cfg.kind,

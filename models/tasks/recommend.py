@@ -174,6 +174,12 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult]):
     def users(self, queries: Sequence[RecQuery]) -> list[str]:
         return [q.user_id for q in queries if q.user_id is not None]
 
+    def subject(self, query: RecQuery) -> str | None:
+        return query.user_id
+
+    def ranked(self, result: RecResult) -> list[str]:
+        return [raw for raw, _ in result.items]
+
     def stored_users(self) -> Iterator[str]:
         return self.histories.users()
 
@@ -218,13 +224,31 @@ class RecEngine(UserQueryEngine):
     def describe(self, raw_ids: Sequence[str], fields: Sequence[str]) -> list[dict[str, FieldValue]]:
         return describe(raw_ids, fields, self.art.fields)
 
-    def _stored(self, user: str) -> tuple[list[int], float | None] | None:
-        """A user's stored items the model knows, and the newest stored time (read from the mapped table)."""
+    def _stored(self, user: str) -> tuple[list[int], float | None, tuple[int, int]] | None:
+        """A user's stored items the model knows, the newest stored time and where its steps lie (read
+        from the mapped table)."""
         table = self.art.histories
         found = table.span(user)
         if found is None:
             return None
-        return table.known_items(*found, len(self.art.items)), table.newest_time(*found)
+        return table.known_items(*found, len(self.art.items)), table.newest_time(*found), found
+
+    def _unheld(self, live: Timeline, newest: float, span: tuple[int, int]) -> Timeline:
+        """The live steps the table does not hold: newer than its newest step, or at that same time and
+        not among its steps of that time (ml-100k rates several items in one second). A candidate trained
+        on live events still reads them from the store (it does not fold); a step without a time is kept."""
+        out, at_newest = [], None
+        for step in live:
+            t = step[1]
+            if t < newest:
+                continue
+            if t == newest:
+                if at_newest is None:
+                    at_newest = self.art.histories.items_at(*span, newest)
+                if self.art.items.index(step[0]) in at_newest:
+                    continue
+            out.append(step)
+        return out
 
     def known(self, raw_ids: Sequence[str]) -> list[bool]:
         return [x >= N_SPECIAL for x in self.art.items.indices(raw_ids)]
@@ -235,12 +259,14 @@ class RecEngine(UserQueryEngine):
 
     def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
         check_query(q, position, fields=self.art.fields)
-        stored: tuple[list[int], float | None] = ([], None)
+        stored: tuple[list[int], float | None, tuple[int, int]] = ([], None, (0, 0))
         if q.user_id is not None:
             found = self._stored(q.user_id)
             if found is None and not q.history and not live:
                 raise UnknownUserError(q.user_id, position)
             stored = found or stored
+        if live and stored[1] is not None:
+            live = self._unheld(live, stored[1], stored[2])
         events = [(i, optional_time(t)) for i, t, _ in live] + [(i, t) for i, t, _ in q.history]
         given = self.art.items.indices([i for i, _ in events])
         # Only the query's own ids: stored and live steps are never echoed (docs/decisions/private-histories.md).

@@ -19,6 +19,8 @@ from models.base import SequentialRecommender
 from models.histories import IndexedHistories
 from models.ids import N_SPECIAL, IdMap
 from models.registry import build_recommender
+from models.tasks.recommend import RecArtifact, load_artifact
+from models.warm import carry_over
 from training.config import LoopConfig, read_raw
 from training.data import Interactions, load_interactions, locate_ml100k
 from training.evaluate import BASELINES, PROTOCOLS, Protocol, ScoreFn, draw_negatives, evaluate, item_counts
@@ -150,11 +152,47 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         c = self.cfg.data
         item_table = Path(c.item_table) if c.item_table else None
         self.data = load_interactions(self._data_path(), item_table)
+        if self.warm_from is not None:
+            self._carry_item_meta(load_artifact(self.warm_from))
         self.items, self.users, sequences = index_data(self.data)
         self.split = leave_one_out(sequences, full_data=c.full_data)
         self.popularity = item_counts(sequences, len(self.items))
         self.val_set = subsample(self.split.valid, self.cfg.eval.val_users, self.cfg.train.seed)
         self._negatives = {}
+
+    def _carry_item_meta(self, old: RecArtifact) -> None:
+        """A log exported from the service has no item table: the release times and display fields of
+        the items the served version knew come from it (items first seen live have none)."""
+        d = self.data
+        if d.release_unit is None and old.release_unit is not None:
+            d.release, d.release_unit = dict(old.release), old.release_unit
+        if not d.item_fields and old.fields:
+            d.item_fields = {  # the table's text fields; release times come back through d.release
+                name: {i: v for i, v in values.items() if isinstance(v, str | list)}
+                for name, values in old.fields.items()
+                if name not in ("release_year", "released_at")
+            }
+
+    def warm_start(self, model: nn.Module) -> dict[str, Any]:
+        assert self.warm_from is not None
+        old = load_artifact(self.warm_from)
+        if old.manifest.kind != self.cfg.kind:
+            raise ValueError(f"{self.warm_from} is a {old.manifest.kind} model, not {self.cfg.kind}")
+        got = carry_over(model, old.model.state_dict(), old.items, self.items)
+        log.info(
+            "warm start from %s: %d tensors carried, %d items kept, %d new%s",
+            self.warm_from,
+            got.tensors,
+            got.ids_kept,
+            got.ids_new,
+            f"; fresh: {', '.join(got.fresh)}" if got.fresh else "",
+        )
+        return {
+            "from": f"{old.manifest.name}/{old.folder.name}",
+            "items_kept": got.ids_kept,
+            "items_new": got.ids_new,
+            "fresh_tensors": got.fresh,
+        }
 
     def build_model(self) -> SequentialRecommender:
         model = build_recommender(self.cfg.kind, {**self.cfg.model, "vocab_size": len(self.items)})

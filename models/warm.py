@@ -1,0 +1,64 @@
+"""Warm starts: a new model's weights from a trained one whose id map differs (items first seen live).
+
+Every tensor whose first dimension runs over the id map (item embeddings, output biases, a [MASK]
+row past the items) is carried row by row through the raw ids both maps hold; rows of ids the old
+model never saw keep the new model's initialisation. Tensors of the same shape otherwise (attention,
+feed-forward, norms, positions) are copied whole. Integer buffers (a transition table) are refitted
+by training from the new data, never carried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.ids import N_SPECIAL, IdMap
+
+
+@dataclass(frozen=True)
+class Carried:
+    tensors: int  # copied or carried row by row
+    fresh: list[str]  # tensors left at their initialisation (no counterpart of a usable shape)
+    ids_kept: int  # ids of the new map the old model knew
+    ids_new: int  # ids first seen in the new data
+
+
+def row_sources(old: IdMap, new: IdMap) -> torch.Tensor:
+    """For each index of `new`: the index of the same raw id in `old`, the specials themselves, or -1."""
+    src = torch.full((len(new),), -1, dtype=torch.long)
+    src[:N_SPECIAL] = torch.arange(N_SPECIAL)
+    for index, raw in enumerate(new.raws(), start=N_SPECIAL):
+        if raw in old:
+            src[index] = old.index(raw)
+    return src
+
+
+@torch.no_grad()
+def carry_over(model: nn.Module, old_state: dict[str, torch.Tensor], old_ids: IdMap, new_ids: IdMap) -> Carried:
+    """Load what of `old_state` fits `model` (whose id map is `new_ids`), in place."""
+    src = row_sources(old_ids, new_ids)
+    known = src >= 0
+    n_old, n_new = len(old_ids), len(new_ids)
+    carried, fresh = 0, []
+    for name, tensor in model.state_dict().items():
+        old = old_state.get(name)
+        if old is None or not tensor.is_floating_point():
+            if old is None:
+                fresh.append(name)
+            continue
+        extra = tensor.shape[0] - n_new if tensor.dim() else -1
+        if tensor.dim() and extra in (0, 1) and old.shape[0] == n_old + extra and old.shape[1:] == tensor.shape[1:]:
+            target = tensor[:n_new]
+            target[known] = old[src[known]].to(tensor.dtype)
+            if extra:  # rows past the ids ([MASK]) follow the ids
+                tensor[n_new:] = old[n_old:].to(tensor.dtype)
+        elif old.shape == tensor.shape:
+            tensor.copy_(old)
+        else:
+            fresh.append(name)
+            continue
+        carried += 1
+    n_kept = int(known[N_SPECIAL:].sum())
+    return Carried(carried, fresh, n_kept, len(new_ids) - N_SPECIAL - n_kept)

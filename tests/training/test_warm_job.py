@@ -1,0 +1,46 @@
+"""A warm retrain: a served version continues on its log plus live events; new items join the catalog."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from models.artifact import latest_versions
+from models.ids import IdMap
+from tests.conftest import synthetic_log
+from training.__main__ import main
+
+
+def test_warm_retrain_extends_the_catalog_and_keeps_item_meta(tiny_artifacts: Path, tmp_path: Path) -> None:
+    base = latest_versions(tiny_artifacts)["sasrec-tiny"]
+    log = tmp_path / "log.csv"
+    with log.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["user_id", "item_id", "timestamp"])
+        w.writerows(synthetic_log())
+        w.writerows([("u1", "fresh-item", 2_000_000_000), ("u2", "fresh-item", 2_000_000_001)])  # first seen live
+    out = tmp_path / "arts"
+    assert main(["warm", "--artifact", str(base), "--data", str(log), "--minutes", "0.05", "--out", str(out)]) == 0
+    new = latest_versions(out)["sasrec-tiny"]
+    assert "fresh-item" in IdMap.load(new / "items.json")
+    run = json.loads((new / "run_config.json").read_text())
+    assert run["warm_start"]["items_new"] == 1 and run["warm_start"]["from"] == f"sasrec-tiny/{base.name}"
+    assert run["warm_start"]["items_kept"] == IdMap.load(base / "items.json").n_entities
+    meta = json.loads((new / "item_meta.json").read_text())  # release years carried from the served version
+    assert meta["unit"] == "year" and "fresh-item" not in meta["release"] and len(meta["release"]) > 10
+
+
+def test_warm_retrain_refuses_another_kind(tiny_artifacts: Path, tmp_path: Path) -> None:
+    bert = latest_versions(tiny_artifacts)["bert4rec-tiny"]
+    log = tmp_path / "log.csv"
+    log.write_text("user_id,item_id,timestamp\nu1,10,1\nu1,11,2\nu1,12,3\n")
+    code = main(["warm", "--artifact", str(bert), "--data", str(log), "--set", "model.kind='sasrec'"])
+    assert code == 2
+
+
+@pytest.mark.parametrize("missing", ["nothing-here"])
+def test_warm_retrain_needs_a_version(tmp_path: Path, missing: str) -> None:
+    assert main(["warm", "--artifact", str(tmp_path / missing), "--data", str(tmp_path / "x.csv")]) == 2
