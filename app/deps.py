@@ -23,8 +23,10 @@ from app import bodies
 from app.engine.registry import ModelRegistry
 from app.errors import Forbidden, Unauthorized
 from app.observability import Metrics
-from app.schemas import EventsRequest, PinRequest, RequestModels, bounded
-from app.serving import off_loop
+from app.online import ServedLists
+from app.production import ProductionLoop
+from app.schemas import CandidateRequest, EventsRequest, PinRequest, RequestModels, bounded
+from app.serving import ShadowWork, off_loop
 from app.settings import Settings
 from app.store import HistoryStore
 from app.workers import Coordinator
@@ -44,6 +46,9 @@ class Services:
     events_route: str | None = None  # the route whose models' histories POST /events writes
     store: HistoryStore | None = None
     coordinator: Coordinator | None = None  # reloads across this host's workers; None: this process alone
+    lists: ServedLists | None = None  # what this worker served by user, for online evaluation; None: off
+    shadows: ShadowWork | None = None  # shadow candidates' work off the response path
+    production: ProductionLoop | None = None  # online scoring, shared figures, the promotion rule
 
     def __post_init__(self) -> None:
         self.schemas = bounded(self.settings.limits)
@@ -89,6 +94,13 @@ async def pin_body(request: Request) -> PinRequest:
 
 
 PinBody = Annotated[PinRequest, Depends(pin_body)]
+
+
+async def candidate_body(request: Request) -> CandidateRequest:
+    return await parse_body(request, CandidateRequest)
+
+
+CandidateBody = Annotated[CandidateRequest, Depends(candidate_body)]
 
 
 def check_key(

@@ -72,3 +72,9 @@ class NoOlderVersion(DomainError):
     """A rollback with no older version on disk to go to."""
 
     status, code = 409, "no_older_version"
+
+
+class NoTrial(DomainError):
+    """A candidate call that needs a trial in the state it is not in (none running, or the live version)."""
+
+    status, code = 409, "no_trial"

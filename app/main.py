@@ -18,11 +18,14 @@ from app.engine.registry import ModelRegistry, resolve_device
 from app.handlers import install_error_handlers
 from app.middleware import BodyBudget, BodyLimit, Observe
 from app.observability import AccessLog, Metrics, configure_logging
+from app.online import ServedLists
+from app.production import ProductionLoop
 from app.routers import admin, bench, console, events, health, history, metrics, models
 from app.routers.tasks import lean_router, live_route, task_routes
 from app.schemas import bounded, components
+from app.serving import ShadowWork
 from app.settings import Settings, get_settings
-from app.store import HistoryStore, StoreError, open_store
+from app.store import Candidate, HistoryStore, StoreError, open_store
 from app.workers import Coordinator, WorkerSync
 from models.serving import EngineOptions
 
@@ -71,7 +74,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             on_batch=services.metrics.on_batch,
             load_timeout_s=settings.load_timeout_s,
         )
-        services.registry.pins = _stored_pins(services.store) or {}
+        if settings.online_eval:
+            services.lists = ServedLists(window_s=settings.online_window_s, max_lists=settings.online_max_lists)
+        services.shadows = ShadowWork(settings.shadow_max_in_flight)
+        services.production = ProductionLoop(
+            settings=settings,
+            registry=services.registry,
+            store=services.store,
+            metrics=services.metrics,
+            lists=services.lists,
+        )
+        await asyncio.to_thread(services.production.begin)
+        choices = _stored_choices(services.store)
+        if choices is not None:
+            services.production.choices(*choices)
         services.registry.load_all(settings.artifacts_dir)
         if not services.registry.names:
             log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)
@@ -82,13 +98,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except OSError as exc:
             log.error("no shared folder for the workers (%s): POST /admin/reload reaches this process only", exc)
         keeper = asyncio.create_task(_housekeeping(services))
+        scorer = asyncio.create_task(_scoring(services))
         yield
         access.flush()
-        keeper.cancel()
-        with suppress(asyncio.CancelledError):
-            await keeper
+        for task in (keeper, scorer):
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
         if services.coordinator is not None:
             services.coordinator.sync.withdraw()
+        if services.shadows is not None:
+            await services.shadows.drain()
         await services.registry.close()
         if services.store is not None:
             services.store.close()
@@ -151,34 +171,52 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 async def _housekeeping(services: Services) -> None:
     """Each worker, every SEQSERVE_HOUSEKEEPING_S: follows a reload another worker was asked for, and
     sets its own queue-depth gauges (with several workers, /metrics sums every worker's)."""
+    production = services.production
+    assert production is not None
     while True:
         await asyncio.sleep(services.settings.housekeeping_s)
         try:
             services.metrics.set_queue_depths(services.registry.queue_depths())
             services.metrics.forget_dead_workers()
-            # Pins are read first, so a reload another worker asked for serves them; pins set through
-            # another host (a shared Redis) reach this worker here too.
-            pins = await asyncio.to_thread(_stored_pins, services.store)
-            changed = pins is not None and pins != services.registry.pins
-            if pins is not None:
-                services.registry.pins = pins
+            if services.shadows is not None:
+                services.metrics.count_shadow(*services.shadows.take())
+            # Pins and candidates are read first, so a reload another worker asked for serves them; those
+            # set through another host (a shared Redis), or by the promotion rule, reach this worker here too.
+            choices = await asyncio.to_thread(_stored_choices, services.store)
+            changed = choices is not None and production.choices(*choices)
             followed = services.coordinator is not None and await services.coordinator.follow()
             if changed and not followed:
                 await services.registry.reload(services.settings.artifacts_dir)
                 if services.coordinator is not None:
                     services.coordinator.announce()
+            await production.share()
         except Exception:  # a bad file or a failed reload must not end the loop
             log.exception("housekeeping failed; trying again in %.1f s", services.settings.housekeeping_s)
 
 
-def _stored_pins(store: HistoryStore | None) -> dict[str, str] | None:
-    """The pinned versions the shared store holds; None while it cannot be read (what serves stays)."""
+async def _scoring(services: Services) -> None:
+    """Each worker, every SEQSERVE_ONLINE_SCORE_S: score the lists it served against the events stored
+    since (quicker than housekeeping, so a user's quick succession of answers and events is scored
+    before the per-user bound drops any)."""
+    production = services.production
+    assert production is not None
+    while True:
+        await asyncio.sleep(services.settings.online_score_s)
+        try:
+            await production.score()
+        except Exception:  # never ends the loop
+            log.exception("online scoring failed; trying again")
+
+
+def _stored_choices(store: HistoryStore | None) -> tuple[dict[str, str], dict[str, Candidate]] | None:
+    """The pinned versions and the candidates the shared store holds; None while it cannot be read
+    (what serves stays)."""
     if store is None:
         return None
     try:
-        return store.pins()
-    except StoreError as exc:
-        log.debug("version pins not read: %s", exc)
+        return store.pins(), store.candidates()
+    except (StoreError, ValueError) as exc:
+        log.debug("version choices not read: %s", exc)
         return None
 
 

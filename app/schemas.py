@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, cast
 
 from pydantic import (
     AfterValidator,
@@ -28,6 +28,9 @@ from app.bodies import token_budget
 from app.limits import Limits
 from models.ids import encodable
 from models.serving import FIELD_NAME, MAX_FIELDS
+
+if TYPE_CHECKING:
+    from app.store import Candidate
 
 
 def _utf8(s: str) -> str:
@@ -160,11 +163,12 @@ class RecommendResult(BaseModel):
     unknown_items: list[str]
     excluded: Excluded
     history_truncated: bool = Field(description="longer than the model reads: its most recent part was used")
+    version: str = Field(description="the version that answered this query: a canary's for users in its share")
 
 
 class RecommendResponse(BaseModel):
     model: str
-    version: str
+    version: str = Field(description="the live version of the model")
     results: list[RecommendResult]
 
 
@@ -255,11 +259,12 @@ class NextLocationResult(BaseModel):
     unknown_locations: list[str]
     unknown_user: bool
     history_truncated: bool
+    version: str = Field(description="the version that answered this query: a canary's for users in its share")
 
 
 class NextLocationResponse(BaseModel):
     model: str
-    version: str
+    version: str = Field(description="the live version of the model")
     results: list[NextLocationResult]
 
 
@@ -347,6 +352,62 @@ class HistoryResponse(BaseModel):
     events: list[HistoryStep] = Field(description="newest first")
 
 
+class CandidateRequest(Strict):
+    version: str = Field(
+        min_length=1, max_length=64, pattern=r"^\d{8}T\d{6}Z(-\d+)?$", description="a version folder's name"
+    )
+    mode: Literal["canary", "shadow"] = Field(
+        description="canary: `share` of the users (sticky by user id) get its answers; shadow: it also scores "
+        "the by-user queries off the response path, its answers never returned"
+    )
+    share: float | None = Field(
+        default=None, gt=0, le=1, description="canary: the share of users it answers (default SEQSERVE_CANARY_SHARE)"
+    )
+
+
+class OnlineFigures(BaseModel):
+    """Served lists scored against each user's next event (the online window)."""
+
+    n: int = Field(description="scored lists")
+    hr10: float
+    hr10_ci: list[float] = Field(description="95% interval (Wilson)")
+    ndcg10: float
+    ndcg10_ci: list[float] = Field(
+        description="95% interval (normal, lists as the unit; the promotion rule's takes users as the unit)"
+    )
+    mrr: float
+
+
+class CandidateInfo(BaseModel):
+    version: str
+    mode: Literal["canary", "shadow"]
+    share: float
+    since: float = Field(description="unix seconds it became the candidate")
+
+    @classmethod
+    def of(cls, c: Candidate | None) -> CandidateInfo | None:
+        return None if c is None else cls(version=c.version, mode=c.mode, share=c.share, since=c.since)
+
+
+class TrialMove(BaseModel):
+    name: str
+    action: Literal["started", "promoted", "retired"]
+    candidate: CandidateInfo | None = Field(description="the candidate after the call")
+    pinned: str | None
+    reason: str
+    reload: ReloadReport
+
+
+class OnlineResponse(BaseModel):
+    name: str
+    bucket_s: float = Field(description="the width of each point's time bucket")
+    candidate: CandidateInfo | None
+    series: dict[str, list[tuple[float, int, float]]] = Field(
+        description="'version/variant' -> [bucket start, scored lists, NDCG@10 of the bucket], oldest first"
+    )
+    totals: dict[str, OnlineFigures] = Field(description="'version/variant' -> figures over every bucket kept")
+
+
 class ModelInfo(BaseModel):
     name: str
     kind: str
@@ -364,6 +425,13 @@ class ModelInfo(BaseModel):
     )
     metrics: dict[str, object]
     fields: list[str] = Field(default_factory=list, description="item fields a query can ask for (title, genres, ...)")
+    candidate: CandidateInfo | None = Field(default=None, description="the version tried beside this one")
+    online: dict[str, OnlineFigures] = Field(
+        default_factory=dict,
+        description="'version/variant' -> online figures of the live version and a candidate; variants: live, "
+        "canary (the fair comparison: its users saw its lists), shadow (its lists were never shown: biased "
+        "toward the live version, whose list the user acted on)",
+    )
 
 
 class ModelsResponse(BaseModel):
@@ -391,6 +459,9 @@ class ReloadReport(BaseModel):
     deleted: list[str] = Field(
         default_factory=list, description="name/version folders deleted beyond SEQSERVE_KEEP_VERSIONS"
     )
+    candidates: dict[str, str] = Field(
+        default_factory=dict, description="model name -> the candidate version tried beside the live one here"
+    )
 
 
 class PinRequest(Strict):
@@ -409,8 +480,9 @@ class VersionMove(BaseModel):
 class VersionInfo(BaseModel):
     version: str
     created_at: str | None
-    state: Literal["serving", "kept", "broken"] = Field(
-        description="serving: answers requests here; kept: on disk, not serving; broken: failed to load"
+    state: Literal["serving", "candidate", "kept", "broken"] = Field(
+        description="serving: answers requests here; candidate: tried beside it (canary or shadow); "
+        "kept: on disk, not serving; broken: failed to load"
     )
     pinned: bool
     metrics: dict[str, Any] = Field(description="the offline test figures of its training run")
@@ -420,6 +492,7 @@ class VersionInfo(BaseModel):
 class VersionsResponse(BaseModel):
     name: str
     pinned: str | None
+    candidate: CandidateInfo | None = None
     versions: list[VersionInfo] = Field(description="newest first")
 
 
@@ -510,7 +583,12 @@ def bounded(limits: Limits, requests: dict[str, Body] | None = None) -> RequestM
 def components(models: RequestModels) -> dict[str, Any]:
     """The OpenAPI component schemas of the request bodies the app parses itself, with its bounds."""
     out: dict[str, Any] = {}
-    parsed: list[type[BaseModel]] = [*(b.model for b in models.requests.values()), models.events, PinRequest]
+    parsed: list[type[BaseModel]] = [
+        *(b.model for b in models.requests.values()),
+        models.events,
+        PinRequest,
+        CandidateRequest,
+    ]
     for model in parsed:
         spec = model.model_json_schema(ref_template="#/components/schemas/{model}")
         out.update(spec.pop("$defs", {}))

@@ -8,22 +8,25 @@ same for every task through the engine protocol.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
 from app.engine.batcher import AbandonedError
-from app.engine.registry import Served
+from app.engine.registry import Served, held
 from app.errors import EventConflict, InvalidEvents, InvalidQuery, StoreUnavailable, UnknownUser
+from app.online import ServedLists, in_canary
 from app.schemas import EventIn
 from app.store import Event, HistoryStore
 from models.serving import Engine, RecentEvent, Timeline, optional_time, unknown_field
 from models.social import is_incoming
 
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 # A by-user read of at most this many users runs on the event loop (SQLite: one indexed query of a
 # few hundred rows); larger ones go to a thread so they never stall other requests.
 LOOP_READ_USERS = 8
@@ -99,6 +102,165 @@ async def answer(
         prepared = await off_loop(served.engine.prepare, queries, live)
     await add_recent(served.engine, prepared, store)
     return await served.batcher.submit(prepared, timeout_s, abandoned=abandoned)
+
+
+@dataclass
+class ShadowWork:
+    """Shadow candidates' answers, run after the live answer is ready and never awaited by a request.
+    Shed first: while `max_in_flight` are running, or while the live model has requests waiting, a
+    shadow query batch is dropped and counted in `shed` (model name -> count)."""
+
+    max_in_flight: int
+    running: int = 0
+    shed: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def offer(
+        self,
+        live: Served,
+        trial: Served,
+        queries: Sequence[Any],
+        *,
+        store: HistoryStore | None,
+        timeout_s: float,
+        lists: ServedLists | None,
+    ) -> None:
+        if self.running >= self.max_in_flight or live.batcher.depth > 0 or trial.batcher.depth > 0:
+            self.shed[live.name] = self.shed.get(live.name, 0) + 1
+            return
+        self.running += 1
+        task = asyncio.get_running_loop().create_task(
+            self._run(trial, queries, store=store, timeout_s=timeout_s, lists=lists)
+        )
+        self._tasks.add(task)  # a reference, so the task is not collected while it runs
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(
+        self,
+        trial: Served,
+        queries: Sequence[Any],
+        *,
+        store: HistoryStore | None,
+        timeout_s: float,
+        lists: ServedLists | None,
+    ) -> None:
+        try:
+            with held(trial):
+                results = await answer(trial, queries, store=store, timeout_s=timeout_s)
+            if lists is not None:
+                since = trial.candidate.since if trial.candidate is not None else None
+                record(lists, trial, queries, results, variant="shadow", now=time.time(), trial=since)
+        except Exception as exc:  # a shadow's failure is its own: counted, never seen by a client
+            self.failed[trial.name] = self.failed.get(trial.name, 0) + 1
+            log.debug("shadow %s/%s failed: %s", trial.name, trial.version, exc)
+        finally:
+            self.running -= 1
+
+    def take(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(shed, failed) counts per model since the last take."""
+        out = (self.shed, self.failed)
+        self.shed, self.failed = {}, {}
+        return out
+
+    async def drain(self) -> None:
+        """Wait for the shadow work in flight (at shutdown, before the batchers stop)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def record(
+    lists: ServedLists,
+    served: Served,
+    queries: Sequence[Any],
+    results: Sequence[Any],
+    *,
+    variant: str,
+    now: float,
+    trial: float | None = None,
+) -> None:
+    """Keep what each by-user query was served, to score it against the user's next event; `trial`: the
+    start of the trial running for this model, whose figures are also kept per user."""
+    engine = served.engine
+    namespace = engine.namespace
+    if namespace is None:
+        return
+    for q, r in zip(queries, results, strict=True):
+        user = engine.subject(q)
+        if user is not None:
+            lists.record(namespace, user, (served.name, served.version, variant, tuple(engine.ranked(r)), now, trial))
+
+
+async def answer_with_trial(
+    served: Served,
+    trial: Served | None,
+    queries: Sequence[Any],
+    *,
+    store: HistoryStore | None,
+    timeout_s: float,
+    abandoned: Callable[[], bool] | None = None,
+    lists: ServedLists | None = None,
+    shadows: ShadowWork | None = None,
+) -> tuple[list[Any], list[str]]:
+    """The live answer (a canary's, for the queries by users in its share), each result with the
+    version that gave it; the by-user answers are kept in `lists`, and a shadow candidate is offered
+    the by-user queries once the live answer is ready."""
+    if trial is not None and (trial.candidate is None or trial.version == served.version):
+        trial = None  # promoted a moment ago: the trial is dropped once this reload ends
+    canary = trial is not None and trial.candidate is not None and trial.candidate.mode == "canary"
+    picks = [False] * len(queries)
+    if canary:
+        assert trial is not None and trial.candidate is not None
+        share, subject = trial.candidate.share, served.engine.subject
+        picks = [(u := subject(q)) is not None and in_canary(served.name, u, share) for q in queries]
+    if not any(picks):
+        results = await answer(served, queries, store=store, timeout_s=timeout_s, abandoned=abandoned)
+        versions = [served.version] * len(results)
+    else:
+        assert trial is not None
+        live_q = [q for q, p in zip(queries, picks, strict=True) if not p]
+        trial_q = [q for q, p in zip(queries, picks, strict=True) if p]
+        live_r, trial_r = await asyncio.gather(
+            answer(served, live_q, store=store, timeout_s=timeout_s, abandoned=abandoned) if live_q else _none(),
+            answer(trial, trial_q, store=store, timeout_s=timeout_s, abandoned=abandoned),
+        )
+        live_it, trial_it = iter(live_r), iter(trial_r)
+        results = [next(trial_it) if p else next(live_it) for p in picks]
+        versions = [trial.version if p else served.version for p in picks]
+    if lists is not None:
+        now = time.time()
+        since = trial.candidate.since if trial is not None and trial.candidate is not None else None
+        if any(picks):
+            assert trial is not None
+            record(
+                lists,
+                served,
+                [q for q, p in zip(queries, picks, strict=True) if not p],
+                [r for r, p in zip(results, picks, strict=True) if not p],
+                variant="live",
+                now=now,
+                trial=since,
+            )
+            record(
+                lists,
+                trial,
+                [q for q, p in zip(queries, picks, strict=True) if p],
+                [r for r, p in zip(results, picks, strict=True) if p],
+                variant="canary",
+                now=now,
+                trial=since,
+            )
+        else:
+            record(lists, served, queries, results, variant="live", now=now, trial=since)
+    if trial is not None and not canary and shadows is not None:
+        by_user = [q for q in queries if served.engine.subject(q) is not None]
+        if by_user:
+            shadows.offer(served, trial, by_user, store=store, timeout_s=timeout_s, lists=lists)
+    return results, versions
+
+
+async def _none() -> list[Any]:
+    return []
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.limits import CPU_MAX_BATCH, BatchPolicy, Limits
+from app.store.base import ARRIVALS_KEEP_S
 from models.serving import COARSE_FROM, LIVE_EVENTS
 
 _BATCH = BatchPolicy()
@@ -113,6 +114,21 @@ class Settings(BaseSettings):
     # 0 keeps every version (and a read-only artifacts folder is never touched).
     keep_versions: int = Field(default=0, ge=0)
     housekeeping_s: float = Field(default=1.0, gt=0)  # how often a worker looks for a reload, sets its gauges
+    # Online evaluation: each list served by user is scored against that user's next stored event within
+    # the window (docs/decisions/online-evaluation.md). Lists kept per worker, at most (the oldest go first).
+    online_eval: bool = True
+    online_window_s: float = Field(default=3600.0, gt=0, le=ARRIVALS_KEEP_S)
+    online_max_lists: int = Field(default=200_000, ge=1)
+    online_score_s: float = Field(default=0.25, gt=0)  # how often a worker scores its lists against new events
+    # What a reload does with a version newer than the live one: serve it ("serve"), or try it beside the
+    # live one as a "canary" (SEQSERVE_CANARY_SHARE of the users) or a "shadow" candidate.
+    new_versions: Literal["serve", "canary", "shadow"] = "serve"
+    canary_share: float = Field(default=0.1, gt=0, le=1)
+    # The promotion rule: once a candidate and the live version each have this many scored lists since the
+    # trial began, promote it unless its online NDCG@10 is below the live one's by more than the 95%
+    # interval of the difference, else retire it; 0 = only by the admin calls.
+    promote_min_events: int = Field(default=0, ge=0)
+    shadow_max_in_flight: int = Field(default=2, ge=1)  # shadow query batches running at once, per worker
 
     def __init__(self, **values: Any) -> None:
         error = None

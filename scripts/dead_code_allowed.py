@@ -7,7 +7,7 @@ Not imported by anything: vulture reads it beside the packages, and a name liste
 from app.main import app_from_env
 
 # Response models' fields: filled by keyword and read by clients through the OpenAPI document.
-from app.schemas import ModelsResponse, ReloadReport, ScoredLocation
+from app.schemas import ModelsResponse, OnlineResponse, ReloadReport, ScoredLocation
 from app.schemas import EventResult as _EventResult
 
 app_from_env
@@ -16,6 +16,7 @@ _EventResult.unknown_item
 ReloadReport.loaded
 ReloadReport.unchanged
 ReloadReport.all_workers
+OnlineResponse.bucket_s
 
 # LitServe calls these on the peer server's API class (bench/litserve_server.py).
 litserve_api = object()

@@ -45,6 +45,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def workers_env(state: Path, *, workers: int = 2, admin_key: str = "admin-key") -> dict[str, str]:
+    """Settings for `workers` processes of one host with their state (SQLite store, reload files) in `state`."""
+    return {
+        "SEQSERVE_WORKERS": str(workers),
+        "SEQSERVE_ADMIN_API_KEY": admin_key,
+        "SEQSERVE_HISTORY_PATH": str(state / "h.sqlite3"),
+        "SEQSERVE_STATE_DIR": str(state),
+    }
+
+
 def start_api(
     artifacts: Path, env: Mapping[str, str] | None = None, port: int | None = None, timeout_s: float = 60
 ) -> tuple[subprocess.Popen[bytes], str]:

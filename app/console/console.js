@@ -90,6 +90,58 @@ function selectModel() {
   );
   for (const id of ["history", "answer", "places"]) $(id).tBodies[0].replaceChildren();
   $("excluded").textContent = "";
+  loadOnline();
+}
+
+const COLORS = ["#2f5bea", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285"];
+
+function svg(tag, attrs, text) {
+  const el = document.createElementNS($("online-chart").namespaceURI, tag); // the page's own <svg> says which
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+// One line per version/variant: NDCG@10 of each time bucket (drawn here, no chart library).
+function drawOnline(data) {
+  const chart = $("online-chart");
+  chart.replaceChildren();
+  const series = Object.entries(data.series);
+  const points = series.flatMap(([, pts]) => pts);
+  const totals = Object.entries(data.totals).map(
+    ([key, f]) => `${key}: n ${f.n}, NDCG@10 ${f.ndcg10.toFixed(4)} [${f.ndcg10_ci.map((x) => x.toFixed(4)).join(", ")}],` +
+      ` HR@10 ${f.hr10.toFixed(4)}`
+  );
+  const cand = data.candidate ? `candidate ${data.candidate.version} (${data.candidate.mode}, share ${data.candidate.share}). ` : "";
+  $("online-summary").textContent = cand + (totals.length ? totals.join(" · ") : "nothing scored yet");
+  if (!points.length) return;
+  const [W, H, L, B] = [900, 220, 50, 24];
+  const t0 = Math.min(...points.map((p) => p[0])), t1 = Math.max(...points.map((p) => p[0])) || t0 + 1;
+  const top = Math.max(0.01, ...points.map((p) => p[2]));
+  const x = (t) => L + ((t - t0) / Math.max(1, t1 - t0)) * (W - L - 10);
+  const y = (v) => H - B - (v / top) * (H - B - 10);
+  chart.append(svg("line", { x1: L, y1: H - B, x2: W - 10, y2: H - B, stroke: "#999" }));
+  chart.append(svg("text", { x: 4, y: y(top) + 4, "font-size": 11 }, top.toFixed(3)));
+  chart.append(svg("text", { x: 4, y: H - B, "font-size": 11 }, "0"));
+  chart.append(svg("text", { x: L, y: H - 6, "font-size": 11 }, when(t0)));
+  chart.append(svg("text", { x: W - 130, y: H - 6, "font-size": 11 }, when(t1)));
+  series.forEach(([key, pts], n) => {
+    const color = COLORS[n % COLORS.length];
+    const d = pts.map((p, i) => `${i ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[2]).toFixed(1)}`).join(" ");
+    chart.append(svg("path", { d, fill: "none", stroke: color, "stroke-width": 2 }));
+    chart.append(svg("text", { x: L + 8, y: 14 + 14 * n, fill: color, "font-size": 12 }, key));
+  });
+}
+
+async function loadOnline() {
+  const m = current();
+  $("online-panel").hidden = !isUserModel(m);
+  if (!isUserModel(m)) return;
+  try {
+    drawOnline(await api("GET", `models/${encodeURIComponent(m.name)}/online`));
+  } catch (err) {
+    $("online-summary").textContent = "online figures unavailable";
+  }
 }
 
 async function loadModels() {
@@ -260,3 +312,4 @@ $("stay-form").addEventListener("submit", nextPlaces);
 $("add-stay").addEventListener("click", () => addStay());
 addStay();
 loadModels().catch(showError);
+setInterval(() => { if (!document.hidden) loadOnline(); }, 15000);

@@ -27,7 +27,7 @@ import torch
 from app.engine.batcher import MicroBatcher
 from app.errors import ModelUnavailable, UnknownModel
 from app.limits import BatchPolicy
-from app.store import HistoryStore, StoreError
+from app.store import Candidate, HistoryStore, StoreError
 from models.artifact import ArtifactError, artifact_names, check_regular_tree, read_manifest
 from models.serving import Engine, EngineOptions
 from models.tasks import TASKS, Task
@@ -74,15 +74,28 @@ class Served:
     holders: int = 0
     retired: bool = False
     drained: asyncio.Event | None = None  # set once retired with no holder left
+    candidate: Candidate | None = None  # set when this entry is the version tried beside the live one
 
-    @property
-    def version(self) -> str:
-        return self.folder.name
+    version: str = field(init=False)  # the folder's name (kept: Path.name is computed on every call)
+
+    def __post_init__(self) -> None:
+        self.version = self.folder.name
 
     @property
     def route(self) -> str | None:
         """The name of the endpoint family that serves it (models.tasks.Route)."""
         return self.task.route.name if self.task.route else None
+
+
+@contextmanager
+def held(served: Served) -> Iterator[Served]:
+    served.holders += 1
+    try:
+        yield served
+    finally:
+        served.holders -= 1
+        if served.retired and served.holders == 0 and served.drained is not None:
+            served.drained.set()
 
 
 @dataclass
@@ -95,6 +108,8 @@ class ModelRegistry:
     broken: dict[str, str] = field(default_factory=dict)  # "name/version" (or "name") -> public reason
     load_timeout_s: float = 300.0  # a version not loaded by then is recorded broken (its thread is abandoned)
     pins: dict[str, str] = field(default_factory=dict)  # model name -> the version an admin pinned
+    candidates: dict[str, Candidate] = field(default_factory=dict)  # model name -> the version on trial
+    trials: dict[str, Served] = field(default_factory=dict)  # model name -> its loaded candidate
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
     @property
@@ -124,13 +139,18 @@ class ModelRegistry:
                 raise ModelUnavailable(f"model {chosen!r} failed to load: {self.broken[failed[0]]}", list(loc))
             here = sorted(n for n, s in self.models.items() if s.route == route)
             raise UnknownModel(f"unknown model {chosen!r} for this endpoint; loaded: {here}", list(loc))
-        served.holders += 1
-        try:
+        with held(served):
             yield served
-        finally:
-            served.holders -= 1
-            if served.retired and served.holders == 0 and served.drained is not None:
-                served.drained.set()
+
+    @contextmanager
+    def lease_trial(self, name: str) -> Iterator[Served | None]:
+        """The candidate version of `name` tried beside the live one, if any, held until the block ends."""
+        trial = self.trials.get(name)
+        if trial is None:
+            yield None
+            return
+        with held(trial):
+            yield trial
 
     def load_all(self, root: Path) -> None:
         """Load every artifact name from its pinned version, else its newest that loads; failures are
@@ -140,6 +160,7 @@ class ModelRegistry:
             served = self._first_loadable(name, pinned + [f for f in folders if f not in pinned])
             if served is not None:
                 self._install(served)
+            self._load_trial(name, folders)
         _freeze_heap()
 
     async def reload(self, root: Path) -> dict[str, dict[str, str]]:
@@ -149,8 +170,9 @@ class ModelRegistry:
         version newer than it that loads); the old entry's batcher stops once its last lease is back.
         """
         async with self._reload_lock:
-            report: dict[str, dict[str, str]] = {"loaded": {}, "unchanged": {}, "failed": {}}
-            for name, folders in artifact_names(root).items():
+            report: dict[str, dict[str, str]] = {"loaded": {}, "unchanged": {}, "failed": {}, "candidates": {}}
+            every = artifact_names(root)
+            for name, folders in every.items():
                 current = self.models.get(name)
                 newer = folders[: folders.index(current.folder)] if current and current.folder in folders else folders
                 pinned = [f for f in folders if f.name == self.pins.get(name)]
@@ -170,13 +192,45 @@ class ModelRegistry:
                 log.info("swapped in %s version %s", name, served.version)
                 if old is not None:
                     await self._retire(old)
+            for name in set(self.trials) | set(
+                self.candidates
+            ):  # after the live ones: a trial never runs the live version
+                old_trial = self.trials.get(name)
+                await asyncio.to_thread(self._load_trial, name, every.get(name, []))
+                trial = self.trials.get(name)
+                if trial is not None:
+                    report["candidates"][name] = trial.version
+                if old_trial is not None and trial is not old_trial:
+                    await self._retire(old_trial)
             _freeze_heap()
             return report
 
     async def close(self) -> None:
         """Answer what is queued, then stop every batcher's worker."""
-        for served in list(self.models.values()):
+        for served in [*self.models.values(), *self.trials.values()]:
             await served.batcher.stop()
+
+    def _load_trial(self, name: str, folders: list[Path]) -> None:
+        """Load (or drop) the candidate of `name` to match `candidates`; a version that fails is recorded
+        broken and no trial runs. Touches `trials` only: the caller retires a replaced entry."""
+        wanted = self.candidates.get(name)
+        current = self.trials.get(name)
+        live = self.models.get(name)
+        if wanted is None or (live is not None and live.version == wanted.version):
+            self.trials.pop(name, None)
+            return
+        if current is not None and current.version == wanted.version:
+            current.candidate = wanted  # the share or mode may have changed
+            return
+        folder = [f for f in folders if f.name == wanted.version]
+        trial = self._first_loadable(name, folder, batcher_name=f"{name}:candidate", fold=False) if folder else None
+        if trial is None:
+            log.error("candidate %s/%s not loaded: no trial runs", name, wanted.version)
+            self.trials.pop(name, None)
+            return
+        trial.candidate = wanted
+        self.trials[name] = trial
+        log.info("trying %s version %s as %s", name, wanted.version, wanted.mode)
 
     def prune(self, root: Path, keep: int, *, in_use: AbstractSet[str] = frozenset()) -> list[str]:
         """Delete the version folders of each name beyond its newest `keep`, never the pinned one, the one
@@ -184,7 +238,11 @@ class ModelRegistry:
         A folder that cannot be deleted (a read-only mount) is left, and logged."""
         removed = []
         for name, folders in artifact_names(root).items():
-            spare = {self.pins.get(name), self.models[name].version if name in self.models else None}
+            spare = {
+                self.pins.get(name),
+                self.models[name].version if name in self.models else None,
+                self.candidates[name].version if name in self.candidates else None,
+            }
             for folder in folders[keep:]:
                 if folder.name in spare or f"{name}/{folder.name}" in in_use:
                     continue
@@ -224,12 +282,15 @@ class ModelRegistry:
             await old.drained.wait()
         await old.batcher.stop()  # answers what it had accepted
 
-    def _first_loadable(self, name: str, folders: list[Path]) -> Served | None:
-        """The newest of `folders` that loads, warms up and folds; each failure recorded on the way."""
+    def _first_loadable(
+        self, name: str, folders: list[Path], *, batcher_name: str | None = None, fold: bool = True
+    ) -> Served | None:
+        """The newest of `folders` that loads, warms up and folds; each failure recorded on the way. A
+        candidate does not fold: the live version, trained on less, still reads those live events."""
         for folder in folders:
             key = f"{name}/{folder.name}"
             try:
-                served = self._load_within_deadline(name, folder)
+                served = self._load_within_deadline(name, folder, batcher_name or name, fold)
             except Exception as exc:  # any defect of one artifact stays with that artifact
                 self.broken[key] = public_reason(exc)
                 cause = f" ({exc.__cause__})" if exc.__cause__ else ""
@@ -246,7 +307,7 @@ class ModelRegistry:
             return served
         return None
 
-    def _load_within_deadline(self, name: str, folder: Path) -> Served:
+    def _load_within_deadline(self, name: str, folder: Path, batcher_name: str, fold: bool) -> Served:
         """`_load` in a thread of its own, given up after `load_timeout_s`: a read that never returns
         (a hung network mount, a file swapped for a FIFO after the check) cannot hold the reload lock
         or keep a fresh start from listening. The abandoned thread is a daemon and touches no shared state."""
@@ -255,7 +316,7 @@ class ModelRegistry:
 
         def work() -> None:
             try:
-                outcome.append(self._load(name, folder))
+                outcome.append(self._load(name, folder, batcher_name, fold))
             except BaseException as exc:  # handed to the caller below
                 outcome.append(exc)
             finally:
@@ -268,7 +329,7 @@ class ModelRegistry:
             raise outcome[0]
         return outcome[0]
 
-    def _load(self, name: str, folder: Path) -> Served:
+    def _load(self, name: str, folder: Path, batcher_name: str, fold: bool) -> Served:
         """Load, warm and fold one version (no shared state touched: safe in a thread)."""
         check_regular_tree(folder)
         manifest = read_manifest(folder)
@@ -279,8 +340,9 @@ class ModelRegistry:
             raise ArtifactError("manifest.json", f"kind {manifest.kind!r} does not belong to task {task.name!r}")
         engine = task.open(folder, self.options)
         engine.warm_up()
-        self._fold(engine)
-        observer = self.on_batch(name) if self.on_batch else None
+        if fold:
+            self._fold(engine)
+        observer = self.on_batch(batcher_name) if self.on_batch else None
         batcher: MicroBatcher[Any, Any] = MicroBatcher(engine.infer, self.policy, on_batch=observer)
         return Served(name=name, task=task, engine=engine, batcher=batcher, folder=folder)
 

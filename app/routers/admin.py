@@ -1,19 +1,22 @@
-"""Admin: reload, and the versions each model serves (pin, unpin, roll back). Needs X-API-Key."""
+"""Admin: reload, the versions each model serves (pin, unpin, roll back) and its candidate trials
+(start, promote, retire). Needs X-API-Key."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from functools import partial
 from pathlib import Path as FsPath
 from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from app.deps import AdminKey, PinBody, Services, ServicesDep
-from app.errors import NoOlderVersion, StoreUnavailable, UnknownModel
+from app.deps import AdminKey, CandidateBody, PinBody, Services, ServicesDep
+from app.errors import NoOlderVersion, NoTrial, StoreUnavailable, UnknownModel
+from app.production import ProductionLoop
 from app.routers.docs import body_doc, errors
-from app.schemas import ReloadReport, VersionMove
-from app.store import StoreError
+from app.schemas import CandidateInfo, ReloadReport, TrialMove, VersionMove
+from app.store import Candidate, StoreError
 from models.artifact import versions as version_folders
 
 router = APIRouter(tags=["admin"])
@@ -28,6 +31,8 @@ async def reload(services: ServicesDep) -> ReloadReport:
 
 
 async def _reload_everywhere(services: Services) -> ReloadReport:
+    if services.production is not None:
+        await services.production.adopt_new_versions(services.settings.artifacts_dir)
     if services.coordinator is None:
         report = await services.registry.reload(services.settings.artifacts_dir)
         workers, complete = {"self": services.registry.versions()}, True
@@ -42,6 +47,98 @@ async def _reload_everywhere(services: Services) -> ReloadReport:
             partial(services.registry.prune, services.settings.artifacts_dir, keep, in_use=in_use)
         )
     return ReloadReport(**report, workers=workers, all_workers=complete, deleted=deleted)
+
+
+@router.post(
+    "/admin/models/{name}/candidate",
+    response_model=TrialMove,
+    openapi_extra=body_doc("CandidateRequest"),
+    responses=errors(401, 403, 404, 409, 422, 503),
+    dependencies=[AdminKey],
+)
+async def start_trial(services: ServicesDep, name: ModelName, body: CandidateBody) -> TrialMove:
+    """Try `version` beside the live version of `name` on live traffic, as a canary (a sticky share of the
+    users get its answers) or a shadow (it scores the same by-user queries; its answers are never
+    returned). The live version is pinned, so it keeps serving everyone else. Replaces a running trial."""
+    _folders(services, name, want=body.version)
+    live = services.registry.models.get(name)
+    if live is not None and live.version == body.version:
+        raise NoTrial(f"version {body.version!r} is the live version of {name!r}", ["body", "version"])
+    share = (body.share or services.settings.canary_share) if body.mode == "canary" else 1.0
+    production = _production(services)
+    try:
+        await production.start(
+            name,
+            Candidate(body.version, body.mode, share, time.time()),
+            live_version=live.version if live is not None else None,
+            reason="admin call",
+        )
+    except StoreError:
+        raise StoreUnavailable("history store unavailable: the trial could not be kept; retry shortly") from None
+    return await _after_trial(services, name, "started", "admin call")
+
+
+@router.post(
+    "/admin/models/{name}/promote",
+    response_model=TrialMove,
+    responses=errors(401, 403, 404, 409, 503),
+    dependencies=[AdminKey],
+)
+async def promote(services: ServicesDep, name: ModelName) -> TrialMove:
+    """Serve the running candidate of `name` to everyone (it becomes the pinned version)."""
+    return await _settle(services, name, promote=True)
+
+
+@router.post(
+    "/admin/models/{name}/retire",
+    response_model=TrialMove,
+    responses=errors(401, 403, 404, 409, 503),
+    dependencies=[AdminKey],
+)
+async def retire(services: ServicesDep, name: ModelName) -> TrialMove:
+    """End the running trial of `name`; the live version goes on serving everyone."""
+    return await _settle(services, name, promote=False)
+
+
+def _production(services: Services) -> ProductionLoop:
+    if services.store is None or services.production is None:
+        raise StoreUnavailable("history store unavailable: a version choice could not be kept; retry shortly")
+    return services.production
+
+
+async def _settle(services: Services, name: str, *, promote: bool) -> TrialMove:
+    _folders(services, name)
+    production = _production(services)
+    try:
+        await production.read_choices()
+        running = services.registry.candidates.get(name)
+        if running is None:
+            raise NoTrial(f"model {name!r} has no candidate on trial", ["path", "name"])
+        done = await production.settle(name, running.version, promote=promote, reason="admin call")
+    except StoreError:
+        raise StoreUnavailable("history store unavailable: a version choice could not be kept; retry shortly") from None
+    if not done:
+        raise NoTrial(f"the trial of {name!r} ended or changed meanwhile", ["path", "name"])
+    return await _after_trial(services, name, "promoted" if promote else "retired", "admin call")
+
+
+async def _after_trial(services: Services, name: str, action: str, reason: str) -> TrialMove:
+    """Every worker follows the store's new choices; the answer says where this one stands."""
+    production = _production(services)
+    try:
+        await production.read_choices()
+    except StoreError:
+        raise StoreUnavailable("history store unavailable; retry shortly") from None
+    report = await _reload_everywhere(services)
+    running = services.registry.candidates.get(name)
+    return TrialMove(
+        name=name,
+        action=action,  # type: ignore[arg-type]
+        candidate=CandidateInfo.of(running),
+        pinned=services.registry.pins.get(name),
+        reason=reason,
+        reload=report,
+    )
 
 
 @router.post(

@@ -22,5 +22,7 @@ async def noop(request: Request) -> Response:
     results = []
     for q in map(to_query, body.queries):  # type: ignore[attr-defined]
         items = [(str(i), 0.0) for i in range(q.k)]
-        results.append(result_json(RecResult(q.user_id, items, [], {"seen": 0, "future": 0, "requested": 0})))
+        answer = result_json(RecResult(q.user_id, items, [], {"seen": 0, "future": 0, "requested": 0}))
+        answer["version"] = "0"
+        results.append(answer)
     return json_response({"model": "noop", "version": "0", "results": results})

@@ -4,14 +4,24 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path
 
-from app.deps import ServicesDep
+from app.deps import Services, ServicesDep
 from app.errors import UnknownModel
+from app.online import BUCKET_S, figures, totals
 from app.routers.docs import errors
-from app.schemas import ModelInfo, ModelsResponse, VersionInfo, VersionsResponse
+from app.schemas import (
+    CandidateInfo,
+    ModelInfo,
+    ModelsResponse,
+    OnlineFigures,
+    OnlineResponse,
+    VersionInfo,
+    VersionsResponse,
+)
 from models.artifact import ArtifactError, read_manifest
 from models.artifact import versions as version_folders
 
 router = APIRouter(tags=["models"])
+ModelNamePath = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$")]
 
 
 # The test figures, and whether the model beats the best simple baseline of its own run.
@@ -37,6 +47,8 @@ async def list_models(services: ServicesDep) -> ModelsResponse:
                 actions=engine.actions,
                 metrics={k: m.metrics[k] for k in SHOWN_METRICS if k in m.metrics},
                 fields=engine.item_fields,
+                candidate=CandidateInfo.of(reg.candidates.get(name)),
+                online=_online(services, name, served.version),
             )
         )
     return ModelsResponse(
@@ -46,10 +58,50 @@ async def list_models(services: ServicesDep) -> ModelsResponse:
     )
 
 
+def _online(services: Services, name: str, live_version: str) -> dict[str, OnlineFigures]:
+    """The live version's online figures and its candidate's, over the time the candidate has run (or
+    every bucket kept, without one)."""
+    if services.production is None:
+        return {}
+    cand = services.registry.candidates.get(name)
+    sums = totals(services.production.online.get(name, {}), since=cand.since if cand else 0.0)
+    wanted = {(live_version, "live")} | ({(cand.version, cand.mode)} if cand else set())
+    out = {}
+    for key in sorted(wanted):
+        f = figures(sums[key]) if key in sums else None
+        if f is not None:
+            out[f"{key[0]}/{key[1]}"] = OnlineFigures.model_validate(f.as_json())
+    return out
+
+
+@router.get("/models/{name}/online", response_model=OnlineResponse, responses=errors(404, 422))
+async def online_series(services: ServicesDep, name: ModelNamePath) -> OnlineResponse:
+    """A model's online figures over time, per version and variant (what the console draws): every
+    list served by user scored against that user's next event. Canary figures are the fair comparison
+    with the live version; shadow figures lean toward the live version, whose list the user saw."""
+    if name not in services.registry.models:
+        raise UnknownModel(f"model {name!r} is not loaded", ["path", "name"])
+    rows = services.production.online.get(name, {}) if services.production is not None else {}
+    series: dict[str, list[tuple[float, int, float]]] = {}
+    for (_, version, variant, bucket), s in sorted(rows.items(), key=lambda kv: kv[0][3]):
+        if s.n:
+            series.setdefault(f"{version}/{variant}", []).append((bucket, int(s.n), round(s.ndcg / s.n, 5)))
+    every = totals(rows)
+    return OnlineResponse(
+        name=name,
+        bucket_s=BUCKET_S,
+        candidate=CandidateInfo.of(services.registry.candidates.get(name)),
+        series=series,
+        totals={
+            f"{v}/{var}": OnlineFigures.model_validate(f.as_json())
+            for (v, var), s in sorted(every.items())
+            if (f := figures(s)) is not None
+        },
+    )
+
+
 @router.get("/models/{name}/versions", response_model=VersionsResponse, responses=errors(404, 422))
-async def list_versions(
-    services: ServicesDep, name: Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$")]
-) -> VersionsResponse:
+async def list_versions(services: ServicesDep, name: ModelNamePath) -> VersionsResponse:
     """Every version of a model on disk, newest first: its state on this worker, whether it is pinned,
     when it was trained and its offline test figures."""
     folders = version_folders(services.settings.artifacts_dir / name)
@@ -58,6 +110,7 @@ async def list_versions(
     reg = services.registry
     served = reg.models.get(name)
     pinned = reg.pins.get(name)
+    cand = reg.candidates.get(name)
     out = []
     for folder in folders:
         key = f"{name}/{folder.name}"
@@ -69,9 +122,11 @@ async def list_versions(
             )
         except ArtifactError:
             created, metrics = None, {}
-        state: Literal["serving", "kept", "broken"] = "kept"
+        state: Literal["serving", "candidate", "kept", "broken"] = "kept"
         if served is not None and served.version == folder.name:
             state = "serving"
+        elif cand is not None and cand.version == folder.name and name in reg.trials:
+            state = "candidate"
         elif key in reg.broken:
             state = "broken"
         out.append(
@@ -84,4 +139,4 @@ async def list_versions(
                 reason=reg.broken.get(key) if state == "broken" else None,
             )
         )
-    return VersionsResponse(name=name, pinned=pinned, versions=out)
+    return VersionsResponse(name=name, pinned=pinned, candidate=CandidateInfo.of(cand), versions=out)

@@ -60,21 +60,29 @@ def lean_router(spec: TaskRoute, *, body_name: str) -> LeanRouter:
     async def endpoint(request: Request) -> Response:
         services = services_of(request)
         body = await parse_body(request, services.schemas.requests[spec.name].model)
-        with services.registry.lease(body.model, spec.name, services.settings.default_model) as served:  # type: ignore[attr-defined]
+        registry = services.registry
+        with registry.lease(body.model, spec.name, services.settings.default_model) as served:  # type: ignore[attr-defined]
             request.state.model = served.name
             queries = spec.queries(body)
             if private and services.settings.history_keys and served.engine.users(queries):
                 check_history_reader(services.settings, request.headers.get("x-api-key"))
-            results = await serving.answer(
-                served,
-                queries,
-                store=services.store,
-                timeout_s=services.settings.request_timeout_s,
-                abandoned=closed_connection(request),
-            )
-            return json_response(
-                {"model": served.name, "version": served.version, "results": [spec.result(r) for r in results]}
-            )
+            with registry.lease_trial(served.name) as trial:
+                results, versions = await serving.answer_with_trial(
+                    served,
+                    trial,
+                    queries,
+                    store=services.store,
+                    timeout_s=services.settings.request_timeout_s,
+                    abandoned=closed_connection(request),
+                    lists=services.lists,
+                    shadows=services.shadows,
+                )
+            out = []
+            for r, v in zip(results, versions, strict=True):
+                answer = spec.result(r)
+                answer["version"] = v
+                out.append(answer)
+            return json_response({"model": served.name, "version": served.version, "results": out})
 
     endpoint.__name__ = spec.name  # FastAPI's operationId and the document's summary come from these
     endpoint.__doc__ = spec.summary

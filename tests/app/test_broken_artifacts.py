@@ -148,10 +148,10 @@ def test_a_version_that_does_not_load_in_time_is_broken_and_reload_moves_on(
     release = threading.Event()
     load = ModelRegistry._load
 
-    def stuck(self: ModelRegistry, name: str, folder: Path) -> object:
+    def stuck(self: ModelRegistry, name: str, folder: Path, *args: object) -> object:
         if folder.name == NEWER:
             release.wait(30)
-        return load(self, name, folder)
+        return load(self, name, folder, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ModelRegistry, "_load", stuck)
     settings = Settings(artifacts_dir=root, device="cpu", admin_api_key="k", load_timeout_s=0.5)

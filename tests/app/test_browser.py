@@ -126,6 +126,12 @@ def test_console_shows_titled_answers_and_an_event_changes_them(driver: Any, ser
     assert f"Item {top}" not in _answer_ids(driver)
     _wait(driver, lambda d: _rows(d, "history")[0].text.split("\n")[0].startswith(f"1 Item {top}"))
     assert "live" in _rows(driver, "history")[0].text
+    # The list shown before the event is scored against it (its top item: a hit at rank 1), and drawn.
+    _wait(
+        driver,
+        lambda d: "n 1, NDCG@10 1.0000" in d.execute_script("loadOnline(); return $('online-summary').textContent"),
+    )
+    _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#online-chart path")) == 1)
     # The key was used, never kept by the page.
     kept = driver.execute_script("return [localStorage.length, sessionStorage.length, document.cookie]")
     assert kept == [0, 0, ""]

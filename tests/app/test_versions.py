@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from models.artifact import latest_versions
-from tests.servers import start_api, stop, wait_until
+from tests.servers import start_api, stop, wait_until, workers_env
 
 NEWER = "20991231T235959Z"
 ADMIN = {"X-API-Key": "admin-key"}
@@ -101,12 +101,7 @@ def test_a_broken_pinned_version_leaves_the_serving_one(root: Path, tmp_path: Pa
 
 def test_one_pin_moves_every_worker(root: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    env = {
-        "SEQSERVE_WORKERS": "2",
-        "SEQSERVE_ADMIN_API_KEY": "admin-key",
-        "SEQSERVE_HISTORY_PATH": str(state / "h.sqlite3"),
-        "SEQSERVE_STATE_DIR": str(state),
-    }
+    env = workers_env(state)
     first = sorted(p.name for p in latest_versions(root)["sasrec-tiny"].parent.iterdir())[0]
     proc, url = start_api(root, env)
     try:

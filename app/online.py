@@ -1,0 +1,245 @@
+"""Online evaluation, framework-free: each list served to a user is scored against that user's next event.
+
+A worker keeps the lists it served by user (`ServedLists`): per (namespace, user) the newest few,
+each with its model, version, variant ("live", "canary", "shadow") and the time it was served;
+bounded per user and in total, dropped after the window. Events reach every worker through the
+store's arrivals (own events in the order they were stored, whichever worker or host took them);
+an arrival scores, per model and variant, the newest list served to its user before it and within
+the window, and the older lists of that model and variant are dropped unscored ("superseded"): a
+user who reloads a page ten times before acting is one scored list, not ten. Scores: hit@10,
+NDCG@10 and reciprocal rank of the event's item in the list (0 when absent). The sums go to the
+store per time bucket, where every worker and host adds its own (docs/decisions/online-evaluation.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from app.store import Arrival, OnlineKey, Sums, UserKey
+
+CUT = 10  # the online figures' K: HR@10, NDCG@10
+BUCKET_S = 60.0  # online sums are kept per minute (the console's time axis)
+LISTS_PER_USER = 16  # lists kept per (namespace, user), all models and variants together
+Z95 = 1.959964
+AT = 4  # ServedList.at's place in a kept tuple
+MIN_USERS = 30  # the promotion rule decides only with this many users on each side (its unit)
+
+
+class ServedList(NamedTuple):
+    model: str
+    version: str
+    variant: str
+    items: tuple[str, ...]
+    at: float  # the server's clock when it was served
+    trial: float | None = None  # the running trial's start when it was served (its figures count per user)
+
+
+def score(items: Sequence[str], target: str) -> Sums:
+    """One list against the item the user took next."""
+    try:
+        rank = items.index(target) + 1
+    except ValueError:
+        return Sums(n=1)
+    ndcg = 1.0 / math.log2(rank + 1) if rank <= CUT else 0.0
+    return Sums(n=1, hits=float(rank <= CUT), ndcg=ndcg, ndcg2=ndcg * ndcg, rr=1.0 / rank)
+
+
+def in_canary(model: str, user: str, share: float) -> bool:
+    """Whether `user` is in the canary share of `model`: a hash of both, so the split is the same on
+    every worker, host and restart (Python's hash() is salted per process), and differs per model."""
+    h = hashlib.blake2b(f"{model}\x00{user}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2.0**64 < share
+
+
+@dataclass
+class Tally:
+    """What one worker counted since its sums last went to the store."""
+
+    sums: dict[OnlineKey, Sums] = field(default_factory=dict)
+    # (model, trial start, version, variant, user) -> [lists, NDCG@10 sum]: the rule's unit is the user
+    users: dict[UserKey, list[float]] = field(default_factory=dict)
+    superseded: int = 0
+    expired: int = 0
+    evicted: int = 0
+
+
+class ServedLists:
+    """What one worker served by user. A user's lists are one plain tuple of plain tuples (ids, times):
+    tuples of strings and numbers leave the garbage collector's tracking, so holding a few hundred
+    thousand lists adds nothing to its full collections (as dataclass objects and per-user lists they
+    cost 15-24 us of the event loop per request, docs/decisions/online-evaluation.md)."""
+
+    def __init__(self, *, window_s: float, max_lists: int) -> None:
+        self.window_s, self.max_lists = window_s, max_lists
+        self._lists: OrderedDict[tuple[str, str], tuple[tuple[Any, ...], ...]] = OrderedDict()  # oldest touched first
+        self.size = 0
+        self.tally = Tally()
+
+    def record(self, namespace: str, user: str, served: tuple[Any, ...]) -> None:
+        """Keep `served` (a ServedList's fields, as a plain tuple or a ServedList)."""
+        key = (namespace, user)
+        entry = served if type(served) is tuple else tuple(served)
+        kept = self._lists.get(key)
+        if kept is None:
+            self._lists[key] = (entry,)
+        else:
+            self._lists.move_to_end(key)
+            if len(kept) >= LISTS_PER_USER:
+                kept = kept[1:]
+                self.size -= 1
+                self.tally.evicted += 1
+            self._lists[key] = (*kept, entry)
+        self.size += 1
+        while self.size > self.max_lists:
+            _, oldest = self._lists.popitem(last=False)
+            self.size -= len(oldest)
+            self.tally.evicted += len(oldest)
+
+    def score(self, arrivals: Iterable[Arrival]) -> list[tuple[ServedList, Sums]]:
+        """Score the lists each arrival follows; -> each scored list with its scores."""
+        out = []
+        for a in arrivals:
+            kept = self._lists.get((a.namespace, a.user))
+            if not kept:
+                continue
+            before = [ServedList(*s) for s in kept if a.at - self.window_s <= s[AT] <= a.at]
+            newest: dict[tuple[str, str], ServedList] = {}
+            for s in before:  # oldest first: the last one of each model and variant wins
+                newest[(s.model, s.variant)] = s
+            for s in newest.values():
+                scored = score(s.items, a.item)
+                key = (s.model, s.version, s.variant, math.floor(a.at / BUCKET_S) * BUCKET_S)
+                self.tally.sums.setdefault(key, Sums()).add(scored)
+                if s.trial is not None:
+                    per_user = self.tally.users.setdefault((s.model, s.trial, s.version, s.variant, a.user), [0.0, 0.0])
+                    per_user[0] += 1
+                    per_user[1] += scored.ndcg
+                out.append((s, scored))
+            self.tally.superseded += len(before) - len(newest)
+            left = tuple(s for s in kept if not (s[AT] <= a.at and (s[0], s[2]) in newest))
+            self.size -= len(kept) - len(left)
+            if left:
+                self._lists[(a.namespace, a.user)] = left
+            else:
+                del self._lists[(a.namespace, a.user)]
+        return out
+
+    def expire(self, now: float | None = None) -> None:
+        """Drop the lists older than the window (the users touched longest ago are at the front)."""
+        limit = (now if now is not None else time.time()) - self.window_s
+        while self._lists:
+            key, kept = next(iter(self._lists.items()))
+            if kept[-1][AT] >= limit:
+                break
+            del self._lists[key]
+            self.size -= len(kept)
+            self.tally.expired += len(kept)
+
+    def take(self) -> Tally:
+        """The counts since the last take (they go to the store and the metrics)."""
+        out, self.tally = self.tally, Tally()
+        return out
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A model version's online figures with their 95% intervals."""
+
+    n: int
+    hr10: float
+    hr10_ci: tuple[float, float]
+    ndcg10: float
+    ndcg10_ci: tuple[float, float]
+    mrr: float
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "n": self.n,
+            "hr10": round(self.hr10, 5),
+            "hr10_ci": [round(x, 5) for x in self.hr10_ci],
+            "ndcg10": round(self.ndcg10, 5),
+            "ndcg10_ci": [round(x, 5) for x in self.ndcg10_ci],
+            "mrr": round(self.mrr, 5),
+        }
+
+
+def ndcg_half_width(s: Sums) -> float:
+    """Half the 95% normal interval of the mean NDCG@10 (0 for fewer than two lists)."""
+    if s.n < 2:
+        return 0.0
+    mean = s.ndcg / s.n
+    var = max(0.0, (s.ndcg2 - s.n * mean * mean) / (s.n - 1))
+    return Z95 * math.sqrt(var / s.n)
+
+
+def figures(s: Sums) -> Figures | None:
+    if s.n < 1:
+        return None
+    n, p = s.n, s.hits / s.n
+    # Wilson's interval for a share: sensible at 0 and 1 hits, where the normal one collapses.
+    centre = (p + Z95**2 / (2 * n)) / (1 + Z95**2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n)) / (1 + Z95**2 / n)
+    mean, h = s.ndcg / n, ndcg_half_width(s)
+    return Figures(
+        n=int(n),
+        hr10=p,
+        hr10_ci=(max(0.0, centre - half), min(1.0, centre + half)),
+        ndcg10=mean,
+        ndcg10_ci=(max(0.0, mean - h), min(1.0, mean + h)),
+        mrr=s.rr / n,
+    )
+
+
+def totals(rows: Mapping[OnlineKey, Sums], *, since: float = 0.0) -> dict[tuple[str, str], Sums]:
+    """(version, variant) -> the sums of its buckets from `since` on."""
+    out: dict[tuple[str, str], Sums] = {}
+    for (_, version, variant, bucket), s in rows.items():
+        if bucket + BUCKET_S > since:
+            out.setdefault((version, variant), Sums()).add(s)
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: str  # "promote" | "retire" | "wait"
+    reason: str
+
+
+def clustered(users: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
+    """(lists, mean NDCG@10, variance of that mean) with the user as the unit: a user's lists are not
+    independent (a burst of ratings is many lists of one user), so the variance is the ratio
+    estimator's over users, (U / (U - 1)) * sum((S_u - m N_u)^2) / N^2."""
+    n = sum(u[0] for u in users)
+    if n == 0:
+        return 0.0, 0.0, math.inf
+    mean = sum(u[1] for u in users) / n
+    if len(users) < 2:
+        return n, mean, math.inf
+    spread = sum((s - mean * k) ** 2 for k, s in users)
+    return n, mean, len(users) / (len(users) - 1) * spread / (n * n)
+
+
+def judge(candidate: Sequence[tuple[float, float]], live: Sequence[tuple[float, float]], *, min_events: int) -> Verdict:
+    """The promotion rule, on per-user (lists, NDCG@10 sum) pairs of each side since the trial began:
+    once both have `min_events` scored lists from at least MIN_USERS users, promote the candidate
+    unless its NDCG@10 is below the live version's by more than the 95% interval of the difference
+    (users as the unit); retire it when it is."""
+    (nc, mc, vc), (nl, ml, vl) = clustered(candidate), clustered(live)
+    if nc < min_events or nl < min_events or min(len(candidate), len(live)) < MIN_USERS:
+        return Verdict(
+            "wait",
+            f"{int(nc)} and {int(nl)} scored lists of {len(candidate)} and {len(live)} users;"
+            f" {min_events} lists and {MIN_USERS} users needed on each side",
+        )
+    diff, half = mc - ml, Z95 * math.sqrt(vc + vl)
+    text = (
+        f"NDCG@10 difference {diff:+.4f}, interval half-width {half:.4f} (users as the unit), "
+        f"lists {int(nc)} vs {int(nl)}, users {len(candidate)} vs {len(live)}"
+    )
+    return Verdict("promote" if diff >= -half else "retire", text)

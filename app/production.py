@@ -1,0 +1,185 @@
+"""The production loop's periodic work on each worker: score what was served against the events
+that followed, share the sums, and apply the promotion rule to a candidate version.
+
+Every worker reads the store's arrivals (own events in the order they were stored, whoever took
+them) and scores the lists it served itself (app/online.py); its sums go to the store, where the
+figures of every worker and host add up. The rule reads those shared figures, so any worker may
+apply it: the store's `settle` lets only the first one change anything, and every worker (this one
+included) then follows the new pin and candidate at its next housekeeping tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from app.engine.registry import ModelRegistry
+from app.observability import Metrics
+from app.online import ServedLists, judge
+from app.settings import Settings
+from app.store import Candidate, HistoryStore, OnlineKey, StoreError, Sums, UserKey
+from models.artifact import artifact_names
+
+log = logging.getLogger(__name__)
+
+
+def published(version: str) -> float:
+    """When a version folder was written: its name is its UTC time (models/artifact.py), maybe with "-N"."""
+    try:
+        return datetime.strptime(version[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0
+
+
+class ProductionLoop:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        registry: ModelRegistry,
+        store: HistoryStore | None,
+        metrics: Metrics,
+        lists: ServedLists | None,
+    ) -> None:
+        self.settings, self.registry, self.store, self.metrics, self.lists = settings, registry, store, metrics, lists
+        self.cursor: str | None = None
+        self.online: dict[str, dict[OnlineKey, Sums]] = {}  # model name -> the shared totals, as last read
+        self.trials: dict[str, Candidate] = {}  # model name -> its last candidate, running or ended (the store's)
+        self._unsent: dict[OnlineKey, Sums] = {}  # sums the store did not take yet (it was away)
+        self._unsent_users: dict[UserKey, list[float]] = {}
+
+    def begin(self) -> None:
+        """Start reading arrivals from now: lists served from here on are scored by events from here on."""
+        if self.store is not None and self.lists is not None:
+            try:
+                self.cursor, _ = self.store.arrivals(None)
+            except StoreError as exc:
+                log.warning("online evaluation starts when the store is back: %s", exc)
+
+    async def score(self) -> None:
+        """Score the lists this worker holds against the arrivals since its cursor (every
+        SEQSERVE_ONLINE_SCORE_S). The store is read in a thread; the lists are touched on the event loop
+        only, where requests record them."""
+        if self.store is None or self.lists is None:
+            return
+        try:
+            if self.cursor is None:
+                self.cursor, _ = await asyncio.to_thread(self.store.arrivals, None)
+            while True:
+                self.cursor, arrivals = await asyncio.to_thread(self.store.arrivals, self.cursor, 2_000)
+                if not arrivals:
+                    break
+                for served, scored in self.lists.score(arrivals):
+                    self.metrics.observe_online(served.model, served.version, served.variant, scored)
+        except StoreError as exc:
+            log.warning("online evaluation paused: %s", exc)
+
+    async def share(self) -> None:
+        """Every housekeeping tick: expire lists, add this worker's sums to the store's, read the shared
+        figures back, and judge the candidates."""
+        if self.store is None:
+            return
+        if self.lists is not None:
+            self.lists.expire()
+            tally = self.lists.take()
+            self.metrics.count_unscored(superseded=tally.superseded, expired=tally.expired, evicted=tally.evicted)
+            for key, sums in tally.sums.items():
+                self._unsent.setdefault(key, Sums()).add(sums)
+            for ukey, pair in tally.users.items():
+                got = self._unsent_users.setdefault(ukey, [0.0, 0.0])
+                got[0] += pair[0]
+                got[1] += pair[1]
+        store, names = self.store, self.registry.names
+        try:
+            if self._unsent:
+                await asyncio.to_thread(store.add_online, self._unsent)
+                self._unsent = {}  # only once taken: while the store is away they wait for the next tick
+            if self._unsent_users:
+                await asyncio.to_thread(store.add_user_sums, self._unsent_users)
+                self._unsent_users = {}
+            self.online = await asyncio.to_thread(lambda: {name: store.online(name) for name in names})
+        except StoreError as exc:
+            log.warning("online figures not shared: %s", exc)
+            return
+        await self.judge()
+
+    async def judge(self) -> None:
+        """The promotion rule (SEQSERVE_PROMOTE_MIN_EVENTS) on each candidate, from the shared figures."""
+        need = self.settings.promote_min_events
+        if not need or self.store is None:
+            return
+        for name, cand in list(self.registry.candidates.items()):
+            live = self.registry.models.get(name)
+            if live is None or cand.version == live.version:
+                continue
+            store = self.store
+            try:
+                per_user = await asyncio.to_thread(store.user_sums, name, cand.since)
+            except StoreError as exc:
+                log.warning("the promotion rule waits for the store: %s", exc)
+                return
+            verdict = judge(
+                per_user.get((cand.version, cand.mode), []), per_user.get((live.version, "live"), []), min_events=need
+            )
+            if verdict.action != "wait":
+                await self.settle(
+                    name, cand.version, promote=verdict.action == "promote", reason=f"rule: {verdict.reason}"
+                )
+
+    async def settle(self, name: str, version: str, *, promote: bool, reason: str) -> bool:
+        """Promote (pin) or retire the candidate `version` of `name`; False when it no longer was the candidate."""
+        assert self.store is not None
+        done = await asyncio.to_thread(self.store.settle, name, version, promote=promote)
+        if done:
+            action = "promoted" if promote else "retired"
+            log.warning("candidate %s/%s %s (%s)", name, version, action, reason)
+            self.metrics.count_trial_change(name, action)
+        return done
+
+    async def start(self, name: str, candidate: Candidate, *, live_version: str | None, reason: str) -> None:
+        """Make `candidate` the trial of `name`, pinning the live version so it keeps serving the rest."""
+        assert self.store is not None
+        if live_version is not None and self.registry.pins.get(name) != live_version:
+            await asyncio.to_thread(self.store.set_pin, name, live_version)
+        await asyncio.to_thread(self.store.set_candidate, name, candidate)
+        log.warning("candidate %s/%s started as %s (%s)", name, candidate.version, candidate.mode, reason)
+        self.metrics.count_trial_change(name, "started")
+
+    async def adopt_new_versions(self, root: Path) -> None:
+        """SEQSERVE_NEW_VERSIONS=canary|shadow: the newest version, when newer than the live one and
+        published after the last trial began (so neither a retired version nor one an admin passed
+        over comes back), becomes the candidate instead of replacing the live one."""
+        mode = self.settings.new_versions
+        if mode == "serve" or self.store is None:
+            return
+        for name, folders in (await asyncio.to_thread(artifact_names, root)).items():
+            live = self.registry.models.get(name)
+            if live is None or not folders or live.folder not in folders:
+                continue
+            newest = folders[0]
+            last = self.trials.get(name)
+            if folders.index(live.folder) == 0 or f"{name}/{newest.name}" in self.registry.broken:
+                continue
+            if last is not None and published(newest.name) <= last.since:  # there when the last trial began
+                continue
+            cand = Candidate(newest.name, mode, self.settings.canary_share if mode == "canary" else 1.0, time.time())
+            await self.start(name, cand, live_version=live.version, reason="new version")
+            self.registry.pins[name] = live.version
+            self.registry.candidates[name] = self.trials[name] = cand
+
+    async def read_choices(self) -> bool:
+        """Take the store's pins and candidates now (StoreError when it cannot be read)."""
+        store = self.store
+        assert store is not None
+        pins, trials = await asyncio.to_thread(lambda: (store.pins(), store.candidates()))
+        return self.choices(pins, trials)
+
+    def choices(self, pins: dict[str, str], trials: dict[str, Candidate]) -> bool:
+        """Take the store's pins and trials; -> whether what should serve changed."""
+        running = {n: c for n, c in trials.items() if c.running}
+        changed = pins != self.registry.pins or running != self.registry.candidates
+        self.registry.pins, self.registry.candidates, self.trials = pins, running, trials
+        return changed

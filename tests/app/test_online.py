@@ -1,0 +1,102 @@
+"""Served lists and their scores: what an arrival scores, what it drops, the bounds, the rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from app.online import LISTS_PER_USER, ServedList, ServedLists, clustered, figures, in_canary, judge, score, totals
+from app.store import Arrival, Sums
+
+
+def served(items: str, at: float, *, model: str = "m", variant: str = "live", version: str = "v1") -> ServedList:
+    return ServedList(model, version, variant, tuple(items.split()), at)
+
+
+def test_score_by_rank() -> None:
+    assert score(["a", "b", "c"], "c").values() == pytest.approx((1, 1, 0.5, 0.25, 1 / 3))
+    assert score(["a"], "z").values() == (1, 0, 0, 0, 0)
+    eleventh = score([str(n) for n in range(20)], "10")  # rank 11: outside @10, still in MRR
+    assert (eleventh.hits, eleventh.ndcg, eleventh.rr) == (0, 0, pytest.approx(1 / 11))
+
+
+def test_an_arrival_scores_the_newest_list_before_it_once() -> None:
+    lists = ServedLists(window_s=100, max_lists=100)
+    lists.record("ns", "u", served("a b", 10))
+    lists.record("ns", "u", served("b a", 20))  # a reload of the page: supersedes the first
+    lists.record("ns", "u", served("c", 20, variant="shadow", version="v2"))
+    lists.record("ns", "u", served("x y", 40))  # served after the event: waits for the next one
+    got = lists.score([Arrival("ns", "u", "a", 30)])
+    assert sorted((s.variant, s.items, sc.rr) for s, sc in got) == [("live", ("b", "a"), 0.5), ("shadow", ("c",), 0.0)]
+    assert lists.score([Arrival("other-ns", "u", "x", 50)]) == []  # namespaces apart
+    again = lists.score([Arrival("ns", "u", "x", 50)])
+    assert [(s.items, sc.hits) for s, sc in again] == [(("x", "y"), 1)]
+    tally = lists.take()
+    assert tally.superseded == 1 and lists.size == 0
+    assert tally.sums[("m", "v1", "live", 0.0)].n == 2  # per model, version, variant and minute
+
+
+def test_a_list_older_than_the_window_is_not_scored_and_expires() -> None:
+    lists = ServedLists(window_s=10, max_lists=100)
+    lists.record("ns", "u", served("a", 0))
+    lists.record("ns", "w", served("a", 50))
+    assert lists.score([Arrival("ns", "u", "a", 20)]) == []
+    lists.expire(now=55)
+    assert lists.size == 1 and lists.take().expired == 1  # u's list, past the window; w's is fresh
+    lists.expire(now=70)
+    assert lists.size == 0 and lists.take().expired == 1
+
+
+def test_lists_are_bounded_per_user_and_in_total() -> None:
+    lists = ServedLists(window_s=100, max_lists=LISTS_PER_USER + 2)
+    for n in range(LISTS_PER_USER + 3):
+        lists.record("ns", "u", served("a", n))
+    assert lists.size == LISTS_PER_USER
+    for n in range(5):
+        lists.record("ns", f"w{n}", served("a", 50))
+    assert lists.size == 5  # the total passed: the user touched longest ago lost all its lists
+    assert lists.take().evicted == 3 + LISTS_PER_USER
+    assert lists.score([Arrival("ns", "u", "a", 60)]) == []
+
+
+def test_canary_share_is_about_right_and_differs_per_model() -> None:
+    users = [f"user-{n}" for n in range(20_000)]
+    picked = [u for u in users if in_canary("sasrec", u, 0.1)]
+    assert 0.09 < len(picked) / len(users) < 0.11
+    assert set(picked) != {u for u in users if in_canary("bert4rec", u, 0.1)}
+    assert all(in_canary("sasrec", u, 0.2) for u in picked)  # a larger share keeps the users it had
+
+
+def test_figures_and_intervals() -> None:
+    f = figures(Sums(n=100, hits=30, ndcg=20, ndcg2=8, rr=25))
+    assert f is not None and (f.hr10, f.ndcg10, f.mrr) == (0.3, 0.2, 0.25)
+    sd = math.sqrt((8 - 100 * 0.04) / 99)
+    assert f.ndcg10_ci == pytest.approx((0.2 - 1.959964 * sd / 10, 0.2 + 1.959964 * sd / 10))
+    assert f.hr10_ci[0] < 0.3 < f.hr10_ci[1]
+    assert figures(Sums()) is None
+    rows = {("m", "v1", "live", 0.0): Sums(n=1), ("m", "v1", "live", 120.0): Sums(n=2)}
+    assert totals(rows, since=100)[("v1", "live")].n == 2
+
+
+def test_the_rule_waits_then_promotes_a_peer_and_retires_a_worse_one() -> None:
+    live = [(10.0, 2.0 + (u % 3) * 0.5) for u in range(40)]  # 40 users, 10 lists each, NDCG@10 about 0.25
+    peer = [(10.0, 2.0 + ((u + 1) % 3) * 0.5) for u in range(40)]
+    worse = [(10.0, 0.2 + (u % 3) * 0.1) for u in range(40)]
+    assert judge(peer[:5], live, min_events=100).action == "wait"
+    assert judge(peer, live, min_events=100).action == "promote"
+    assert judge(worse, live, min_events=100).action == "retire"
+
+
+def test_the_rule_counts_users_not_lists() -> None:
+    """Two heavy users served worse are two users of 42, not 400 independent lists: a 0.045 gap that
+    rests on them is within the interval; the same gap spread over every user is not."""
+    live = [(10.0, 2.5)] * 40 + [(200.0, 40.0), (200.0, 60.0)]
+    cand = [(10.0, 2.5)] * 40 + [(200.0, 32.0), (200.0, 32.0)]
+    n, mean, _ = clustered(cand)
+    assert n == 800 and mean == pytest.approx(0.205)
+    assert judge(cand, live, min_events=100).action == "promote"
+    everyone = [(10.0, 2.05 + (u % 2) * 0.1) for u in range(40)] + [(200.0, 41.0), (200.0, 41.0)]
+    assert judge(everyone, live, min_events=100).action == "retire"
+    assert clustered([(5.0, 1.0)])[2] == math.inf  # one user: no interval, the rule waits
+    assert judge([(500.0, 100.0)], live, min_events=100).action == "wait"

@@ -1,0 +1,280 @@
+"""A candidate version beside the live one (canary, shadow), online scoring of what was served against
+each user's next event, and promotion or retirement by an admin call or by the rule."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.online import ServedList, in_canary
+from app.settings import Settings
+from app.store import SQLiteStore
+from models.artifact import latest_versions
+from tests.servers import wait_until
+
+NEWER = "20991231T235959Z"
+ADMIN = {"X-API-Key": "admin-key"}
+USERS = [f"u{n}" for n in range(40)]
+
+
+@pytest.fixture
+def root(tiny_artifacts: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts, out)
+    old = latest_versions(out)["sasrec-tiny"]
+    shutil.copytree(old, old.parent / NEWER)
+    return out
+
+
+def _first(root: Path) -> str:
+    return sorted(p.name for p in (root / "sasrec-tiny").iterdir())[0]
+
+
+def _settings(root: Path, state: Path, **kw: Any) -> Settings:
+    return Settings(
+        artifacts_dir=root,
+        device="cpu",
+        admin_api_key="admin-key",
+        history_path=state / "h.sqlite3",
+        state_dir=state,
+        housekeeping_s=0.05,
+        **kw,
+    )
+
+
+def _ask(c: TestClient, users: list[str], k: int = 10) -> dict[str, Any]:
+    r = c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": u, "k": k} for u in users]})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _start(c: TestClient, version: str, mode: str, share: float | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"version": version, "mode": mode, **({"share": share} if share else {})}
+    r = c.post("/admin/models/sasrec-tiny/candidate", json=body, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_canary_split_is_sticky_by_user_and_says_who_answered(root: Path, tmp_path: Path) -> None:
+    first = _first(root)
+    with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:
+        moved = _start(c, first, "canary", 0.5)  # the older version on trial; the newest stays live (pinned)
+        assert moved["pinned"] == NEWER and moved["candidate"]["version"] == first
+        assert moved["reload"]["candidates"] == {"sasrec-tiny": first}
+        out = _ask(c, USERS)
+        assert out["version"] == NEWER
+        answered = {r["user_id"]: r["version"] for r in out["results"]}
+        expected = {u: first if in_canary("sasrec-tiny", u, 0.5) else NEWER for u in USERS}
+        assert answered == expected and 5 < sum(v == first for v in answered.values()) < 35
+        for u in USERS[:6]:  # one at a time, the same split
+            assert _ask(c, [u])["results"][0]["version"] == expected[u]
+        states = {v["version"]: v["state"] for v in c.get("/models/sasrec-tiny/versions").json()["versions"]}
+        assert states == {NEWER: "serving", first: "candidate"}
+    # A second worker (here: a restart with the same store) splits the same way.
+    with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:
+        assert {r["user_id"]: r["version"] for r in _ask(c, USERS)["results"]} == expected
+
+
+def test_a_shadow_never_changes_or_holds_up_the_live_answer(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = _first(root)
+    with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:
+        before = _ask(c, USERS[:8])
+        _start(c, first, "shadow")
+        services = c.app.state.services  # type: ignore[attr-defined]
+        trial = services.registry.trials["sasrec-tiny"]
+        slow = trial.engine.infer
+
+        def sleepy(batch: list[Any]) -> list[Any]:
+            time.sleep(3.0)
+            return slow(batch)
+
+        monkeypatch.setattr(trial.engine, "infer", sleepy)
+        trial.batcher.fn = sleepy
+        t0 = time.perf_counter()
+        after = _ask(c, USERS[:8])
+        assert time.perf_counter() - t0 < 2.5  # the shadow's 3 seconds of work are not waited for
+        assert after["results"] == [{**r, "version": NEWER} for r in before["results"]]
+        assert all(r["version"] == NEWER for r in after["results"])
+        for _ in range(5):  # while two shadow batches run, more are shed, not queued
+            _ask(c, USERS[:2])
+        assert sum(services.shadows.shed.values()) >= 3
+        wait_until(lambda: services.shadows.running == 0, timeout=20)
+        kept = [ServedList(*s) for lists in services.lists._lists.values() for s in lists]
+        assert {s.version for s in kept if s.variant == "shadow"} == {first}  # what the shadow answered is kept
+
+
+def _hand(lists: list[list[str]], targets: list[str]) -> tuple[int, float, float]:
+    hits, ndcg = 0, 0.0
+    for items, t in zip(lists, targets, strict=True):
+        if t in items[:10]:
+            hits += 1
+            ndcg += 1 / math.log2(items.index(t) + 2)
+    return hits, ndcg, ndcg / len(lists)
+
+
+def test_online_scores_equal_a_hand_computation(root: Path, tmp_path: Path) -> None:
+    with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:
+        users = USERS[:12]
+        served = {r["user_id"]: [i["item_id"] for i in r["items"]] for r in _ask(c, users)["results"]}
+        # Half the users take their list's third item, the others an item the list does not hold.
+        targets = {u: (served[u][2] if n % 2 == 0 else "no-such-item") for n, u in enumerate(users)}
+        _ask(c, ["u30"])  # served, no event follows: never scored
+        events = [
+            {"event_id": f"e-{u}", "user_id": u, "item_id": targets[u], "timestamp": 1_000_000_000 + n}
+            for n, u in enumerate(users)
+        ]
+        assert c.post("/events", json={"model": "sasrec-tiny", "events": events}).status_code == 200
+        # A later event of the same user scores nothing more: its list was scored once.
+        again = [{"event_id": "e-again", "user_id": users[0], "item_id": served[users[0]][0], "timestamp": 1e9 + 99}]
+        assert c.post("/events", json={"model": "sasrec-tiny", "events": again}).status_code == 200
+
+        def figures() -> dict[str, Any]:
+            m = next(m for m in c.get("/models").json()["models"] if m["name"] == "sasrec-tiny")
+            return dict(m["online"].get(f"{NEWER}/live", {}))
+
+        wait_until(lambda: figures().get("n") == len(users), timeout=10)
+        hits, _, mean_ndcg = _hand([served[u] for u in users], [targets[u] for u in users])
+        f = figures()
+        assert f["hr10"] == pytest.approx(hits / len(users), abs=1e-5)
+        assert f["ndcg10"] == pytest.approx(mean_ndcg, abs=1e-5)
+        assert f["mrr"] == pytest.approx(sum(1 / 3 for n in range(12) if n % 2 == 0) / 12, abs=1e-5)
+        assert f["ndcg10_ci"][0] < f["ndcg10"] < f["ndcg10_ci"][1]
+        metrics = c.get("/metrics").text
+        assert f'seqserve_online_scored_total{{model="sasrec-tiny",variant="live",version="{NEWER}"}} 12.0' in metrics
+        series = c.get("/models/sasrec-tiny/online").json()["series"][f"{NEWER}/live"]
+        assert sum(n for _, n, _ in series) == 12
+
+
+def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> None:
+    first = _first(root)
+    state = tmp_path / "s"
+    with TestClient(create_app(_settings(root, state, promote_min_events=100))) as c:
+        _start(c, first, "canary", 0.5)
+        since = c.app.state.services.registry.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
+        store = SQLiteStore(state / "h.sqlite3")
+        # 30 users a side, as good as the live version within the interval: promoted.
+        store.add_user_sums(
+            {("sasrec-tiny", since, NEWER, "live", f"u{n}"): (5, 1.0 + (n % 4) * 0.2) for n in range(30)}
+            | {("sasrec-tiny", since, first, "canary", f"w{n}"): (5, 1.0 + ((n + 1) % 4) * 0.2) for n in range(30)}
+        )
+
+        def pinned() -> str | None:
+            return c.get("/models/sasrec-tiny/versions").json()["pinned"]  # type: ignore[no-any-return]
+
+        wait_until(lambda: _ask(c, ["u1"])["version"] == first, timeout=10)  # every worker follows within a tick
+        assert pinned() == first
+        assert 'seqserve_candidate_changes_total{action="promoted",model="sasrec-tiny"} 1.0' in c.get("/metrics").text
+        # The newer version on trial now, far worse: retired, the promoted one keeps serving.
+        _start(c, NEWER, "canary", 0.5)
+        since = c.app.state.services.registry.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
+        store.add_user_sums(
+            {("sasrec-tiny", since, first, "live", f"u{n}"): (5, 1.5 + (n % 3) * 0.1) for n in range(30)}
+            | {("sasrec-tiny", since, NEWER, "canary", f"w{n}"): (5, 0.2 + (n % 3) * 0.1) for n in range(30)}
+        )
+        wait_until(lambda: all(r["version"] == first for r in _ask(c, USERS)["results"]), timeout=10)
+        assert pinned() == first and c.get("/models/sasrec-tiny/versions").json()["candidate"] is None
+        assert store.candidates()["sasrec-tiny"].outcome == "retired"
+        store.close()
+
+
+def test_trial_calls_check_what_they_are_given(root: Path, tmp_path: Path) -> None:
+    with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:
+        url = "/admin/models/sasrec-tiny/candidate"
+        assert c.post(url, json={"version": NEWER, "mode": "canary"}).status_code == 401
+        r = c.post(url, json={"version": NEWER, "mode": "canary"}, headers=ADMIN)  # the live one
+        assert r.status_code == 409 and r.json()["error"]["details"][0]["loc"] == ["body", "version"]
+        r = c.post(url, json={"version": _first(root), "mode": "blue-green"}, headers=ADMIN)
+        assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["body", "mode"]
+        r = c.post(url, json={"version": _first(root), "mode": "canary", "share": 2}, headers=ADMIN)
+        assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["body", "share"]
+        r = c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "no_trial"
+        r = c.post("/admin/models/no-such/retire", headers=ADMIN)
+        assert r.status_code == 404
+
+
+def test_a_new_version_enters_as_a_candidate_when_set(root: Path, tmp_path: Path) -> None:
+    first = _first(root)
+    shutil.rmtree(root / "sasrec-tiny" / NEWER)
+    with TestClient(create_app(_settings(root, tmp_path / "s", new_versions="canary", canary_share=0.25))) as c:
+        now = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())  # a version's name is when it was published
+        shutil.copytree(root / "sasrec-tiny" / first, root / "sasrec-tiny" / now)  # a retrain published
+        r = c.post("/admin/reload", headers=ADMIN)
+        assert r.status_code == 200 and r.json()["candidates"] == {"sasrec-tiny": now}
+        listed = c.get("/models/sasrec-tiny/versions").json()
+        assert listed["pinned"] == first and listed["candidate"]["share"] == 0.25
+        assert c.post("/admin/models/sasrec-tiny/retire", headers=ADMIN).status_code == 200
+        c.post("/admin/reload", headers=ADMIN)  # a retired version is not tried again
+        assert c.get("/models/sasrec-tiny/versions").json()["candidate"] is None
+
+
+def test_shadow_work_is_drained_at_shutdown() -> None:
+    from app.serving import ShadowWork
+
+    async def run() -> None:
+        work = ShadowWork(1)
+        await work.drain()  # nothing in flight: returns at once
+
+    asyncio.run(run())
+
+
+def test_two_hosts_on_one_redis_share_trials_and_scores(root: Path, tmp_path: Path, redis_server: Any) -> None:
+    first = _first(root)
+
+    def host(n: int) -> TestClient:
+        return TestClient(
+            create_app(_settings(root, tmp_path / f"host{n}", history_store="redis", redis_url=redis_server.url))
+        )
+
+    with host(1) as a, host(2) as b:
+        _start(a, first, "canary", 0.5)  # on host 1; host 2 follows from the store
+        expected = {u: first if in_canary("sasrec-tiny", u, 0.5) else NEWER for u in USERS}
+        asked = USERS[:20]
+        wait_until(
+            lambda: {r["user_id"]: r["version"] for r in _ask(b, asked)["results"]} == {u: expected[u] for u in asked}
+        )
+        served = _ask(a, ["u30"])["results"][0]  # served by host 1 only
+        event = {"event_id": "e1", "user_id": "u30", "item_id": served["items"][0]["item_id"], "timestamp": 1e9}
+        assert b.post("/events", json={"model": "sasrec-tiny", "events": [event]}).status_code == 200
+
+        def scored(c: TestClient) -> int:
+            totals = c.get("/models/sasrec-tiny/online").json()["totals"]
+            return sum(f["n"] for f in totals.values())
+
+        wait_until(lambda: scored(a) == 1 and scored(b) == 1)  # scored where it was served, seen by both
+        variant = "canary" if expected["u30"] == first else "live"
+        assert b.get("/models/sasrec-tiny/online").json()["totals"][f"{expected['u30']}/{variant}"]["hr10"] == 1.0
+
+
+def test_canary_is_sticky_across_worker_processes(root: Path, tmp_path: Path) -> None:
+    import httpx2 as httpx
+
+    from tests.servers import start_api, stop, workers_env
+
+    state = tmp_path / "state"
+    env = workers_env(state)
+    first = _first(root)
+    proc, url = start_api(root, env)
+    try:
+        wait_until(lambda: len(list((state / "workers").glob("[0-9]*.json"))) == 2)  # both workers up
+        body = {"version": first, "mode": "canary", "share": 0.5}
+        r = httpx.post(f"{url}/admin/models/sasrec-tiny/candidate", json=body, headers=ADMIN, timeout=60)
+        assert r.status_code == 200 and r.json()["reload"]["all_workers"], r.text
+        for user in USERS[:4]:
+            ask = {"model": "sasrec-tiny", "queries": [{"user_id": user, "k": 1}]}
+            seen = {httpx.post(f"{url}/recommend", json=ask).json()["results"][0]["version"] for _ in range(20)}
+            assert seen == {first if in_canary("sasrec-tiny", user, 0.5) else NEWER}, user
+        pids = {int(p) for p in r.json()["reload"]["workers"]}
+        assert len(pids) == 2
+    finally:
+        stop(proc)
