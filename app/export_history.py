@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         redis_url=s.redis_url.get_secret_value(),
         redis_prefix=s.redis_prefix,
         keep=s.live_events,
+        redis_password=s.redis_password.get_secret_value() if s.redis_password else None,
     )
     try:
         live_users = list(store.users(args.namespace))

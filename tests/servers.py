@@ -45,6 +45,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+NEWER = "20991231T235959Z"  # a version name later than any real one (tests/app/conftest.py's `root`)
+
+
 def workers_env(state: Path, *, workers: int = 2, admin_key: str = "admin-key") -> dict[str, str]:
     """Settings for `workers` processes of one host with their state (SQLite store, reload files) in `state`."""
     return {
@@ -117,9 +120,10 @@ def redis_binary() -> str:
 class RedisServer:
     """A private redis-server with append-only persistence fsynced on every write, as in compose."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, password: str | None = None) -> None:
         self.binary = redis_binary()
         self.dir = data_dir
+        self.password = password
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -146,6 +150,7 @@ class RedisServer:
                 "",
                 "--protected-mode",
                 "yes",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
@@ -155,7 +160,7 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
+                    if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):  # up (and asking for the password)
                         return self
             except OSError:
                 pass

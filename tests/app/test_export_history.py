@@ -92,3 +92,26 @@ def test_a_social_namespace_exports_each_event_once_and_retrains(tiny_social_art
     log = load_social(out)  # the export's user_id/item_id columns read as src/dst
     assert len(log) == own + 1 and not any(a.startswith("<-") for a in log.action)
     assert ("s3", "s9", "c2q") in set(zip(log.src, log.dst, log.action, strict=True))
+
+
+def test_export_reads_a_password_protected_redis_with_the_password_from_a_file(
+    tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As compose's retrain service runs it: Redis with a password, SEQSERVE_REDIS_PASSWORD_FILE."""
+    from app.store import Event, RedisStore
+    from tests.servers import RedisServer
+
+    srv = RedisServer(tmp_path / "redis", password="s3cret-pw").start()
+    try:
+        store = RedisStore(srv.url, password="s3cret-pw")
+        store.append("sasrec-tiny", [Event("x1", "u1", "from-redis", 1.5e9)])
+        store.close()
+        (tmp_path / "pw").write_text("s3cret-pw\n")
+        monkeypatch.setenv("SEQSERVE_HISTORY_STORE", "redis")
+        monkeypatch.setenv("SEQSERVE_REDIS_URL", srv.url)
+        monkeypatch.setenv("SEQSERVE_REDIS_PASSWORD_FILE", str(tmp_path / "pw"))
+        out = tmp_path / "log.csv"
+        assert export(["--namespace", "sasrec-tiny", "--out", str(out), "--artifacts", str(tiny_artifacts)]) == 0
+        assert "from-redis" in out.read_text()
+    finally:
+        srv.kill()
