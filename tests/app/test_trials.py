@@ -17,21 +17,10 @@ from app.main import create_app
 from app.online import ServedList, in_canary
 from app.settings import Settings
 from app.store import SQLiteStore
-from models.artifact import latest_versions
-from tests.servers import wait_until
+from tests.servers import NEWER, wait_until
 
-NEWER = "20991231T235959Z"
 ADMIN = {"X-API-Key": "admin-key"}
 USERS = [f"u{n}" for n in range(40)]
-
-
-@pytest.fixture
-def root(tiny_artifacts: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "arts"
-    shutil.copytree(tiny_artifacts, out)
-    old = latest_versions(out)["sasrec-tiny"]
-    shutil.copytree(old, old.parent / NEWER)
-    return out
 
 
 def _first(root: Path) -> str:

@@ -7,26 +7,14 @@ import shutil
 from pathlib import Path
 
 import httpx2 as httpx
-import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
 from models.artifact import latest_versions
-from tests.servers import start_api, stop, wait_until, workers_env
+from tests.servers import NEWER, start_api, stop, wait_until, workers_env
 
-NEWER = "20991231T235959Z"
 ADMIN = {"X-API-Key": "admin-key"}
-
-
-@pytest.fixture
-def root(tiny_artifacts: Path, tmp_path: Path) -> Path:
-    """The tiny artifacts with a second, newer version of sasrec-tiny."""
-    out = tmp_path / "arts"
-    shutil.copytree(tiny_artifacts, out)
-    old = latest_versions(out)["sasrec-tiny"]
-    shutil.copytree(old, old.parent / NEWER)
-    return out
 
 
 def _settings(root: Path, state: Path) -> Settings:

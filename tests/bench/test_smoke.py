@@ -55,3 +55,9 @@ def test_inprocess_drives_the_app_without_sockets(tiny_artifacts: Path) -> None:
         *("--concurrency", "4", "--requests", "64", "--canned"),
     )
     assert "req/s in-process" in text and "loop thread" in text
+
+
+def test_online_memory_reports_bytes_per_user_and_scores_every_list() -> None:
+    report = json.loads(_run("online_memory.py", "--users", "2000", "--k", "10"))
+    assert report["left_after_scoring"] == 0  # one arrival per user scored each user's list
+    assert 100 < report["bytes_per_active_user"] < 5000
