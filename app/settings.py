@@ -11,7 +11,6 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.limits import CPU_MAX_BATCH, BatchPolicy, Limits
-from app.store.base import ARRIVALS_KEEP_S
 from models.serving import COARSE_FROM, LIVE_EVENTS
 
 _BATCH = BatchPolicy()
@@ -117,7 +116,7 @@ class Settings(BaseSettings):
     # Online evaluation: each list served by user is scored against that user's next stored event within
     # the window (docs/decisions/online-evaluation.md). Lists kept per worker, at most (the oldest go first).
     online_eval: bool = True
-    online_window_s: float = Field(default=3600.0, gt=0, le=ARRIVALS_KEEP_S)
+    online_window_s: float = Field(default=3600.0, gt=0, le=86400.0)
     online_max_lists: int = Field(default=200_000, ge=1)
     online_score_s: float = Field(default=0.25, gt=0)  # how often a worker scores its lists against new events
     # What a reload does with a version newer than the live one: serve it ("serve"), or try it beside the

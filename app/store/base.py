@@ -29,8 +29,9 @@ RECENT_KEEP_S = 7 * 24 * 3600.0
 # A user -> the artifact's events of that user as (raw id, time or None) keys.
 StoredEvents = Callable[[str], set[tuple[str | None, float | None]]]
 # Arrivals (own events in the order the store took them, for online evaluation) are kept this long:
-# a served list older than the online window is never scored, and the window is bounded by this.
-ARRIVALS_KEEP_S = 24 * 3600.0
+# every worker reads them every SEQSERVE_ONLINE_SCORE_S and starts from "now", so what is older has
+# been read by every live worker (a day of a busy service would be tens of millions of rows).
+ARRIVALS_KEEP_S = 900.0
 # Online evaluation sums per (model, version, variant, bucket start): buckets older than this are dropped.
 ONLINE_KEEP_S = 30 * 24 * 3600.0
 Mode = Literal["canary", "shadow"]

@@ -108,8 +108,9 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 if ARGV[3] == '1' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
 return 1
 """
-# Entries the arrivals stream keeps, about (a day of a busy service).
-ARRIVALS_MAX = 2_000_000
+# Entries the arrivals stream keeps, about: minutes of a busy service (each worker reads it every
+# SEQSERVE_ONLINE_SCORE_S), about 20 MB of Redis memory.
+ARRIVALS_MAX = 200_000
 _OUTCOMES: dict[int, Outcome] = {1: "stored", 0: "duplicate", 2: "conflict", 3: "skipped", 4: "dropped_old"}
 _SEQ_WIDTH = 20
 
