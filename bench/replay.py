@@ -63,16 +63,19 @@ def tenth(base: pd.DataFrame, seed: int = 7) -> pd.DataFrame:
     return base.loc[keep].sort_values(["timestamp", "user_id"], kind="stable")
 
 
-def train(config: Path, data: Path, out: Path, minutes: float, name: str) -> Path:
+def train(config: Path, data: Path, out: Path, minutes: float, name: str, *, seed: int = 42) -> Path:
     t0 = time.monotonic()
     cmd = [PY, "-m", "training", "train", "--config", str(config), "--data", str(data), "--out", str(out)]
     cmd += ["--set", f"train.max_minutes={minutes}", "--set", f"name='{name}'", "--set", "data.name='ml-100k'"]
+    cmd += ["--set", f"train.seed={seed}"]
     folder = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
     print(f"trained {folder} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return Path(folder)
 
 
-def warm_retrain(env: dict[str, str], arts: Path, version: str, work: Path, minutes: float) -> dict[str, Any]:
+def warm_retrain(
+    env: dict[str, str], arts: Path, version: str, work: Path, minutes: float, *, seed: int = 42
+) -> dict[str, Any]:
     """export_history + the warm job, timed as a retrain job would run them."""
     t0 = time.monotonic()
     log = work / "export.csv"
@@ -82,7 +85,7 @@ def warm_retrain(env: dict[str, str], arts: Path, version: str, work: Path, minu
     t1 = time.monotonic()
     warm = [PY, "-m", "training", "warm", "--artifact", str(arts / NAME / version), "--data", str(log)]
     out = subprocess.run(
-        [*warm, "--minutes", str(minutes), "--out", str(arts)],
+        [*warm, "--minutes", str(minutes), "--out", str(arts), "--set", f"train.seed={seed}"],
         cwd=ROOT,
         check=True,
         capture_output=True,

@@ -38,6 +38,7 @@ def main() -> None:
     p.add_argument("--base", type=Path, help="a version trained on the first 80% (default: trained here)")
     p.add_argument("--out", type=Path, default=ROOT / "runs/warm_retrain.json")
     p.add_argument("--port", type=int, default=8932)
+    p.add_argument("--seed", type=int, default=42, help="train.seed of the warm and the cold run")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="warm-"))
     arts, config = work / "arts", ROOT / "training/configs/sasrec_ml100k.toml"
@@ -69,12 +70,13 @@ def main() -> None:
             r.raise_for_status()
     finally:
         stop(proc)
-    warm = warm_retrain(env, arts, base.name, work, args.minutes)
-    cold = train(config, work / "export.csv", work / "cold", args.cold_minutes, NAME)
+    warm = warm_retrain(env, arts, base.name, work, args.minutes, seed=args.seed)
+    cold = train(config, work / "export.csv", work / "cold", args.cold_minutes, NAME, seed=args.seed)
     cold_manifest = json.loads((cold / "manifest.json").read_text())
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "events_posted": len(posted),
+        "seed": args.seed,
         "warm": warm,
         "cold": {
             "test_ndcg10": cold_manifest["metrics"]["test"]["full"]["NDCG@10"],
