@@ -80,6 +80,8 @@ class ServedLists:
         self._lists: OrderedDict[tuple[str, str], tuple[tuple[Any, ...], ...]] = OrderedDict()  # oldest touched first
         self.size = 0
         self.tally = Tally()
+        # Every arrival stored before this time has been scored (set by the scoring loop, with a margin).
+        self.settled_before = 0.0
 
     def record(self, namespace: str, user: str, served: tuple[Any, ...]) -> None:
         """Keep `served` (a ServedList's fields, as a plain tuple or a ServedList)."""
@@ -90,6 +92,8 @@ class ServedLists:
             self._lists[key] = (entry,)
         else:
             self._lists.move_to_end(key)
+            if kept[0][AT] < self.settled_before:
+                kept = self._drop_settled(kept, entry)
             if len(kept) >= LISTS_PER_USER:
                 kept = kept[1:]
                 self.size -= 1
@@ -100,6 +104,18 @@ class ServedLists:
             _, oldest = self._lists.popitem(last=False)
             self.size -= len(oldest)
             self.tally.evicted += len(oldest)
+
+    def _drop_settled(self, kept: tuple[tuple[Any, ...], ...], entry: tuple[Any, ...]) -> tuple[tuple[Any, ...], ...]:
+        """Of the lists of `entry`'s model and variant served before `settled_before` (every arrival up to
+        then has been scored), only the newest can still be the one an arrival scores: the older are
+        superseded now rather than held until the user's next event (or forever, if none comes)."""
+        same = [n for n, s in enumerate(kept) if s[0] == entry[0] and s[2] == entry[2] and s[AT] < self.settled_before]
+        if len(same) < 2:
+            return kept
+        drop = set(same[:-1])
+        self.size -= len(drop)
+        self.tally.superseded += len(drop)
+        return tuple(s for n, s in enumerate(kept) if n not in drop)
 
     def score(self, arrivals: Iterable[Arrival]) -> list[tuple[ServedList, Sums]]:
         """Score the lists each arrival follows; -> each scored list with its scores."""

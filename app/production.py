@@ -24,6 +24,7 @@ from app.store import Candidate, HistoryStore, OnlineKey, StoreError, Sums, User
 from models.artifact import artifact_names
 
 log = logging.getLogger(__name__)
+SETTLE_MARGIN_S = 1.0
 
 
 def published(version: str) -> float:
@@ -65,6 +66,7 @@ class ProductionLoop:
         only, where requests record them."""
         if self.store is None or self.lists is None:
             return
+        started = time.time()
         try:
             if self.cursor is None:
                 self.cursor, _ = await asyncio.to_thread(self.store.arrivals, None)
@@ -74,6 +76,9 @@ class ProductionLoop:
                     break
                 for served, scored in self.lists.score(arrivals):
                     self.metrics.observe_online(served.model, served.version, served.variant, scored)
+            # What was stored a second before this pass began has been read (a margin for the commit and
+            # for hosts' clocks): lists older than that can be superseded on sight (ServedLists.record).
+            self.lists.settled_before = started - SETTLE_MARGIN_S
         except StoreError as exc:
             log.warning("online evaluation paused: %s", exc)
 

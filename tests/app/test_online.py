@@ -100,3 +100,18 @@ def test_the_rule_counts_users_not_lists() -> None:
     assert judge(everyone, live, min_events=100).action == "retire"
     assert clustered([(5.0, 1.0)])[2] == math.inf  # one user: no interval, the rule waits
     assert judge([(500.0, 100.0)], live, min_events=100).action == "wait"
+
+
+def test_lists_no_arrival_can_score_any_more_go_when_the_next_comes() -> None:
+    """Every arrival before `settled_before` has been scored: of the lists older than that, only the newest
+    of a model and variant can still be scored (by a later arrival), so the older ones go at once."""
+    lists = ServedLists(window_s=100, max_lists=100)
+    lists.record("ns", "u", served("a", 1))
+    lists.record("ns", "u", served("b", 2))
+    lists.record("ns", "u", served("s", 2, variant="shadow"))
+    lists.settled_before = 5
+    lists.record("ns", "u", served("c", 6))
+    assert lists.size == 3 and lists.take().superseded == 1  # "a" went; "b" may still meet an arrival at 5.5
+    got = lists.score([Arrival("ns", "u", "b", 5.5)])
+    assert sorted((s.items, sc.hits) for s, sc in got) == [(("b",), 1), (("s",), 0)]
+    assert [s.items for s, _ in lists.score([Arrival("ns", "u", "c", 7)])] == [("c",)]
