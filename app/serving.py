@@ -213,9 +213,12 @@ async def answer_with_trial(
         assert trial is not None and trial.candidate is not None
         share, subject = trial.candidate.share, served.engine.subject
         picks = [(u := subject(q)) is not None and in_canary(served.name, u, share) for q in queries]
+    # (entry, its queries, their results, variant): the live version alone, or it and the canary
+    parts: list[tuple[Served, Sequence[Any], Sequence[Any], str]]
     if not any(picks):
         results = await answer(served, queries, store=store, timeout_s=timeout_s, abandoned=abandoned)
         versions = [served.version] * len(results)
+        parts = [(served, queries, results, "live")]
     else:
         assert trial is not None
         live_q = [q for q, p in zip(queries, picks, strict=True) if not p]
@@ -227,31 +230,12 @@ async def answer_with_trial(
         live_it, trial_it = iter(live_r), iter(trial_r)
         results = [next(trial_it) if p else next(live_it) for p in picks]
         versions = [trial.version if p else served.version for p in picks]
+        parts = [(served, live_q, live_r, "live"), (trial, trial_q, trial_r, "canary")]
     if lists is not None:
         now = time.time()
         since = trial.candidate.since if trial is not None and trial.candidate is not None else None
-        if any(picks):
-            assert trial is not None
-            record(
-                lists,
-                served,
-                [q for q, p in zip(queries, picks, strict=True) if not p],
-                [r for r, p in zip(results, picks, strict=True) if not p],
-                variant="live",
-                now=now,
-                trial=since,
-            )
-            record(
-                lists,
-                trial,
-                [q for q, p in zip(queries, picks, strict=True) if p],
-                [r for r, p in zip(results, picks, strict=True) if p],
-                variant="canary",
-                now=now,
-                trial=since,
-            )
-        else:
-            record(lists, served, queries, results, variant="live", now=now, trial=since)
+        for entry, qs, rs, variant in parts:
+            record(lists, entry, qs, rs, variant=variant, now=now, trial=since)
     if trial is not None and not canary and shadows is not None:
         by_user = [q for q in queries if served.engine.subject(q) is not None]
         if by_user:

@@ -305,11 +305,7 @@ class SQLiteStore(HistoryStore):
             if version is None:
                 conn.execute("DELETE FROM pins WHERE name = ?", (name,))
             else:
-                conn.execute(
-                    "INSERT INTO pins (name, version, at) VALUES (?, ?, ?) "
-                    "ON CONFLICT (name) DO UPDATE SET version = excluded.version, at = excluded.at",
-                    (name, version, time.time()),
-                )
+                _write_pin(conn, name, version)
 
         self._write(do)
 
@@ -399,11 +395,7 @@ class SQLiteStore(HistoryStore):
             ended = dataclasses.replace(cand, outcome="promoted" if promote else "retired")
             conn.execute("UPDATE candidates SET spec = ? WHERE name = ?", (ended.to_json(), name))
             if promote:
-                conn.execute(
-                    "INSERT INTO pins (name, version, at) VALUES (?, ?, ?) "
-                    "ON CONFLICT (name) DO UPDATE SET version = excluded.version, at = excluded.at",
-                    (name, version, time.time()),
-                )
+                _write_pin(conn, name, version)
             return True
 
         return self._write(do)
@@ -417,3 +409,12 @@ class SQLiteStore(HistoryStore):
                 conn.close()
             self._conns.clear()
         self._local = threading.local()
+
+
+def _write_pin(conn: sqlite3.Connection, name: str, version: str) -> None:
+    """Pin `name` to `version` inside the caller's write transaction (set_pin, settle)."""
+    conn.execute(
+        "INSERT INTO pins (name, version, at) VALUES (?, ?, ?) "
+        "ON CONFLICT (name) DO UPDATE SET version = excluded.version, at = excluded.at",
+        (name, version, time.time()),
+    )
