@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from models.ids import N_SPECIAL
+from models.ids import N_SPECIAL, PAD
+from models.transitions import transition_table
 
 
 @dataclass
@@ -34,6 +35,11 @@ class RecommenderConfig:
     # Share of the target's probability spread over the other candidates (the catalog, or the sampled
     # negatives) in the training loss; 0 = plain cross-entropy.
     label_smoothing: float = 0.0
+    # A transition prior (models/transitions.py): each item's `transition_width` most frequent next
+    # items, added to the next-item scores as transition_weight * log1p(count). The training job fills
+    # the table and chooses the weight on validation; 0 = no table.
+    transition_width: int = 0
+    transition_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.vocab_size <= N_SPECIAL:
@@ -42,6 +48,8 @@ class RecommenderConfig:
             raise ValueError("d_model must be a multiple of n_heads")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.transition_width < 0 or self.transition_weight < 0:
+            raise ValueError("transition_width and transition_weight must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,15 @@ class DotForm:
 class SequentialRecommender(nn.Module, ABC):
     causal: ClassVar[bool]  # whether a position may only see earlier items (checked by pre-flight)
     config: Any  # the dataclass the model was built from
+    successors: torch.Tensor  # (V, transition_width) int32, with a transition table
+    successor_log_counts: torch.Tensor  # (V, transition_width)
+
+    def _add_transition_table(self) -> None:
+        """Register the prior's buffers when the config asks for a table (call in __init__)."""
+        if self.config.transition_width:  # only then: checkpoints from before the prior load unchanged
+            shape = (self.config.vocab_size, self.config.transition_width)
+            self.register_buffer("successors", torch.zeros(shape, dtype=torch.int32))
+            self.register_buffer("successor_log_counts", torch.zeros(shape))
 
     @property
     @abstractmethod
@@ -78,7 +95,28 @@ class SequentialRecommender(nn.Module, ABC):
             sampler.set_frequencies(counts)
 
     def set_transitions(self, sequences: Sequence[Sequence[int]]) -> None:
-        """Fill a transition table from training sequences, where the model keeps one."""
+        """Fill the transition table from training sequences (a no-op without one)."""
+        if not self.config.transition_width:
+            return
+        succ, logc = transition_table(sequences, self.config.vocab_size, width=self.config.transition_width)
+        self.successors.copy_(succ)
+        self.successor_log_counts.copy_(logc)
+
+    @property
+    def uses_prior(self) -> bool:
+        return self.config.transition_width > 0 and self.config.transition_weight > 0
+
+    def prior_entries(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transition prior's nonzero entries: (B, L) -> (items (B, W), weighted log1p counts (B, W))."""
+        last_index = ((seq != PAD).sum(1) - 1).clamp(min=0)  # (B,)
+        last = seq.gather(1, last_index[:, None]).squeeze(1)  # (B,); PAD for an empty history
+        return self.successors[last].long(), self.config.transition_weight * self.successor_log_counts[last]
+
+    def add_prior(self, s: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
+        """Scores (B, V) plus the prior for histories (B, L), where the model uses one."""
+        if not self.uses_prior:
+            return s
+        return s.scatter_add(1, *self.prior_entries(seq))  # PAD entries add 0 to PAD
 
     @abstractmethod
     def scores(self, seq: torch.Tensor) -> torch.Tensor:

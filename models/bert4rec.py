@@ -74,6 +74,7 @@ class BERT4Rec(SequentialRecommender):
             config.vocab_size, max(config.n_negatives, 1), config.negative_pop_share, config.logq_correction
         )
         self.transform.apply(init_weights)
+        self._add_transition_table()
 
     @property
     def max_history(self) -> int:
@@ -89,12 +90,13 @@ class BERT4Rec(SequentialRecommender):
         return self.transform(h) @ w.T + self.out_bias
 
     def dot_form(self) -> DotForm:
-        return DotForm(self.encoder.token_emb.weight[: self.config.vocab_size], self.out_bias)
+        table = self.encoder.token_emb.weight[: self.config.vocab_size]
+        return DotForm(table, self.out_bias, self.prior_entries if self.uses_prior else None)
 
     def scores(self, seq: torch.Tensor) -> torch.Tensor:
         """Next-item scores: append [MASK] after each history and read it. (B, L) -> (B, V)."""
         w = self.encoder.token_emb.weight[: self.config.vocab_size]
-        s = self.query(seq) @ w.T + self.out_bias  # (B, V)
+        s = self.add_prior(self.query(seq) @ w.T + self.out_bias, seq)  # (B, V)
         s[:, :N_SPECIAL] = float("-inf")  # padding, unknown (and [MASK] is not in the output)
         return s
 

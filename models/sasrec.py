@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +10,6 @@ import torch.nn.functional as F
 from models.base import DotForm, RecommenderConfig, SequentialRecommender
 from models.ids import N_SPECIAL, PAD
 from models.layers import NegativeSampler, SequenceEncoder, cross_entropy, last_valid_index
-from models.transitions import transition_table
 
 LOSSES = ("auto", "sampled_softmax", "softmax", "bce")
 # "auto": the full softmax while it costs at most this many times the sampled one (V logits a target
@@ -25,18 +23,11 @@ class SASRecConfig(RecommenderConfig):
     # (SASRec+ / gSASRec); softmax: over all items; bce: one random negative (the original);
     # auto: softmax up to AUTO_FULL_RATIO * n_negatives items, sampled_softmax beyond.
     loss: str = "sampled_softmax"
-    # A transition prior (models/transitions.py): each item's `transition_width` most frequent next
-    # items, added to the scores as transition_weight * log1p(count). The training job fills the
-    # table and chooses the weight on validation; 0 = no table.
-    transition_width: int = 0
-    transition_weight: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
-        if self.transition_width < 0 or self.transition_weight < 0:
-            raise ValueError("transition_width and transition_weight must be >= 0")
 
     @property
     def training_loss(self) -> str:
@@ -48,8 +39,6 @@ class SASRecConfig(RecommenderConfig):
 
 class SASRec(SequentialRecommender):
     causal = True  # the contract pre-flight checks: a position never sees later items
-    successors: torch.Tensor  # (V, transition_width) int32, with a transition table
-    successor_log_counts: torch.Tensor  # (V, transition_width)
 
     def __init__(self, config: SASRecConfig) -> None:
         super().__init__()
@@ -58,22 +47,7 @@ class SASRec(SequentialRecommender):
         self.sampler = NegativeSampler(
             config.vocab_size, config.n_negatives, config.negative_pop_share, config.logq_correction
         )
-        if config.transition_width:  # only then: checkpoints from before the prior load unchanged
-            shape = (config.vocab_size, config.transition_width)
-            self.register_buffer("successors", torch.zeros(shape, dtype=torch.int32))
-            self.register_buffer("successor_log_counts", torch.zeros(shape))
-
-    def set_transitions(self, sequences: Sequence[Sequence[int]]) -> None:
-        """Fill the transition table from training sequences (a no-op without one)."""
-        if not self.config.transition_width:
-            return
-        succ, logc = transition_table(sequences, self.config.vocab_size, width=self.config.transition_width)
-        self.successors.copy_(succ)
-        self.successor_log_counts.copy_(logc)
-
-    @property
-    def uses_prior(self) -> bool:
-        return self.config.transition_width > 0 and self.config.transition_weight > 0
+        self._add_transition_table()
 
     @property
     def max_history(self) -> int:
@@ -93,20 +67,13 @@ class SASRec(SequentialRecommender):
     def dot_form(self) -> DotForm:
         return DotForm(self.item_weights(), None, self.prior_entries if self.uses_prior else None)
 
-    def prior_entries(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The transition prior's nonzero entries: (B, L) -> (items (B, W), weighted log1p counts (B, W))."""
-        last = seq.gather(1, last_valid_index(seq)[:, None]).squeeze(1)  # (B,); PAD for an empty history
-        return self.successors[last].long(), self.config.transition_weight * self.successor_log_counts[last]
-
     def query(self, seq: torch.Tensor) -> torch.Tensor:
         """The hidden state at each history's last item. seq: (B, L) -> (B, D)."""
         return self.encoder.read(seq, last_valid_index(seq))
 
     def scores(self, seq: torch.Tensor) -> torch.Tensor:
         """Next-item scores for each history. seq: (B, L) -> (B, V); specials are -inf."""
-        s = self.query(seq) @ self.item_weights().T  # (B, V)
-        if self.uses_prior:
-            s = s.scatter_add(1, *self.prior_entries(seq))  # PAD entries add 0 to PAD
+        s = self.add_prior(self.query(seq) @ self.item_weights().T, seq)  # (B, V)
         s[:, :N_SPECIAL] = float("-inf")
         return s
 
