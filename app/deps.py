@@ -1,7 +1,7 @@
 """Typed FastAPI dependencies: the one place that reads the app's state.
 
 Routers declare what they need (`ServicesDep`, a parsed body, a key check) and never touch
-`app.state`; the request path's endpoints (app/routers/lean.py) call `services_of` and
+`app.state`; the request path's endpoints (app/routers/plain.py) call `services_of` and
 `parse_body` themselves, as FastAPI's handling of a route was half of their cost. Every dependency
 is `async def`: FastAPI runs a plain `def` one in a worker thread, and those thread hops were the
 largest cost of a no-op request in the profile (docs/decisions/request-path-trims.md). Request bodies are
@@ -20,8 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, SecretStr
 
 from app import bodies
-from app.engine.registry import ModelRegistry
 from app.errors import Forbidden, Unauthorized
+from app.loaded import LoadedModels
 from app.observability import Metrics
 from app.online import ServedLists
 from app.production import ProductionLoop
@@ -40,7 +40,7 @@ class Services:
 
     settings: Settings
     metrics: Metrics
-    registry: ModelRegistry
+    loaded: LoadedModels
     schemas: RequestModels = field(init=False)  # the task routes' bodies: set by the app factory
     route_paths: dict[str, str] = field(default_factory=dict)  # route name -> its path
     events_route: str | None = None  # the route whose models' histories POST /events writes

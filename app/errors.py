@@ -1,6 +1,6 @@
 """Domain errors and the status, code and headers each one answers with, in one place.
 
-Framework-free and a leaf (it imports nothing of the app): the serving layer and the registry raise
+Framework-free and a leaf (it imports nothing of the app): the serving layer and the loaded models raise
 these; `app.handlers` renders every one of them, and the batcher's and store's own errors (its
 ERROR_TABLE), as the one JSON error shape.
 """

@@ -22,7 +22,7 @@ from pathlib import Path
 from app.settings import Settings
 from app.store import open_store
 from models.artifact import ArtifactError, latest_versions, read_manifest
-from models.serving import EngineOptions, Timeline, optional_time
+from models.engine import EngineOptions, Timeline, optional_time
 from models.social import is_incoming
 from models.tasks import TASKS, Task
 from models.tasks.recommend import UserQueryEngine
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             w.writerows([user, *r] for r in rows)
             n, users = n + len(rows), users | ({user} if rows else set())
         for user, tl in live.items():
-            # Events the artifact already holds (the service folds them when it loads it) count once.
+            # Events the artifact already holds (the service drops them from the store when it loads it) count once.
             held = engine.stored_events(user) if engine is not None else set()
             rows = _rows([e for e in tl if (e[0], optional_time(e[1])) not in held], with_actions=with_actions)
             w.writerows([user, *r] for r in rows)

@@ -14,12 +14,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from app.batcher import AbandonedError, BatcherStoppedError, BatchTimeoutError, QueueFullError
 from app.bodies import MAX_DETAILS, BodyError, is_json
-from app.engine.batcher import AbandonedError, BatcherStoppedError, BatchTimeoutError, QueueFullError
 from app.errors import RETRY, DomainError
 from app.observability import Metrics
 from app.store import StoreError
-from models.serving import QueryError
+from models.engine import QueryError
 
 log = logging.getLogger(__name__)
 JSON = "application/json"

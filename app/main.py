@@ -14,20 +14,21 @@ from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
 
 from app.deps import Services
-from app.engine.registry import ModelRegistry, resolve_device
 from app.handlers import install_error_handlers
+from app.loaded import LoadedModels, resolve_device
 from app.middleware import BodyBudget, BodyLimit, Observe
 from app.observability import AccessLog, Metrics, configure_logging
 from app.online import ServedLists
 from app.production import ProductionLoop
 from app.routers import admin, bench, console, events, health, history, metrics, models
-from app.routers.tasks import lean_router, live_route, task_routes
+from app.routers.plain import PlainRouter
+from app.routers.tasks import TaskRoute, live_route, plain_router, task_routes
 from app.schemas import bounded, components
 from app.serving import ShadowWork
 from app.settings import Settings, get_settings
 from app.store import Candidate, HistoryStore, StoreError, open_store
 from app.workers import Coordinator, WorkerSync
-from models.serving import EngineOptions
+from models.engine import EngineOptions
 
 log = logging.getLogger("app")
 DOCS_ASSETS = "/docs-assets"
@@ -35,7 +36,7 @@ DOCS_ASSETS = "/docs-assets"
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
-    services = Services(settings=settings, metrics=Metrics(), registry=ModelRegistry())
+    services = Services(settings=settings, metrics=Metrics(), loaded=LoadedModels())
     access = AccessLog(json_lines=settings.json_logs)
     routes = task_routes()
     services.schemas = bounded(settings.limits, {r.name: r.body(settings.limits) for r in routes})
@@ -44,74 +45,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        try:
-            services.store = open_store(
-                settings.history_store,
-                sqlite_path=settings.history_path,
-                redis_url=settings.redis_url.get_secret_value(),
-                redis_prefix=settings.redis_prefix,
-                keep=settings.live_events,
-                redis_password=settings.redis_password.get_secret_value() if settings.redis_password else None,
-            )
-        except (StoreError, OSError, ValueError) as exc:
-            # The service still starts: queries that carry their own history are answered; the
-            # ones by user_id, and /events, answer 503 and /readyz says the store is unavailable.
-            log.error("history store not available: %s", exc)
-        device = resolve_device(settings.device)
-        threads = settings.model_threads(device.type)
-        if threads is not None:
-            torch.set_num_threads(threads)
-        services.registry = ModelRegistry(
-            options=EngineOptions(
-                device=device,
-                half=settings.half_precision and device.type == "cuda",
-                live_events=settings.live_events,
-                trace=settings.trace_models,
-                coarse_from=settings.coarse_ranking_from or None,
-            ),
-            policy=settings.batch_policy(device.type),
-            store=services.store,
-            on_batch=services.metrics.on_batch,
-            load_timeout_s=settings.load_timeout_s,
-        )
-        if settings.online_eval:
-            services.lists = ServedLists(window_s=settings.online_window_s, max_lists=settings.online_max_lists)
-        services.shadows = ShadowWork(settings.shadow_max_in_flight)
-        services.production = ProductionLoop(
-            settings=settings,
-            registry=services.registry,
-            store=services.store,
-            metrics=services.metrics,
-            lists=services.lists,
-        )
-        await asyncio.to_thread(services.production.begin)
-        choices = _stored_choices(services.store)
-        if choices is not None:
-            services.production.choices(*choices)
-        services.registry.load_all(settings.artifacts_dir)
-        if not services.registry.names:
+        services.store = _open_store(settings)
+        services.loaded = _loaded_models(settings, services)
+        await _start_production(settings, services)
+        services.loaded.load_all(settings.artifacts_dir)
+        if not services.loaded.names:
             log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)
-        try:
-            sync = WorkerSync(settings.shared_dir / "workers")
-            services.coordinator = Coordinator(services.registry, sync, settings.artifacts_dir)
-            services.coordinator.announce()
-        except OSError as exc:
-            log.error("no shared folder for the workers (%s): POST /admin/reload reaches this process only", exc)
-        keeper = asyncio.create_task(_housekeeping(services))
-        scorer = asyncio.create_task(_scoring(services))
+        _join_workers(settings, services)
+        periodic = [asyncio.create_task(_housekeeping(services)), asyncio.create_task(_scoring(services))]
         yield
         access.flush()
-        for task in (keeper, scorer):
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
-        if services.coordinator is not None:
-            services.coordinator.sync.withdraw()
-        if services.shadows is not None:
-            await services.shadows.drain()
-        await services.registry.close()
-        if services.store is not None:
-            services.store.close()
+        await _shut_down(services, periodic)
 
     # FastAPI's native OpenTelemetry looks up the global providers on every request (4% of the event
     # loop in the serving profile, docs/decisions/request-path-trims.md) and this service configures none: its
@@ -133,12 +77,115 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.services = services
     install_error_handlers(app, services.metrics)
+    plain = _mount_routes(app, settings, services, routes)
+    # Outermost first: every response, a 413 included, gets a request id and is counted.
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, budget=BodyBudget(settings.max_body_bytes_in_flight)
+    )
+    app.add_middleware(Observe, metrics=services.metrics, access=access)
+
+    def openapi() -> dict[str, Any]:
+        """The generated document plus the request bodies the dependencies parse, with this app's bounds."""
+        if app.openapi_schema is None:
+            documented = [route for hot in plain for route in hot.documented.routes]
+            doc = get_openapi(title=app.title, version=app.version, routes=[*documented, *app.routes])
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(components(services.schemas))
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def _open_store(settings: Settings) -> HistoryStore | None:
+    try:
+        return open_store(
+            settings.history_store,
+            sqlite_path=settings.history_path,
+            redis_url=settings.redis_url.get_secret_value(),
+            redis_prefix=settings.redis_prefix,
+            keep=settings.live_events,
+            redis_password=settings.redis_password.get_secret_value() if settings.redis_password else None,
+        )
+    except (StoreError, OSError, ValueError) as exc:
+        # The service still starts: queries that carry their own history are answered; the ones by
+        # user_id, and /events, answer 503 and /readyz says the store is unavailable.
+        log.error("history store not available: %s", exc)
+        return None
+
+
+def _loaded_models(settings: Settings, services: Services) -> LoadedModels:
+    """The (still empty) loaded models on the settings' device, with its threads set."""
+    device = resolve_device(settings.device)
+    threads = settings.model_threads(device.type)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return LoadedModels(
+        options=EngineOptions(
+            device=device,
+            half=settings.half_precision and device.type == "cuda",
+            live_events=settings.live_events,
+            trace=settings.trace_models,
+            coarse_from=settings.coarse_ranking_from or None,
+        ),
+        policy=settings.batch_policy(device.type),
+        store=services.store,
+        on_batch=services.metrics.on_batch,
+        load_timeout_s=settings.load_timeout_s,
+    )
+
+
+async def _start_production(settings: Settings, services: Services) -> None:
+    """Online evaluation, shadow work and the production loop, with the pins and candidates the store
+    holds applied before the first load."""
+    if settings.online_eval:
+        services.lists = ServedLists(window_s=settings.online_window_s, max_lists=settings.online_max_lists)
+    services.shadows = ShadowWork(settings.shadow_max_in_flight)
+    services.production = ProductionLoop(
+        settings=settings,
+        loaded=services.loaded,
+        store=services.store,
+        metrics=services.metrics,
+        lists=services.lists,
+    )
+    await asyncio.to_thread(services.production.begin)
+    choices = _stored_choices(services.store)
+    if choices is not None:
+        services.production.choices(*choices)
+
+
+def _join_workers(settings: Settings, services: Services) -> None:
+    try:
+        sync = WorkerSync(settings.shared_dir / "workers")
+        services.coordinator = Coordinator(services.loaded, sync, settings.artifacts_dir)
+        services.coordinator.announce()
+    except OSError as exc:
+        log.error("no shared folder for the workers (%s): POST /admin/reload reaches this process only", exc)
+
+
+async def _shut_down(services: Services, periodic: list[asyncio.Task[None]]) -> None:
+    for task in periodic:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+    if services.coordinator is not None:
+        services.coordinator.sync.withdraw()
+    if services.shadows is not None:
+        await services.shadows.drain()
+    await services.loaded.close()
+    if services.store is not None:
+        services.store.close()
+
+
+def _mount_routes(app: FastAPI, settings: Settings, services: Services, routes: list[TaskRoute]) -> list[PlainRouter]:
+    """Every router in the order requests try them; -> the request path's plain routers (their FastAPI
+    twins write the document)."""
     # Routes are tried in order: the request path's come first (/bench/noop last was 28% of its
-    # in-process cost, docs/decisions/request-path-trims.md), and the no-op sits right behind /recommend, so it pays
-    # the same walk. They are plain Starlette routes (app/routers/lean.py).
-    served = [lean_router(r, body_name=services.schemas.requests[r.name].model.__name__) for r in routes]
-    lean = [*served[:1], *([bench.router] if settings.bench_endpoints else []), *served[1:]]
-    for hot in lean:
+    # in-process cost, docs/decisions/request-path-trims.md), and the no-op sits right behind /recommend,
+    # so it pays the same walk. They are plain Starlette routes (app/routers/plain.py).
+    served = [plain_router(r, body_name=services.schemas.requests[r.name].model.__name__) for r in routes]
+    plain = [*served[:1], *([bench.router] if settings.bench_endpoints else []), *served[1:]]
+    for hot in plain:
         app.router.routes.extend(hot.routes)
     for r in (events.router, history.router, models.router, health.router, metrics.router, admin.router):
         app.include_router(r)
@@ -149,23 +196,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # matches (docs/decisions/request-path-trims.md). The sort is stable.
     docs = {app.openapi_url, "/docs", app.swagger_ui_oauth2_redirect_url, DOCS_ASSETS}
     app.router.routes.sort(key=lambda route: getattr(route, "path", None) in docs)
-    # Outermost first: every response, a 413 included, gets a request id and is counted.
-    app.add_middleware(
-        BodyLimit, max_bytes=settings.max_body_bytes, budget=BodyBudget(settings.max_body_bytes_in_flight)
-    )
-    app.add_middleware(Observe, metrics=services.metrics, access=access)
-
-    def openapi() -> dict[str, Any]:
-        """The generated document plus the request bodies the dependencies parse, with this app's bounds."""
-        if app.openapi_schema is None:
-            documented = [route for hot in lean for route in hot.documented.routes]
-            doc = get_openapi(title=app.title, version=app.version, routes=[*documented, *app.routes])
-            doc.setdefault("components", {}).setdefault("schemas", {}).update(components(services.schemas))
-            app.openapi_schema = doc
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-    return app
+    return plain
 
 
 async def _housekeeping(services: Services) -> None:
@@ -176,7 +207,7 @@ async def _housekeeping(services: Services) -> None:
     while True:
         await asyncio.sleep(services.settings.housekeeping_s)
         try:
-            services.metrics.set_queue_depths(services.registry.queue_depths())
+            services.metrics.set_queue_depths(services.loaded.queue_depths())
             services.metrics.forget_dead_workers()
             if services.shadows is not None:
                 services.metrics.count_shadow(*services.shadows.take())
@@ -186,7 +217,7 @@ async def _housekeeping(services: Services) -> None:
             changed = choices is not None and production.choices(*choices)
             followed = services.coordinator is not None and await services.coordinator.follow()
             if changed and not followed:
-                await services.registry.reload(services.settings.artifacts_dir)
+                await services.loaded.reload(services.settings.artifacts_dir)
                 if services.coordinator is not None:
                     services.coordinator.announce()
             await production.share()

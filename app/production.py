@@ -16,7 +16,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from app.engine.registry import ModelRegistry
+from app.loaded import LoadedModels
 from app.observability import Metrics
 from app.online import ServedLists, judge
 from app.settings import Settings
@@ -40,12 +40,12 @@ class ProductionLoop:
         self,
         *,
         settings: Settings,
-        registry: ModelRegistry,
+        loaded: LoadedModels,
         store: HistoryStore | None,
         metrics: Metrics,
         lists: ServedLists | None,
     ) -> None:
-        self.settings, self.registry, self.store, self.metrics, self.lists = settings, registry, store, metrics, lists
+        self.settings, self.loaded, self.store, self.metrics, self.lists = settings, loaded, store, metrics, lists
         self.cursor: str | None = None
         self.online: dict[str, dict[OnlineKey, Sums]] = {}  # model name -> the shared totals, as last read
         self.trials: dict[str, Candidate] = {}  # model name -> its last candidate, running or ended (the store's)
@@ -97,7 +97,7 @@ class ProductionLoop:
                 got = self._unsent_users.setdefault(ukey, [0.0, 0.0])
                 got[0] += pair[0]
                 got[1] += pair[1]
-        store, names = self.store, self.registry.names
+        store, names = self.store, self.loaded.names
         try:
             if self._unsent:
                 await asyncio.to_thread(store.add_online, self._unsent)
@@ -116,8 +116,8 @@ class ProductionLoop:
         need = self.settings.promote_min_events
         if not need or self.store is None:
             return
-        for name, cand in list(self.registry.candidates.items()):
-            live = self.registry.models.get(name)
+        for name, cand in list(self.loaded.candidates.items()):
+            live = self.loaded.models.get(name)
             if live is None or cand.version == live.version:
                 continue
             store = self.store
@@ -147,7 +147,7 @@ class ProductionLoop:
     async def start(self, name: str, candidate: Candidate, *, live_version: str | None, reason: str) -> None:
         """Make `candidate` the trial of `name`, pinning the live version so it keeps serving the rest."""
         assert self.store is not None
-        if live_version is not None and self.registry.pins.get(name) != live_version:
+        if live_version is not None and self.loaded.pins.get(name) != live_version:
             await asyncio.to_thread(self.store.set_pin, name, live_version)
         await asyncio.to_thread(self.store.set_candidate, name, candidate)
         log.warning("candidate %s/%s started as %s (%s)", name, candidate.version, candidate.mode, reason)
@@ -161,19 +161,19 @@ class ProductionLoop:
         if mode == "serve" or self.store is None:
             return
         for name, folders in (await asyncio.to_thread(artifact_names, root)).items():
-            live = self.registry.models.get(name)
+            live = self.loaded.models.get(name)
             if live is None or not folders or live.folder not in folders:
                 continue
             newest = folders[0]
             last = self.trials.get(name)
-            if folders.index(live.folder) == 0 or f"{name}/{newest.name}" in self.registry.broken:
+            if folders.index(live.folder) == 0 or f"{name}/{newest.name}" in self.loaded.broken:
                 continue
             if last is not None and published(newest.name) <= last.since:  # there when the last trial began
                 continue
             cand = Candidate(newest.name, mode, self.settings.canary_share if mode == "canary" else 1.0, time.time())
             await self.start(name, cand, live_version=live.version, reason="new version")
-            self.registry.pins[name] = live.version
-            self.registry.candidates[name] = self.trials[name] = cand
+            self.loaded.pins[name] = live.version
+            self.loaded.candidates[name] = self.trials[name] = cand
 
     async def read_choices(self) -> bool:
         """Take the store's pins and candidates now (StoreError when it cannot be read)."""
@@ -185,6 +185,6 @@ class ProductionLoop:
     def choices(self, pins: dict[str, str], trials: dict[str, Candidate]) -> bool:
         """Take the store's pins and trials; -> whether what should serve changed."""
         running = {n: c for n, c in trials.items() if c.running}
-        changed = pins != self.registry.pins or running != self.registry.candidates
-        self.registry.pins, self.registry.candidates, self.trials = pins, running, trials
+        changed = pins != self.loaded.pins or running != self.loaded.candidates
+        self.loaded.pins, self.loaded.candidates, self.trials = pins, running, trials
         return changed

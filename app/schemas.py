@@ -1,4 +1,6 @@
-"""Every request and response body of the API.
+"""What every route shares (the strict base, bounded types, the error shape) and the bodies of the
+routes that are not a task's; a task's own bodies sit with its route (app/routers/recommend.py,
+app/routers/next_location.py), which gives the task table a `body(limits)` factory.
 
 Request bodies have one set of bounds, the settings in force: `bounded(limits)` makes the app's
 own subclasses of the request models with them, and those same classes validate bodies and write
@@ -10,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import (
     AfterValidator,
@@ -20,14 +22,13 @@ from pydantic import (
     Field,
     create_model,
     field_validator,
-    model_validator,
 )
 from pydantic.json_schema import WithJsonSchema
 
 from app.bodies import token_budget
 from app.limits import Limits
+from models.engine import FIELD_NAME
 from models.ids import encodable
-from models.serving import FIELD_NAME, MAX_FIELDS
 
 if TYPE_CHECKING:
     from app.store import Candidate
@@ -76,196 +77,6 @@ class Strict(BaseModel):
     def _integral(cls, v: object) -> object:
         # JSON Schema's integer includes 5.0, which strict validation would refuse.
         return int(v) if isinstance(v, float) and v.is_integer() else v
-
-
-# --- /recommend ------------------------------------------------------------------------------------
-
-
-class HistoryEvent(Strict):
-    item_id: RawId = Field(description="the item; for a social model, the target user")
-    timestamp: UnixTime | None = None
-    action: RawId | None = Field(
-        None,
-        description=(
-            "the action: required by a social model, one of its actions (GET /models lists them; '<-a2q' is a step "
-            "another user performed on this one); 422 otherwise"
-        ),
-    )
-
-
-class RecommendQuery(Strict):
-    # The rule the validator below enforces, stated in the document too.
-    model_config = ConfigDict(
-        json_schema_extra={
-            "anyOf": [
-                {"required": ["user_id"], "properties": {"user_id": {"type": "string"}}},
-                {"required": ["history"], "properties": {"history": {"type": "array", "minItems": 1}}},
-            ]
-        }
-    )
-
-    user_id: RawId | None = None
-    history: list[HistoryEvent] | None = None
-    k: int = Field(10, ge=1)
-    exclude_seen: bool | None = Field(None, description="default: true for item recommenders, false for social models")
-    exclude_future: bool = True
-    exclude_items: list[RawId] = Field(default_factory=list)
-    as_of: UnixTime | None = None
-    fields: list[FieldName] = Field(
-        default_factory=list,
-        max_length=MAX_FIELDS,
-        description=(
-            "item fields to return with each item, e.g. title and genres (GET /models lists a model's); "
-            "none by default; an unknown one is a 422"
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _user_or_history(self) -> RecommendQuery:
-        if self.user_id is None and not self.history:
-            raise ValueError("give a user_id, a non-empty history, or both")
-        return self
-
-
-class RecommendRequest(Strict):
-    limits: ClassVar[Limits] = Limits()
-    model: RawId | None = None
-    queries: list[RecommendQuery] = Field(min_length=1)
-
-    @field_validator("queries")
-    @classmethod
-    def _totals(cls, queries: list[RecommendQuery]) -> list[RecommendQuery]:
-        lim = cls.limits
-        if sum(q.k for q in queries) > lim.max_total_k:
-            raise ValueError(f"the queries' k add up to more than {lim.max_total_k}")
-        if sum(len(q.history or ()) + len(q.exclude_items) for q in queries) > lim.max_total_items:
-            raise ValueError(f"history events and excluded items add up to more than {lim.max_total_items}")
-        return queries
-
-
-class ScoredItem(BaseModel):
-    item_id: str
-    score: float
-    fields: dict[str, str | float | list[str]] | None = Field(
-        None, description="present when the query asked for fields: the item's values (a missing value is left out)"
-    )
-
-
-class Excluded(BaseModel):
-    seen: int
-    future: int
-    requested: int
-
-
-class RecommendResult(BaseModel):
-    user_id: str | None
-    items: list[ScoredItem]
-    unknown_items: list[str]
-    excluded: Excluded
-    history_truncated: bool = Field(description="longer than the model reads: its most recent part was used")
-    version: str = Field(description="the version that answered this query: a canary's for users in its share")
-
-
-class RecommendResponse(BaseModel):
-    model: str
-    version: str = Field(description="the live version of the model")
-    results: list[RecommendResult]
-
-
-# --- /next-location --------------------------------------------------------------------------------
-
-
-class StayStep(Strict):
-    """One staypoint: its place and either start minute/weekday/duration or ISO 8601 start/end
-    (finished_at not before started_at: a rule JSON Schema cannot state, answered with a 422)."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "oneOf": [
-                {
-                    "required": ["start_min", "weekday", "duration_min"],
-                    "properties": {
-                        "start_min": {"type": "integer"},
-                        "weekday": {"type": "integer"},
-                        "duration_min": {"type": "integer"},
-                        "started_at": {"type": "null"},
-                        "finished_at": {"type": "null"},
-                    },
-                },
-                {
-                    "required": ["started_at", "finished_at"],
-                    "properties": {
-                        "started_at": {"type": "string"},
-                        "finished_at": {"type": "string"},
-                        "start_min": {"type": "null"},
-                        "weekday": {"type": "null"},
-                        "duration_min": {"type": "null"},
-                    },
-                },
-            ]
-        }
-    )
-
-    location_id: RawId
-    start_min: int | None = Field(None, ge=0, le=1439, description="minute of the day")
-    weekday: int | None = Field(None, ge=0, le=6, description="0 = Monday")
-    duration_min: int | None = Field(None, ge=0, le=10_000_000)
-    started_at: DateTime | None = None
-    finished_at: DateTime | None = None
-
-    @model_validator(mode="after")
-    def _one_time_form(self) -> StayStep:
-        relative = (self.start_min, self.weekday, self.duration_min)
-        absolute = (self.started_at, self.finished_at)
-        if all(v is not None for v in relative) and all(v is None for v in absolute):
-            return self
-        if all(v is not None for v in absolute) and all(v is None for v in relative):
-            assert self.started_at is not None and self.finished_at is not None
-            if self.finished_at < self.started_at:
-                raise ValueError("finished_at is before started_at")
-            return self
-        raise ValueError("give start_min, weekday and duration_min, or started_at and finished_at")
-
-
-class NextLocationQuery(Strict):
-    user_id: RawId | None = None
-    history: list[StayStep] = Field(min_length=1)
-    k: int = Field(5, ge=1)
-
-
-class NextLocationRequest(Strict):
-    limits: ClassVar[Limits] = Limits()
-    model: RawId | None = None
-    queries: list[NextLocationQuery] = Field(min_length=1)
-
-    @field_validator("queries")
-    @classmethod
-    def _totals(cls, queries: list[NextLocationQuery]) -> list[NextLocationQuery]:
-        lim = cls.limits
-        if sum(q.k for q in queries) > lim.max_total_k:
-            raise ValueError(f"the queries' k add up to more than {lim.max_total_k}")
-        if sum(len(q.history) for q in queries) > lim.max_total_items:
-            raise ValueError(f"history steps add up to more than {lim.max_total_items}")
-        return queries
-
-
-class ScoredLocation(BaseModel):
-    location_id: str | None = Field(description="null = a place not seen in training")
-    probability: float
-
-
-class NextLocationResult(BaseModel):
-    locations: list[ScoredLocation]
-    unknown_locations: list[str]
-    unknown_user: bool
-    history_truncated: bool
-    version: str = Field(description="the version that answered this query: a canary's for users in its share")
-
-
-class NextLocationResponse(BaseModel):
-    model: str
-    version: str = Field(description="the live version of the model")
-    results: list[NextLocationResult]
 
 
 # --- /events ---------------------------------------------------------------------------------------
@@ -412,6 +223,11 @@ class ModelInfo(BaseModel):
     name: str
     kind: str
     task: str
+    route: str | None = Field(description="the endpoint that answers this model's queries")
+    ranks: str = Field(description="what the model ranks: items, users, locations")
+    exclude_seen_default: bool | None = Field(
+        description="a query's exclude_seen when it does not say; null for a model without user histories"
+    )
     version: str
     created_at: str | None
     catalog_size: int
@@ -531,43 +347,6 @@ class RequestModels:
         # A body without list fields of its own (an admin call's) is bounded by its fields alone.
         counts = next((b.counts for b in self.requests.values() if b.model is model), {})
         return token_budget(model, counts)
-
-
-def recommend_body(limits: Limits) -> Body:
-    """The /recommend body with `limits` as its bounds (validation and docs)."""
-    query = create_model(
-        "RecommendQuery",
-        __base__=RecommendQuery,
-        history=(list[HistoryEvent] | None, Field(None, max_length=limits.max_history)),
-        k=(int, Field(10, ge=1, le=limits.max_k)),
-        exclude_items=(list[RawId], Field(default_factory=list, max_length=limits.max_exclude_items)),
-    )
-    model = create_model(
-        "RecommendRequest",
-        __base__=RecommendRequest,
-        queries=(list[query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
-    )
-    model.limits = limits
-    # History steps and excluded ids share MAX_TOTAL_ITEMS; a step holds more values than an id, so a
-    # body of steps alone holds the most.
-    return Body(model, {"queries": limits.max_queries, "history": limits.max_total_items, "exclude_items": 0})
-
-
-def next_location_body(limits: Limits) -> Body:
-    """The /next-location body with `limits` as its bounds."""
-    query = create_model(
-        "NextLocationQuery",
-        __base__=NextLocationQuery,
-        history=(list[StayStep], Field(min_length=1, max_length=limits.max_history)),
-        k=(int, Field(5, ge=1, le=limits.max_k)),
-    )
-    model = create_model(
-        "NextLocationRequest",
-        __base__=NextLocationRequest,
-        queries=(list[query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
-    )
-    model.limits = limits
-    return Body(model, {"queries": limits.max_queries, "history": limits.max_total_items})
 
 
 def bounded(limits: Limits, requests: dict[str, Body] | None = None) -> RequestModels:

@@ -16,13 +16,23 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-from app.engine.batcher import AbandonedError
-from app.engine.registry import Served, held
+from app.batcher import AbandonedError
 from app.errors import EventConflict, InvalidEvents, InvalidQuery, StoreUnavailable, UnknownUser
+from app.loaded import Served, held
 from app.online import ServedLists, in_canary
 from app.schemas import EventIn
 from app.store import Event, HistoryStore
-from models.serving import Engine, RecentEvent, Timeline, optional_time, unknown_field
+from models.engine import (
+    Actions,
+    Engine,
+    ItemDisplay,
+    RecentActivity,
+    RecentEvent,
+    Timeline,
+    UserHistories,
+    optional_time,
+    unknown_field,
+)
 from models.social import is_incoming
 
 R = TypeVar("R")
@@ -44,9 +54,9 @@ async def off_loop(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
     return await asyncio.get_running_loop().run_in_executor(_LARGE_WORK, partial(fn, *args, **kwargs))
 
 
-# The id of the step an event adds to another user's timeline (Engine.mirror): the event's id behind
+# The id of the step an event adds to another user's timeline (Engine.received_step): the event's id behind
 # this prefix, which client ids may therefore not take for such a model.
-MIRROR_ID = "<-"
+RECEIVED_ID = "<-"
 
 
 def _store_or_503(store: HistoryStore | None) -> HistoryStore:
@@ -59,8 +69,10 @@ async def live_history(
     engine: Engine[Any, Any, Any], queries: Sequence[Any], store: HistoryStore | None
 ) -> Mapping[str, Timeline]:
     """The queried users' newest live events, as many as the engine can use."""
+    if not isinstance(engine, UserHistories):
+        return {}
     users = engine.users(queries)
-    if not users or engine.namespace is None:
+    if not users:
         return {}
     st = _store_or_503(store)
     if st.local_reads and len(set(users)) <= LOOP_READ_USERS:
@@ -70,11 +82,13 @@ async def live_history(
 
 async def add_recent(engine: Engine[Any, Any, Any], prepared: list[Any], store: HistoryStore | None) -> None:
     """Every user's live events of the span the prepared queries need (recent activity), counted in."""
+    if not isinstance(engine, RecentActivity):
+        return
     span = engine.recent_span(prepared)
     if span is None:
         return
     events: list[RecentEvent] = []
-    if engine.namespace is not None:
+    if isinstance(engine, UserHistories):
         st = _store_or_503(store)
         events = await asyncio.to_thread(partial(st.recent, engine.namespace, start=span[0], end=span[1]))
     if len(prepared) <= PREPARE_INLINE_QUERIES:
@@ -182,9 +196,9 @@ def record(
     """Keep what each by-user query was served, to score it against the user's next event; `trial`: the
     start of the trial running for this model, whose figures are also kept per user."""
     engine = served.engine
-    namespace = engine.namespace
-    if namespace is None:
+    if not isinstance(engine, UserHistories):
         return
+    namespace = engine.namespace
     for q, r in zip(queries, results, strict=True):
         user = engine.subject(q)
         if user is not None:
@@ -211,8 +225,8 @@ async def answer_with_trial(
     picks = [False] * len(queries)
     if canary:
         assert trial is not None and trial.candidate is not None
-        share, subject = trial.candidate.share, served.engine.subject
-        picks = [(u := subject(q)) is not None and in_canary(served.name, u, share) for q in queries]
+        share = trial.candidate.share
+        picks = [(u := subject(served, q)) is not None and in_canary(served.name, u, share) for q in queries]
     # (entry, its queries, their results, variant): the live version alone, or it and the canary
     parts: list[tuple[Served, Sequence[Any], Sequence[Any], str]]
     if not any(picks):
@@ -237,10 +251,23 @@ async def answer_with_trial(
         for entry, qs, rs, variant in parts:
             record(lists, entry, qs, rs, variant=variant, now=now, trial=since)
     if trial is not None and not canary and shadows is not None:
-        by_user = [q for q in queries if served.engine.subject(q) is not None]
+        by_user = [q for q in queries if subject(served, q) is not None]
         if by_user:
             shadows.offer(served, trial, by_user, store=store, timeout_s=timeout_s, lists=lists)
     return results, versions
+
+
+def subject(served: Served, query: Any) -> str | None:
+    """The stored user a query asks about, for an engine over user histories; else None."""
+    engine = served.engine
+    return engine.subject(query) if isinstance(engine, UserHistories) else None
+
+
+def with_histories(served: Served, where: list[str | int], error: type[InvalidEvents | InvalidQuery]) -> UserHistories:
+    """The served engine as one over user histories, else `error` at `where`."""
+    if not isinstance(served.engine, UserHistories):
+        raise error(f"model {served.name!r} keeps no user histories", where)
+    return served.engine
 
 
 async def _none() -> list[Any]:
@@ -265,24 +292,26 @@ def validate_events(
     An action the model does not take is a client error: the request is refused whole (422 naming
     each). An event later than the clock plus `skew_s` is one bad data point: rejected alone.
     """
-    wrong = [(n, problem) for n, e in enumerate(events) if (problem := engine.check_action(e.action))]
+    wrong = []
+    if isinstance(engine, Actions):
+        wrong = [(n, problem) for n, e in enumerate(events) if (problem := engine.check_action(e.action))]
     if wrong:
         raise InvalidEvents(
             f"{len(wrong)} event(s) without an action this model takes; nothing was stored",
             details=[{"loc": ["body", "events", n, "action"], "type": "invalid_action", "msg": p} for n, p in wrong],
         )
-    # Refused whatever the event: one that adds no step (a self-loop, a model without mirrors) could
+    # Refused whatever the event: one that adds no step (a self-loop, a model without received steps) could
     # otherwise take the id that a later event's received step needs.
-    reserved = [n for n, e in enumerate(events) if e.event_id.startswith(MIRROR_ID)]
+    reserved = [n for n, e in enumerate(events) if e.event_id.startswith(RECEIVED_ID)]
     if reserved:
         raise InvalidEvents(
-            f"{len(reserved)} event id(s) starting with {MIRROR_ID!r}, which the service keeps for the "
+            f"{len(reserved)} event id(s) starting with {RECEIVED_ID!r}, which the service keeps for the "
             "steps an event adds to its target's timeline; nothing was stored",
             details=[
                 {
                     "loc": ["body", "events", n, "event_id"],
                     "type": "reserved_event_id",
-                    "msg": f"must not start with {MIRROR_ID!r}",
+                    "msg": f"must not start with {RECEIVED_ID!r}",
                 }
                 for n in reserved
             ],
@@ -316,24 +345,24 @@ async def post_events(
     served: Served, events: Sequence[EventIn], *, store: HistoryStore | None, skew_s: float
 ) -> EventsOutcome:
     """Check each event, store the valid ones durably, and say what happened to each."""
-    engine = served.engine
-    if engine.namespace is None:
-        raise InvalidEvents(f"model {served.name!r} keeps no user histories", ["body", "model"])
+    engine = with_histories(served, ["body", "model"], InvalidEvents)
     st = _store_or_503(store)
-    valid, rejected = validate_events(engine, events, skew_s=skew_s)
+    valid, rejected = validate_events(served.engine, events, skew_s=skew_s)
     stored_events = [e for _, e in valid]
-    # Mirrored steps go in the same durable write as their events: both are stored or neither.
-    mirrors = [
-        (n, e, Event(MIRROR_ID + e.event_id, m[0], m[1], e.timestamp, m[2], received=True))
-        for n, e in valid
-        if (m := engine.mirror(e.user_id, e.item_id, e.action)) is not None
-    ]
-    written = stored_events + [m for _, _, m in mirrors]
+    # Received steps go in the same durable write as their events: both are stored or neither.
+    received = []
+    if isinstance(engine, Actions):
+        received = [
+            (n, e, Event(RECEIVED_ID + e.event_id, m[0], m[1], e.timestamp, m[2], received=True))
+            for n, e in valid
+            if (m := engine.received_step(e.user_id, e.item_id, e.action)) is not None
+        ]
+    written = stored_events + [m for _, _, m in received]
     outcomes_all = await asyncio.to_thread(st.append, engine.namespace, written) if written else []
     outcomes = outcomes_all[: len(stored_events)]
     clash = {n for (n, _), o in zip(valid, outcomes, strict=True) if o == "conflict"}
-    clash |= {n for (n, _, _), o in zip(mirrors, outcomes_all[len(stored_events) :], strict=True) if o == "conflict"}
-    conflicts = [(n, e) for n, e in valid if n in clash]  # an event and its mirror are one conflict
+    clash |= {n for (n, _, _), o in zip(received, outcomes_all[len(stored_events) :], strict=True) if o == "conflict"}
+    conflicts = [(n, e) for n, e in valid if n in clash]  # an event and its received step are one conflict
     if conflicts:
         details = [
             {
@@ -375,12 +404,11 @@ async def user_history(
 ) -> list[dict[str, Any]]:
     """A user's newest `limit` steps, newest first: the artifact's history, then the live events
     stored since, each with the asked fields of its item. `steps`: "all", "own" (what the user did) or
-    "received" (what others did to the user, a social model's mirrored steps), so a user's own steps
-    are never hidden behind many received ones."""
-    engine = served.engine
-    if engine.namespace is None:
-        raise InvalidQuery(f"model {served.name!r} keeps no user histories", ["query", "model"])
-    bad = unknown_field(fields, engine.item_fields)
+    "received" (what others did to the user: the steps a social model adds to a target's timeline), so
+    a user's own steps are never hidden behind many received ones."""
+    engine = with_histories(served, ["query", "model"], InvalidQuery)
+    display = served.engine if isinstance(served.engine, ItemDisplay) else None
+    bad = unknown_field(fields, display.item_fields if display else [])
     if bad is not None:
         raise InvalidQuery(bad[1], ["query", "fields", bad[0]])
     st = _store_or_503(store)
@@ -394,7 +422,7 @@ async def user_history(
     newest = every[::-1][:limit]
     ids = [raw for (raw, _, _), _ in newest]
     known = engine.known(ids)
-    described = engine.describe(ids, list(dict.fromkeys(fields))) if fields else [None] * len(ids)
+    described = display.describe(ids, list(dict.fromkeys(fields))) if display and fields else [None] * len(ids)
     return [
         {
             "item_id": raw,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.engine.registry import ModelRegistry
+    from app.loaded import LoadedModels
 
 
 @dataclass(frozen=True)
@@ -105,12 +105,12 @@ def _write_atomic(path: Path, text: str) -> None:
 class Coordinator:
     """One worker's side of reloads: follow the generation others bump, or bump it and wait for all."""
 
-    def __init__(self, registry: ModelRegistry, sync: WorkerSync, root: Path) -> None:
-        self.registry, self.sync, self.root = registry, sync, root
+    def __init__(self, loaded: LoadedModels, sync: WorkerSync, root: Path) -> None:
+        self.loaded, self.sync, self.root = loaded, sync, root
         self.seen = sync.generation()
 
     def announce(self) -> None:
-        self.sync.report(self.seen, self.registry.versions())
+        self.sync.report(self.seen, self.loaded.versions())
 
     async def follow(self) -> bool:
         """Reload when another worker has bumped the generation since this one last looked (-> True)."""
@@ -118,7 +118,7 @@ class Coordinator:
         if generation <= self.seen:
             return False
         self.seen = generation
-        await self.registry.reload(self.root)
+        await self.loaded.reload(self.root)
         self.announce()
         return True
 
@@ -126,7 +126,7 @@ class Coordinator:
         """Reload this worker and make every other one follow: (this worker's report, whether all
         workers reached the new generation within `wait_s`, each worker's report)."""
         self.seen = generation = await asyncio.to_thread(self.sync.bump)  # the others start now
-        report = await self.registry.reload(self.root)
+        report = await self.loaded.reload(self.root)
         self.announce()
         complete, workers = await self.sync.wait_for(generation, wait_s)
         return report, complete, workers

@@ -47,7 +47,7 @@ async def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"startup failed: {started}")
     requests = bodies_for(args.artifacts, args.model)  # the load bench's bodies: one query by user_id each
     bodies = [json.dumps(b).encode() for b in requests]
-    served = app.state.services.registry.models[args.model]
+    served = app.state.services.loaded.models[args.model]
     engine, batcher = served.engine, served.batcher
     calls = {"n": 0, "items": 0, "seconds": 0.0, "cpu": 0.0}
     model_fn = batcher.fn

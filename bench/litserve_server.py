@@ -18,7 +18,7 @@ import litserve as ls
 import torch
 
 from models.artifact import latest_versions
-from models.serving import EngineOptions
+from models.engine import EngineOptions
 from models.tasks.recommend import RecEngine, RecQuery, RecResult, load_artifact
 
 

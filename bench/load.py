@@ -480,7 +480,16 @@ def batch_histogram(port: int) -> str:
     return ", ".join(f"{m}: {sums[m] / counts[m]:.1f}" for m in counts if counts[m])
 
 
-def main() -> None:
+PATHS = {  # the path each mode's requests go to
+    "raw": "/recommend",
+    "noop": "/bench/noop",
+    "unbatched": "/recommend",
+    "batched": "/recommend",
+    "litserve": "/recommend",
+}
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
     p.add_argument("--models", nargs="+", required=True)
@@ -517,38 +526,39 @@ def main() -> None:
     p.add_argument("--litserve-api-servers", type=int, default=1, help="the peer's HTTP processes")
     p.add_argument("--litserve-workers", type=int, default=1, help="the peer's inference processes")
     p.add_argument("--litserve-fast-queue", action="store_true", help="the peer's ZeroMQ request queue")
-    args = p.parse_args()
-    extra = dict(kv.split("=", 1) for kv in args.env)
-    store_dir = tempfile.mkdtemp(prefix="seqserve-bench-")
-    paths = {
-        "raw": "/recommend",
-        "noop": "/bench/noop",
-        "unbatched": "/recommend",
-        "batched": "/recommend",
-        "litserve": "/recommend",
-    }
-    wanted = [m for m in paths if m in args.modes]
-    if "litserve" in wanted and len(args.models) != 1:
-        raise SystemExit("litserve mode serves one model: pass one --models")
-    results: dict = {"rows": [], "rss_mb": {}}
-    results["settings"] = {
-        "torch_threads": args.torch_threads,
-        "client": args.client,
-        "client_procs": args.client_procs,
-        "loop": args.loop,
-        "http": args.http,
-        "workers": args.workers,
-        "interleave": args.interleave,
-        "litserve": {
-            "api_servers": args.litserve_api_servers,
-            "workers": args.litserve_workers,
-            "fast_queue": args.litserve_fast_queue,
-        },
-        **extra,
-    }
+    return p
 
-    def start(server: str, port: int) -> subprocess.Popen[bytes]:
+
+class Run:
+    """One invocation: the servers its modes need, and the rows, memory and settings it reports."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.extra = dict(kv.split("=", 1) for kv in args.env)
+        self.store_dir = tempfile.mkdtemp(prefix="seqserve-bench-")
+        self.wanted = [m for m in PATHS if m in args.modes]
+        if "litserve" in self.wanted and len(args.models) != 1:
+            raise SystemExit("litserve mode serves one model: pass one --models")
+        self.results: dict = {"rows": [], "rss_mb": {}}
+        self.results["settings"] = {
+            "torch_threads": args.torch_threads,
+            "client": args.client,
+            "client_procs": args.client_procs,
+            "loop": args.loop,
+            "http": args.http,
+            "workers": args.workers,
+            "interleave": args.interleave,
+            "litserve": {
+                "api_servers": args.litserve_api_servers,
+                "workers": args.litserve_workers,
+                "fast_queue": args.litserve_fast_queue,
+            },
+            **self.extra,
+        }
+
+    def start(self, server: str, port: int) -> subprocess.Popen[bytes]:
         """One server: "batched" (which also serves the no-op), "unbatched", the "litserve" peer or "raw"."""
+        args = self.args
         if server == "raw":
             return start_raw(port, loop=args.loop, http=args.http, workers=args.workers)
         if server == "litserve":
@@ -564,28 +574,31 @@ def main() -> None:
         env = {
             "SEQSERVE_BATCHING": "false" if server == "unbatched" else "true",
             "SEQSERVE_TORCH_THREADS": str(args.torch_threads),
-            "SEQSERVE_HISTORY_PATH": f"{store_dir}/{server}-{port}.sqlite3",
-            **extra,
+            "SEQSERVE_HISTORY_PATH": f"{self.store_dir}/{server}-{port}.sqlite3",
+            **self.extra,
         }
         if args.workers > 1:
             env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="seqserve-metrics-")
         return start_server(args.artifacts, port, env, loop=args.loop, http=args.http, workers=args.workers)
 
+    @staticmethod
     def server_of(mode: str) -> str:
         return "batched" if mode == "noop" else mode
 
-    def record(mode: str, model: str, c: int, r: dict) -> None:
+    def record(self, mode: str, model: str, c: int, r: dict) -> None:
         row = {"mode": mode, "model": model, "concurrency": c, **r}
-        results["rows"].append(row)
+        self.results["rows"].append(row)
         print(json.dumps(row), flush=True)
 
-    if args.interleave:
-        servers = list(dict.fromkeys(server_of(m) for m in wanted))
+    def interleaved(self) -> None:
+        """Every mode's server up at once, the modes alternated in windows (--interleave)."""
+        args, results, wanted = self.args, self.results, self.wanted
+        servers = list(dict.fromkeys(self.server_of(m) for m in wanted))
         ports = {srv: args.port + i for i, srv in enumerate(servers)}
         procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
             for srv in servers:
-                procs[srv] = start(srv, ports[srv])
+                procs[srv] = self.start(srv, ports[srv])
                 results["rss_mb"][srv] = round(rss_mb(procs[srv].pid), 1)
             # What the idle servers cost the measured one: each server's CPU over 3 s with no load.
             before = {srv: group_cpu_seconds(proc.pid) for srv, proc in procs.items()}
@@ -598,7 +611,8 @@ def main() -> None:
             for model in args.models:
                 bodies = bodies_for(args.artifacts, model)
                 targets = {
-                    m: (procs[server_of(m)], f"http://127.0.0.1:{ports[server_of(m)]}{paths[m]}") for m in wanted
+                    m: (procs[self.server_of(m)], f"http://127.0.0.1:{ports[self.server_of(m)]}{PATHS[m]}")
+                    for m in wanted
                 }
                 for c in args.concurrency:
                     res = alternate(
@@ -612,7 +626,7 @@ def main() -> None:
                         procs=args.client_procs,
                     )
                     for mode in wanted:
-                        record(mode, model, c, res[mode])
+                        self.record(mode, model, c, res[mode])
             for proc in procs.values():
                 pause(proc, False)
             if "batched" in procs:
@@ -622,37 +636,39 @@ def main() -> None:
         finally:
             for proc in procs.values():
                 stop(proc)
-    else:
-        for mode in wanted:
-            proc = start(server_of(mode), args.port)
+
+    def one_after_another(self) -> None:
+        """Each mode in a fresh server of its own, in turn."""
+        args, results = self.args, self.results
+        for mode in self.wanted:
+            proc = self.start(self.server_of(mode), args.port)
             try:
                 results["rss_mb"][mode] = round(rss_mb(proc.pid), 1)
                 for model in args.models:
                     bodies = bodies_for(args.artifacts, model)
                     for c in args.concurrency:
-                        url = f"http://127.0.0.1:{args.port}{paths[mode]}"
-                        record(
-                            mode,
-                            model,
-                            c,
-                            drive(
-                                url,
-                                bodies,
-                                c,
-                                args.seconds,
-                                args.warmup,
-                                client_kind=args.client,
-                                procs=args.client_procs,
-                            ),
+                        url = f"http://127.0.0.1:{args.port}{PATHS[mode]}"
+                        measured = drive(
+                            url, bodies, c, args.seconds, args.warmup, client_kind=args.client, procs=args.client_procs
                         )
+                        self.record(mode, model, c, measured)
                 if mode == "batched":
                     results["mean_batch_size"] = batch_histogram(args.port)
                 results["rss_mb"][mode + "_after"] = round(rss_mb(proc.pid), 1)
             finally:
                 stop(proc)
+
+
+def main() -> None:
+    args = parser().parse_args()
+    run = Run(args)
+    if args.interleave:
+        run.interleaved()
+    else:
+        run.one_after_another()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
-    print_table(results)
+    args.out.write_text(json.dumps(run.results, indent=1))
+    print_table(run.results)
 
 
 def print_table(results: dict) -> None:

@@ -189,6 +189,7 @@ def main() -> None:
     p.add_argument("--shards", type=int, default=16, help="users replayed at once")
     p.add_argument("--port", type=int, default=8931)
     p.add_argument("--work", type=Path, help="a folder kept between runs (its trained models are reused)")
+    p.add_argument("--decide-s", type=float, default=20.0, help="how long a phase's end waits for the rule")
     args = p.parse_args()
 
     work = args.work or Path(tempfile.mkdtemp(prefix="replay-"))
@@ -250,7 +251,7 @@ def main() -> None:
 
         async def after_b() -> str:
             async with httpx.AsyncClient(base_url=url, timeout=30) as c:
-                return await decision(c, report["warm_retrain"]["version"])
+                return await decision(c, report["warm_retrain"]["version"], args.decide_s)
 
         report["warm_candidate"] = asyncio.run(after_b())
         shutil.copytree(worse, arts / NAME / TENTH)  # an old-named version: never "new"
@@ -265,7 +266,7 @@ def main() -> None:
 
         async def finish() -> tuple[str, dict[str, Any], str]:
             async with httpx.AsyncClient(base_url=url, timeout=30) as c:
-                return await decision(c, TENTH), await settled(c), (await c.get("/metrics")).text
+                return await decision(c, TENTH, args.decide_s), await settled(c), (await c.get("/metrics")).text
 
         report["tenth_candidate"], service, metrics = asyncio.run(finish())
         report["errors"], report["unknown_user_requests"] = rep.errors, rep.unknown

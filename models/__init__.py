@@ -1,6 +1,6 @@
 """PyTorch modules and the conventions shared by training and serving."""
 
-import models.tasks  # noqa: F401  (its rows fill the model registry)
-from models.registry import REGISTRY, build
+import models.tasks  # noqa: F401  (its rows fill MODEL_KINDS)
+from models.kinds import MODEL_KINDS, build
 
-__all__ = ["REGISTRY", "build"]
+__all__ = ["MODEL_KINDS", "build"]

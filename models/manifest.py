@@ -28,7 +28,7 @@ def _field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], default
 @dataclass(frozen=True)
 class Manifest:
     name: str  # the artifact's name: its folder under the artifacts root
-    kind: str  # model kind (models.registry.REGISTRY)
+    kind: str  # model kind (models.kinds.MODEL_KINDS)
     task: str  # models.tasks.TASKS
     version: str  # UTC time of the run, e.g. 20261122T111403Z
     created_at: str = ""

@@ -7,7 +7,8 @@ Not imported by anything: vulture reads it beside the packages, and a name liste
 from app.main import app_from_env
 
 # Response models' fields: filled by keyword and read by clients through the OpenAPI document.
-from app.schemas import ModelsResponse, OnlineResponse, ReloadReport, ScoredLocation
+from app.routers.next_location import ScoredLocation
+from app.schemas import ModelsResponse, OnlineResponse, ReloadReport
 from app.schemas import EventResult as _EventResult
 
 app_from_env

@@ -1,4 +1,5 @@
-"""docs/ stays a reference: BENCHMARKS holds current figures only, every decision it points to exists."""
+"""docs/ stays a reference: BENCHMARKS holds current figures only, every decision it points to exists,
+and no page cites an uncommitted run folder as its evidence."""
 
 from __future__ import annotations
 
@@ -19,3 +20,24 @@ def test_every_decision_record_cited_exists() -> None:
         cited |= set(re.findall(r"docs/decisions/([a-z0-9-]+\.md)", doc.read_text()))
     missing = sorted(c for c in cited if not (ROOT / "docs" / "decisions" / c).is_file())
     assert missing == []
+
+
+def runs_citations(text: str) -> list[str]:
+    """Where a page names a `runs/` path other than inside a command: a fenced block, or an inline code
+    span with arguments (`--out runs/x`). A bare `runs/x` is a folder nobody else has."""
+    prose = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", text, flags=re.S | re.M)
+    spans = re.findall(r"`([^`]+)`", prose)
+    bare = [s for s in spans if "runs/" in s and len(s.split()) == 1]
+    outside = re.sub(r"`[^`]+`", " ", prose)
+    return bare + re.findall(r"\S*runs/\S*", outside)
+
+
+def test_no_page_cites_a_run_folder_as_evidence() -> None:
+    assert runs_citations("```bash\npython -m training train --out runs/x\n```\nsee `--out runs/y` then") == []
+    assert runs_citations("as measured in `runs/x/metrics.json`") == ["runs/x/metrics.json"]
+    assert runs_citations("as measured in runs/x") == ["runs/x"]
+    found = {}
+    for doc in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
+        if cited := runs_citations(doc.read_text()):
+            found[str(doc.relative_to(ROOT))] = cited
+    assert found == {}, "cite the command that writes it, not the folder"

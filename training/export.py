@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from models import artifact as A
+from models import artifact
 from models.activity import EventLog
 from models.checkpoint import save_checkpoint
 from models.histories import HistoryColumns, IndexedHistories
@@ -56,23 +56,23 @@ def export_artifact(
     curve_keys: tuple[str, ...],
 ) -> Path:
     """Write weights, the given files, metrics, config, curves and the manifest, then publish."""
-    tmp = A.new_version_dir(out_root, manifest.name)
+    tmp = artifact.new_version_dir(out_root, manifest.name)
     try:
-        save_checkpoint(tmp / A.WEIGHTS, manifest.kind, model)
+        save_checkpoint(tmp / artifact.WEIGHTS, manifest.kind, model)
         for fname, obj in files.items():
             if isinstance(obj, IdMap):
                 obj.save(tmp / fname)
             elif isinstance(obj, HistoryColumns | IndexedHistories | EventLog):
                 obj.write(tmp / fname)
             else:
-                A.write_json(tmp / fname, obj)
-        A.write_json(tmp / A.METRICS, manifest.metrics)
-        A.write_json(tmp / A.RUN_CONFIG, manifest.config)
-        plot_curves(history, tmp / A.CURVES, title=f"{manifest.name} ({manifest.kind})", keys=curve_keys)
-        A.write_json(tmp / A.MANIFEST, manifest.to_json())
-        final = A.publish(tmp, manifest.version)
+                artifact.write_json(tmp / fname, obj)
+        artifact.write_json(tmp / artifact.METRICS, manifest.metrics)
+        artifact.write_json(tmp / artifact.RUN_CONFIG, manifest.config)
+        plot_curves(history, tmp / artifact.CURVES, title=f"{manifest.name} ({manifest.kind})", keys=curve_keys)
+        artifact.write_json(tmp / artifact.MANIFEST, manifest.to_json())
+        final = artifact.publish(tmp, manifest.version)
     except BaseException:
-        A.discard(tmp)
+        artifact.discard(tmp)
         raise
     log.info("artifact written to %s", final)
     return final

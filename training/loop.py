@@ -174,52 +174,15 @@ def train(
     ema: AveragedModel | None = None
     for epoch in range(1, cfg.epochs + 1):
         model.train()
-        total = torch.zeros((), device=device)  # summed on the device: no host sync per step
-        seen, te = 0, time.monotonic()
+        te = time.monotonic()
         batches = dist.shard(make_batches(gen))
         if sched is None and (cfg.warmup_steps or cfg.schedule != "constant"):
             sched = lr_schedule(opt, cfg, steps_per_epoch=len(batches), budget=budget)
         if epoch == 1:
             ema = weight_average(model, cfg, steps_per_epoch=len(batches))
-        # disable=None: a bar on a terminal, none in logs and CI (a log line every LOG_EVERY_S instead).
-        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
-        last_line, cut = te, ""
-        for n, batch in enumerate(bar):
-            spent = budget.update(n)  # every step: the cosine schedule reads it too
-            if n and spent >= 1.0:
-                # The budget is a deadline, also inside an epoch: what was trained so far is validated
-                # and kept if it is the best, as after a whole epoch.
-                cut = f" after {n} of {len(batches)} batches"
-                break
-            batch = _to(batch, device)
-            with autocast(device, cfg.precision):
-                loss = step(batch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.clip_grad_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
-            opt.step()
-            if sched is not None:
-                sched.step()
-            if ema is not None:
-                ema.update_parameters(model)
-            total += loss.detach().float() * len(batch)
-            seen += len(batch)
-            if not bar.disable and n % BAR_EVERY == 0:
-                bar.set_postfix(loss=f"{total.item() / seen:.4f}", seq_s=f"{seen / (time.monotonic() - te):.0f}")
-            elif bar.disable and time.monotonic() - last_line >= LOG_EVERY_S:
-                last_line = time.monotonic()
-                done, spent = (n + 1) / len(batches), last_line - te
-                log.info(
-                    "epoch %d: %.0f%% of %d batches, loss %.4f, %.0f rows/s, about %.0fs left in the epoch",
-                    epoch,
-                    100 * done,
-                    len(batches),
-                    total.item() / seen,
-                    seen / spent,
-                    spent / done - spent,
-                )
-        epoch_loss = total.item() / max(seen, 1)
+        epoch_loss, seen, cut = _one_epoch(
+            model, step, batches, epoch=epoch, opt=opt, sched=sched, ema=ema, cfg=cfg, budget=budget, device=device
+        )
         kept = model if ema is None else cast(M, ema.module)  # the weights validated and kept
         kept.eval()
         val = validate(kept) if validate and dist.is_main else {}
@@ -254,3 +217,61 @@ def train(
     model.eval()
     log.info("stopped (%s); best epoch %d", hist.stopped, hist.best_epoch)
     return hist
+
+
+def _one_epoch(
+    model: nn.Module,
+    step: Callable[[Any], torch.Tensor],
+    batches: Sequence[Any],
+    *,
+    epoch: int,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LambdaLR | None,
+    ema: AveragedModel | None,
+    cfg: LoopConfig,
+    budget: Budget,
+    device: torch.device,
+) -> tuple[float, int, str]:
+    """One pass over `batches` (cut short when the budget runs out) -> (mean loss, rows seen, where it
+    was cut: "" for a whole epoch)."""
+    total = torch.zeros((), device=device)  # summed on the device: no host sync per step
+    seen, te = 0, time.monotonic()
+    # disable=None: a bar on a terminal, none in logs and CI (a log line every LOG_EVERY_S instead).
+    bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, mininterval=1.0, disable=None)
+    last_line, cut = te, ""
+    for n, batch in enumerate(bar):
+        spent = budget.update(n)  # every step: the cosine schedule reads it too
+        if n and spent >= 1.0:
+            # The budget is a deadline, also inside an epoch: what was trained so far is validated
+            # and kept if it is the best, as after a whole epoch.
+            cut = f" after {n} of {len(batches)} batches"
+            break
+        batch = _to(batch, device)
+        with autocast(device, cfg.precision):
+            loss = step(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
+        opt.step()
+        if sched is not None:
+            sched.step()
+        if ema is not None:
+            ema.update_parameters(model)
+        total += loss.detach().float() * len(batch)
+        seen += len(batch)
+        if not bar.disable and n % BAR_EVERY == 0:
+            bar.set_postfix(loss=f"{total.item() / seen:.4f}", seq_s=f"{seen / (time.monotonic() - te):.0f}")
+        elif bar.disable and time.monotonic() - last_line >= LOG_EVERY_S:
+            last_line = time.monotonic()
+            done, spent = (n + 1) / len(batches), last_line - te
+            log.info(
+                "epoch %d: %.0f%% of %d batches, loss %.4f, %.0f rows/s, about %.0fs left in the epoch",
+                epoch,
+                100 * done,
+                len(batches),
+                total.item() / seen,
+                seen / spent,
+                spent / done - spent,
+            )
+    return total.item() / max(seen, 1), seen, cut

@@ -9,7 +9,7 @@ import datetime as dt
 from pathlib import Path
 
 from models.artifact import read_manifest
-from models.serving import EngineOptions
+from models.engine import EngineOptions
 from models.tasks import TASKS
 from models.tasks.recommend import RecQuery, UserQueryEngine
 

@@ -65,23 +65,26 @@ function current() {
   return models.find((m) => m.name === $("model").value);
 }
 
+// The panel that queries each route: what a model shows follows from the route that serves it, and its
+// labels from what it ranks (GET /models says both), never from its task's name.
+const PANELS = { "/recommend": "user-panel", "/next-location": "stay-panel" };
+
 function isUserModel(m) {
-  return m && (m.task === "recommend" || m.task === "social");
+  return Boolean(m) && PANELS[m.route] === "user-panel";
 }
 
 function selectModel() {
   const m = current();
   showError(null);
-  $("user-panel").hidden = !isUserModel(m);
-  $("stay-panel").hidden = !(m && m.task === "next_location");
+  for (const panel of Object.values(PANELS)) $(panel).hidden = !(m && PANELS[m.route] === panel);
   if (!m) return;
-  const social = m.task === "social";
   $("model-info").textContent =
-    `${m.kind}, ${m.task}, ${m.catalog_size} ${social ? "users" : "items"}` +
+    `${m.kind}, ${m.task}, ${m.catalog_size} ${m.ranks}` +
     (m.fields.length ? `, fields: ${m.fields.join(", ")}` : "");
   $("user-label").firstChild.textContent = "User id ";
-  $("event-item-label").firstChild.textContent = social ? "Target user id " : "Item id ";
-  $("exclude-seen").checked = !social;
+  const one = m.ranks.replace(/s$/, "");
+  $("event-item-label").firstChild.textContent = `${one[0].toUpperCase()}${one.slice(1)} id `;
+  $("exclude-seen").checked = m.exclude_seen_default !== false;
   const actions = m.actions || [];
   $("action-label").hidden = !actions.length;
   const select = $("event-action");

@@ -34,8 +34,8 @@ async def _reload_everywhere(services: Services) -> ReloadReport:
     if services.production is not None:
         await services.production.adopt_new_versions(services.settings.artifacts_dir)
     if services.coordinator is None:
-        report = await services.registry.reload(services.settings.artifacts_dir)
-        workers, complete = {"self": services.registry.versions()}, True
+        report = await services.loaded.reload(services.settings.artifacts_dir)
+        workers, complete = {"self": services.loaded.versions()}, True
     else:
         report, complete, found = await services.coordinator.reload_everywhere(services.settings.reload_wait_s)
         workers = {str(pid): w.versions for pid, w in sorted(found.items())}
@@ -44,7 +44,7 @@ async def _reload_everywhere(services: Services) -> ReloadReport:
     if keep and complete:  # only once every worker has moved off what would be deleted
         in_use = {f"{n}/{v}" for w in workers.values() for n, v in w.items()}
         deleted = await asyncio.to_thread(
-            partial(services.registry.prune, services.settings.artifacts_dir, keep, in_use=in_use)
+            partial(services.loaded.prune, services.settings.artifacts_dir, keep, in_use=in_use)
         )
     return ReloadReport(**report, workers=workers, all_workers=complete, deleted=deleted)
 
@@ -61,7 +61,7 @@ async def start_trial(services: ServicesDep, name: ModelName, body: CandidateBod
     users get its answers) or a shadow (it scores the same by-user queries; its answers are never
     returned). The live version is pinned, so it keeps serving everyone else. Replaces a running trial."""
     _folders(services, name, want=body.version)
-    live = services.registry.models.get(name)
+    live = services.loaded.models.get(name)
     if live is not None and live.version == body.version:
         raise NoTrial(f"version {body.version!r} is the live version of {name!r}", ["body", "version"])
     share = (body.share or services.settings.canary_share) if body.mode == "canary" else 1.0
@@ -111,7 +111,7 @@ async def _settle(services: Services, name: str, *, promote: bool) -> TrialMove:
     production = _production(services)
     try:
         await production.read_choices()
-        running = services.registry.candidates.get(name)
+        running = services.loaded.candidates.get(name)
         if running is None:
             raise NoTrial(f"model {name!r} has no candidate on trial", ["path", "name"])
         done = await production.settle(name, running.version, promote=promote, reason="admin call")
@@ -130,12 +130,12 @@ async def _after_trial(services: Services, name: str, action: str, reason: str) 
     except StoreError:
         raise StoreUnavailable("history store unavailable; retry shortly") from None
     report = await _reload_everywhere(services)
-    running = services.registry.candidates.get(name)
+    running = services.loaded.candidates.get(name)
     return TrialMove(
         name=name,
         action=action,  # type: ignore[arg-type]
         candidate=CandidateInfo.of(running),
-        pinned=services.registry.pins.get(name),
+        pinned=services.loaded.pins.get(name),
         reason=reason,
         reload=report,
     )
@@ -176,10 +176,10 @@ async def unpin(services: ServicesDep, name: ModelName) -> VersionMove:
 async def rollback(services: ServicesDep, name: ModelName) -> VersionMove:
     """Pin the version before the one serving here (the next older on disk that is not known broken)."""
     folders = _folders(services, name)
-    served = services.registry.models.get(name)
+    served = services.loaded.models.get(name)
     names = [f.name for f in folders]
     start = names.index(served.version) + 1 if served is not None and served.version in names else len(names)
-    older = [v for v in names[start:] if f"{name}/{v}" not in services.registry.broken]
+    older = [v for v in names[start:] if f"{name}/{v}" not in services.loaded.broken]
     if not older:
         raise NoOlderVersion(f"no version of {name!r} older than the one serving to roll back to", ["path", "name"])
     return await _move(services, name, older[0])
@@ -199,11 +199,11 @@ async def _move(services: Services, name: str, version: str | None) -> VersionMo
         raise StoreUnavailable("history store unavailable: a version choice could not be kept; retry shortly")
     try:
         await asyncio.to_thread(services.store.set_pin, name, version)
-        services.registry.pins = await asyncio.to_thread(services.store.pins)
+        services.loaded.pins = await asyncio.to_thread(services.store.pins)
     except StoreError:
         raise StoreUnavailable("history store unavailable: a version choice could not be kept; retry shortly") from None
     report = await _reload_everywhere(services)
-    served = services.registry.models.get(name)
+    served = services.loaded.models.get(name)
     return VersionMove(
         name=name,
         pinned=version,

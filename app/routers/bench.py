@@ -9,11 +9,11 @@ from starlette.responses import Response
 
 from app.deps import parse_body, services_of
 from app.handlers import json_response
-from app.routers.lean import LeanRouter
+from app.routers.plain import PlainRouter
 from app.routers.recommend import result_json, to_query
 from models.tasks.recommend import RecResult
 
-router = LeanRouter(tags=["bench"], include_in_schema=False)
+router = PlainRouter(tags=["bench"], include_in_schema=False)
 
 
 @router.post("/bench/noop")

@@ -32,7 +32,7 @@ async def post_events(body: EventsBody, services: ServicesDep, request: Request)
     """
     if services.events_route is None:
         raise ModelUnavailable("no model served here takes events", ["body", "model"])
-    with services.registry.lease(body.model, services.events_route, services.settings.default_model) as served:
+    with services.loaded.lease(body.model, services.events_route, services.settings.default_model) as served:
         request.state.model = served.name
         out = await serving.post_events(
             served, body.events, store=services.store, skew_s=services.settings.event_skew_s

@@ -23,7 +23,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(services: ServicesDep) -> Response:
     """Ready when at least one model serves with a healthy batcher and the history store answers.
     Names every artifact version that failed to load, and why (no paths, no exception text)."""
-    reg, store = services.registry, services.store
+    reg, store = services.loaded, services.store
     ok = store is not None
     if store is not None:
         try:

@@ -12,7 +12,8 @@ from app.deps import HistoryReaderKey, ServicesDep
 from app.errors import ModelUnavailable
 from app.handlers import json_response
 from app.routers.docs import errors
-from app.schemas import MAX_FIELDS, FieldName, HistoryResponse, RawId
+from app.schemas import FieldName, HistoryResponse, RawId
+from models.engine import MAX_FIELDS
 
 router = APIRouter(tags=["events"])
 MAX_STEPS = 1000
@@ -40,7 +41,7 @@ async def get_history(
     POST /events writes, so it needs X-API-Key (the events or the read key) when either is set."""
     if services.events_route is None:
         raise ModelUnavailable("no model served here keeps user histories", ["query", "model"])
-    with services.registry.lease(
+    with services.loaded.lease(
         model, services.events_route, services.settings.default_model, loc=("query", "model")
     ) as served:
         request.state.model = served.name

@@ -11,5 +11,5 @@ router = APIRouter(tags=["health"])
 
 @router.get("/metrics", include_in_schema=False)
 async def prometheus(services: ServicesDep) -> Response:
-    services.metrics.set_queue_depths(services.registry.queue_depths())
+    services.metrics.set_queue_depths(services.loaded.queue_depths())
     return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)

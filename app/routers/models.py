@@ -19,6 +19,7 @@ from app.schemas import (
 )
 from models.artifact import ArtifactError, read_manifest
 from models.artifact import versions as version_folders
+from models.engine import Actions, ItemDisplay, UserHistories
 
 router = APIRouter(tags=["models"])
 ModelNamePath = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$")]
@@ -30,7 +31,8 @@ SHOWN_METRICS = ("test", "train_seconds", "best_epoch", "full_ndcg10_vs_best_bas
 
 @router.get("/models", response_model=ModelsResponse)
 async def list_models(services: ServicesDep) -> ModelsResponse:
-    reg, preferred = services.registry, services.settings.default_model
+    reg, preferred = services.loaded, services.settings.default_model
+    route_of = services.route_paths  # route name -> path
     infos = []
     for name, served in sorted(reg.models.items()):
         m, engine = served.engine.manifest, served.engine
@@ -39,14 +41,17 @@ async def list_models(services: ServicesDep) -> ModelsResponse:
                 name=name,
                 kind=m.kind,
                 task=m.task,
+                route=route_of.get(served.task.route.name) if served.task.route else None,
+                ranks=served.task.ranks,
+                exclude_seen_default=engine.exclude_seen_default if isinstance(engine, UserHistories) else None,
                 version=served.version,
                 created_at=m.created_at or None,
                 catalog_size=engine.catalog_size,
                 device=str(engine.device),
                 scoring=engine.scoring,
-                actions=engine.actions,
+                actions=engine.actions if isinstance(engine, Actions) else None,
                 metrics={k: m.metrics[k] for k in SHOWN_METRICS if k in m.metrics},
-                fields=engine.item_fields,
+                fields=engine.item_fields if isinstance(engine, ItemDisplay) else [],
                 candidate=CandidateInfo.of(reg.candidates.get(name)),
                 online=_online(services, name, served.version),
             )
@@ -63,7 +68,7 @@ def _online(services: Services, name: str, live_version: str) -> dict[str, Onlin
     every bucket kept, without one)."""
     if services.production is None:
         return {}
-    cand = services.registry.candidates.get(name)
+    cand = services.loaded.candidates.get(name)
     sums = totals(services.production.online.get(name, {}), since=cand.since if cand else 0.0)
     wanted = {(live_version, "live")} | ({(cand.version, cand.mode)} if cand else set())
     out = {}
@@ -79,7 +84,7 @@ async def online_series(services: ServicesDep, name: ModelNamePath) -> OnlineRes
     """A model's online figures over time, per version and variant (what the console draws): every
     list served by user scored against that user's next event. Canary figures are the fair comparison
     with the live version; shadow figures lean toward the live version, whose list the user saw."""
-    if name not in services.registry.models:
+    if name not in services.loaded.models:
         raise UnknownModel(f"model {name!r} is not loaded", ["path", "name"])
     rows = services.production.online.get(name, {}) if services.production is not None else {}
     series: dict[str, list[tuple[float, int, float]]] = {}
@@ -90,7 +95,7 @@ async def online_series(services: ServicesDep, name: ModelNamePath) -> OnlineRes
     return OnlineResponse(
         name=name,
         bucket_s=BUCKET_S,
-        candidate=CandidateInfo.of(services.registry.candidates.get(name)),
+        candidate=CandidateInfo.of(services.loaded.candidates.get(name)),
         series=series,
         totals={
             f"{v}/{var}": OnlineFigures.model_validate(f.as_json())
@@ -107,7 +112,7 @@ async def list_versions(services: ServicesDep, name: ModelNamePath) -> VersionsR
     folders = version_folders(services.settings.artifacts_dir / name)
     if not folders:
         raise UnknownModel(f"no versions of model {name!r} on disk", ["path", "name"])
-    reg = services.registry
+    reg = services.loaded
     served = reg.models.get(name)
     pinned = reg.pins.get(name)
     cand = reg.candidates.get(name)

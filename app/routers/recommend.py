@@ -2,9 +2,131 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from app.limits import Limits
 from app.routers.tasks import TaskRoute
-from app.schemas import RecommendQuery, RecommendRequest, RecommendResponse, recommend_body
+from app.schemas import Body, FieldName, RawId, Strict, UnixTime
+from models.engine import MAX_FIELDS
 from models.tasks.recommend import RecQuery, RecResult
+
+# --- the request and response bodies ---------------------------------------------------------------
+
+
+class HistoryEvent(Strict):
+    item_id: RawId = Field(description="the item; for a social model, the target user")
+    timestamp: UnixTime | None = None
+    action: RawId | None = Field(
+        None,
+        description=(
+            "the action: required by a social model, one of its actions (GET /models lists them; '<-a2q' is a step "
+            "another user performed on this one); 422 otherwise"
+        ),
+    )
+
+
+class RecommendQuery(Strict):
+    # The rule the validator below enforces, stated in the document too.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["user_id"], "properties": {"user_id": {"type": "string"}}},
+                {"required": ["history"], "properties": {"history": {"type": "array", "minItems": 1}}},
+            ]
+        }
+    )
+
+    user_id: RawId | None = None
+    history: list[HistoryEvent] | None = None
+    k: int = Field(10, ge=1)
+    exclude_seen: bool | None = Field(None, description="default: true for item recommenders, false for social models")
+    exclude_future: bool = True
+    exclude_items: list[RawId] = Field(default_factory=list)
+    as_of: UnixTime | None = None
+    fields: list[FieldName] = Field(
+        default_factory=list,
+        max_length=MAX_FIELDS,
+        description=(
+            "item fields to return with each item, e.g. title and genres (GET /models lists a model's); "
+            "none by default; an unknown one is a 422"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _user_or_history(self) -> RecommendQuery:
+        if self.user_id is None and not self.history:
+            raise ValueError("give a user_id, a non-empty history, or both")
+        return self
+
+
+class RecommendRequest(Strict):
+    limits: ClassVar[Limits] = Limits()
+    model: RawId | None = None
+    queries: list[RecommendQuery] = Field(min_length=1)
+
+    @field_validator("queries")
+    @classmethod
+    def _totals(cls, queries: list[RecommendQuery]) -> list[RecommendQuery]:
+        lim = cls.limits
+        if sum(q.k for q in queries) > lim.max_total_k:
+            raise ValueError(f"the queries' k add up to more than {lim.max_total_k}")
+        if sum(len(q.history or ()) + len(q.exclude_items) for q in queries) > lim.max_total_items:
+            raise ValueError(f"history events and excluded items add up to more than {lim.max_total_items}")
+        return queries
+
+
+class ScoredItem(BaseModel):
+    item_id: str
+    score: float
+    fields: dict[str, str | float | list[str]] | None = Field(
+        None, description="present when the query asked for fields: the item's values (a missing value is left out)"
+    )
+
+
+class Excluded(BaseModel):
+    seen: int
+    future: int
+    requested: int
+
+
+class RecommendResult(BaseModel):
+    user_id: str | None
+    items: list[ScoredItem]
+    unknown_items: list[str]
+    excluded: Excluded
+    history_truncated: bool = Field(description="longer than the model reads: its most recent part was used")
+    version: str = Field(description="the version that answered this query: a canary's for users in its share")
+
+
+class RecommendResponse(BaseModel):
+    model: str
+    version: str = Field(description="the live version of the model")
+    results: list[RecommendResult]
+
+
+def recommend_body(limits: Limits) -> Body:
+    """The /recommend body with `limits` as its bounds (validation and docs)."""
+    query = create_model(
+        "RecommendQuery",
+        __base__=RecommendQuery,
+        history=(list[HistoryEvent] | None, Field(None, max_length=limits.max_history)),
+        k=(int, Field(10, ge=1, le=limits.max_k)),
+        exclude_items=(list[RawId], Field(default_factory=list, max_length=limits.max_exclude_items)),
+    )
+    model = create_model(
+        "RecommendRequest",
+        __base__=RecommendRequest,
+        queries=(list[query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
+    )
+    model.limits = limits
+    # History steps and excluded ids share MAX_TOTAL_ITEMS; a step holds more values than an id, so a
+    # body of steps alone holds the most.
+    return Body(model, {"queries": limits.max_queries, "history": limits.max_total_items, "exclude_items": 0})
+
+
+# --- from the body to the engine's queries, and back ------------------------------------------------
 
 
 def to_query(q: RecommendQuery) -> RecQuery:

@@ -18,7 +18,7 @@ from app.deps import check_history_reader, parse_body, services_of
 from app.handlers import json_response
 from app.limits import Limits
 from app.routers.docs import body_doc, errors
-from app.routers.lean import LeanRouter, closed_connection
+from app.routers.plain import PlainRouter, closed_connection
 from app.schemas import Body
 from models.tasks import TASKS
 
@@ -51,22 +51,26 @@ def task_routes() -> list[TaskRoute]:
     return list(out.values())
 
 
-def lean_router(spec: TaskRoute, *, body_name: str) -> LeanRouter:
+def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
     """The route's POST endpoint: parse the body, lease the model, answer in batches.
     body_name: the component name of its bounded request body in the document."""
-    router = LeanRouter(tags=[spec.tag])
+    router = PlainRouter(tags=[spec.tag])
     private = spec.live_events  # its models keep stored histories: answers by user_id read them
 
     async def endpoint(request: Request) -> Response:
         services = services_of(request)
         body = await parse_body(request, services.schemas.requests[spec.name].model)
-        registry = services.registry
-        with registry.lease(body.model, spec.name, services.settings.default_model) as served:  # type: ignore[attr-defined]
+        loaded = services.loaded
+        with loaded.lease(body.model, spec.name, services.settings.default_model) as served:  # type: ignore[attr-defined]
             request.state.model = served.name
             queries = spec.queries(body)
-            if private and services.settings.history_keys and served.engine.users(queries):
+            if (
+                private
+                and services.settings.history_keys
+                and any(serving.subject(served, q) is not None for q in queries)
+            ):
                 check_history_reader(services.settings, request.headers.get("x-api-key"))
-            with registry.lease_trial(served.name) as trial:
+            with loaded.lease_trial(served.name) as trial:
                 results, versions = await serving.answer_with_trial(
                     served,
                     trial,

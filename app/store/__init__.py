@@ -37,7 +37,7 @@ from app.store.base import (
 )
 from app.store.redis_store import RedisStore
 from app.store.sqlite_store import SQLiteStore
-from models.serving import LIVE_EVENTS
+from models.engine import LIVE_EVENTS
 
 __all__ = [
     "Arrival",

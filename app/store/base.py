@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from models.serving import LIVE_EVENTS, RecentEvent, Timeline
+from models.engine import LIVE_EVENTS, RecentEvent, Timeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -198,9 +198,9 @@ class HistoryStore(ABC):
         self.keep = keep  # live events kept per user
 
     @abstractmethod
-    def fold(self, namespace: str, token: str, stored: StoredEvents) -> int | None:
-        """Drop the live events that `stored` says the artifact of data hash `token` holds, unless that
-        token was folded already (None). Walks the users with live events only; their ids stay known.
+    def drop_trained_events(self, namespace: str, data_hash: str, stored: StoredEvents) -> int | None:
+        """Drop the live events that `stored` says the artifact of `data_hash` was trained on, unless
+        that data hash was handled already (None). Walks the users with live events only; their ids stay known.
         Returns how many events it dropped."""
 
     @abstractmethod

@@ -29,7 +29,7 @@ from app.store.base import (
     nan_ts,
     redact,
 )
-from models.serving import LIVE_EVENTS, RecentEvent, Timeline
+from models.engine import LIVE_EVENTS, RecentEvent, Timeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -116,7 +116,8 @@ _SEQ_WIDTH = 20
 
 
 class RedisStore(HistoryStore):
-    """Redis store for several instances. Keys, under <prefix><ns>: `seeded` (the data hash last folded),
+    """Redis store for several instances. Keys, under <prefix><ns>: `seeded` (the data hash whose
+    trained events were last dropped),
     `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of the user's
     own events), `r:<user>` (sorted set of the steps it received), `recent` (every user's own events of
     the last RECENT_KEEP_S, for recent activity).
@@ -188,10 +189,10 @@ class RedisStore(HistoryStore):
         # Earlier versions kept a copy of every artifact history here; the tables hold them now.
         self.r.unlink(self._k(namespace, "base"))
 
-    def fold(self, namespace: str, token: str, stored: StoredEvents) -> int | None:
+    def drop_trained_events(self, namespace: str, data_hash: str, stored: StoredEvents) -> int | None:
         def do() -> int | None:
             self._migrate(namespace)
-            if self.r.get(self._k(namespace, "seeded")) == token:
+            if self.r.get(self._k(namespace, "seeded")) == data_hash:
                 return None
             dropped = 0
             for user in self.r.sscan_iter(self._k(namespace, "live"), count=1000):
@@ -211,7 +212,7 @@ class RedisStore(HistoryStore):
                                 for item, _, action in [_decode(m)]
                             ]
                             self.r.zrem(self._k(namespace, "recent"), *recent)
-            self.r.set(self._k(namespace, "seeded"), token)
+            self.r.set(self._k(namespace, "seeded"), data_hash)
             return dropped
 
         return self._call(do)

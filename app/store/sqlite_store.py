@@ -28,7 +28,7 @@ from app.store.base import (
     json_ts,
     nan_ts,
 )
-from models.serving import LIVE_EVENTS, RecentEvent, Timeline
+from models.engine import LIVE_EVENTS, RecentEvent, Timeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -41,7 +41,7 @@ class SQLiteStore(HistoryStore):
     local_reads = True
     SCHEMA_VERSION = 7
     _SCHEMA = """
-    -- The data hash whose artifact histories were last folded, per namespace.
+    -- The data hash whose trained events were last dropped, per namespace (column `token`: that hash).
     CREATE TABLE IF NOT EXISTS seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
     CREATE TABLE IF NOT EXISTS events (
         seq INTEGER PRIMARY KEY, ns TEXT NOT NULL, event_id TEXT NOT NULL, user TEXT NOT NULL,
@@ -106,7 +106,7 @@ class SQLiteStore(HistoryStore):
             if had_events and "received" not in columns:
                 conn.execute("ALTER TABLE events ADD COLUMN received INTEGER NOT NULL DEFAULT 0")
                 # Before this column, the service wrote received steps under ids '<-' + the event's id
-                # (app.serving.MIRROR_ID), an id prefix clients may not use.
+                # (app.serving.RECEIVED_ID), an id prefix clients may not use.
                 conn.execute("UPDATE events SET received = 1 WHERE substr(event_id, 1, 2) = '<-'")
             # Files before version 4 held a copy of every artifact history ("base"): the tables hold them now.
             conn.execute("DROP TABLE IF EXISTS base")
@@ -166,10 +166,10 @@ class SQLiteStore(HistoryStore):
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
 
-    def fold(self, namespace: str, token: str, stored: StoredEvents) -> int | None:
+    def drop_trained_events(self, namespace: str, data_hash: str, stored: StoredEvents) -> int | None:
         def do(conn: sqlite3.Connection) -> int | None:
             row = conn.execute("SELECT token FROM seeded WHERE ns = ?", (namespace,)).fetchone()
-            if row is not None and row[0] == token:
+            if row is not None and row[0] == data_hash:
                 return None
             dropped = 0
             live = conn.execute("SELECT DISTINCT user FROM events WHERE ns = ? AND folded = 0", (namespace,)).fetchall()
@@ -183,7 +183,7 @@ class SQLiteStore(HistoryStore):
                     conn.executemany("DELETE FROM events WHERE seq = ?", drop)  # event_ids keeps their ids
                     dropped += len(drop)
             conn.execute(
-                "INSERT OR REPLACE INTO seeded (ns, token, at) VALUES (?, ?, ?)", (namespace, token, time.time())
+                "INSERT OR REPLACE INTO seeded (ns, token, at) VALUES (?, ?, ?)", (namespace, data_hash, time.time())
             )
             return dropped
 

@@ -3,7 +3,7 @@
 A task is one registered row (`register`, docs/decisions/task-table.md): its model kinds, its
 artifact loader and served engine here in models/, its training job and the service's route named
 by module path (training/jobs/, app/routers/: models/ imports neither side), and the runs that train
-its default models. The model registry, the training CLI, the service's routes, request bodies,
+its default models. The model kinds (MODEL_KINDS), the training CLI, the service's routes, request bodies,
 OpenAPI document and defaults, and batch prediction are all derived from the rows; adding a task
 adds its pieces and one row.
 """
@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from models.bert4rec import BERT4Rec, BERT4RecConfig
+from models.engine import Engine, EngineOptions
+from models.kinds import MODEL_KINDS
 from models.mhsa import MHSA, MHSAConfig
-from models.registry import REGISTRY
 from models.sasrec import SASRec, SASRecConfig
 from models.seq2seq import Seq2Seq, Seq2SeqConfig
-from models.serving import Engine, EngineOptions
 from models.social import SocialConfig, SocialModel
 from models.tasks import next_location, recommend, social
 
@@ -58,6 +58,7 @@ class Task:
     command: str | None = None  # a CLI command of its own (`python -m training <command>`), run with `config`
     config: str | None = None  # that command's default run config, relative to the repository
     defaults: tuple[DefaultRun, ...] = field(default=())
+    ranks: str = "items"  # what its models rank, in words (GET /models, the console's labels)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -74,16 +75,16 @@ TASKS: dict[str, Task] = {}
 
 
 def register(task: Task) -> Task:
-    """Add a task's row, and its model kinds to models.registry.REGISTRY."""
+    """Add a task's row, and its model kinds to models.kinds.MODEL_KINDS."""
     if task.name in TASKS:
         raise ValueError(f"task {task.name!r} is registered already")
-    taken = sorted(set(task.models) & set(REGISTRY))
+    taken = sorted(set(task.models) & set(MODEL_KINDS))
     if taken:
         raise ValueError(f"model kind(s) {taken} belong to another task")
     if (task.route is None) != (task.engine is None):
         raise ValueError(f"task {task.name!r}: a route needs an engine, and an engine a route")
     TASKS[task.name] = task
-    REGISTRY.update(task.models)
+    MODEL_KINDS.update(task.models)
     return task
 
 
@@ -118,6 +119,7 @@ register(
         {"mhsa": (MHSAConfig, MHSA)},
         "training.jobs.next_location",
         route=Route("next_location", "app.routers.next_location"),
+        ranks="locations",
         load=next_location.load_artifact,
         engine=next_location.LocEngine,
         defaults=(
@@ -138,6 +140,7 @@ register(
         route=RECOMMEND,
         load=social.load_artifact,
         engine=social.SocialEngine,
+        ranks="users",
         defaults=(
             DefaultRun(
                 "training/configs/social_mathoverflow.toml",

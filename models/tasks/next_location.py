@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from models import artifact as A
+from models import artifact
+from models.engine import Engine, EngineOptions, QueryError, Timeline
 from models.features import BUCKETING
 from models.ids import N_SPECIAL, PAD, UNK, IdMap
 from models.manifest import Manifest
 from models.mhsa import MHSA
-from models.serving import Engine, EngineOptions, QueryError, Timeline
 from models.staypoints import StayBatch, collate_staypoints
 from models.traced import example_rows, serving_scores
 
@@ -29,19 +29,19 @@ class LocArtifact:
 
 def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> LocArtifact:
     """Load and cross-check a next-location artifact; raises ArtifactError on any defect."""
-    manifest = A.read_manifest(folder)
+    manifest = artifact.read_manifest(folder)
     # Features computed differently from how the model was trained would be silently wrong.
-    A.check(
+    artifact.check(
         manifest.extra.get("bucketing") == BUCKETING,
-        A.MANIFEST,
+        artifact.MANIFEST,
         f"bucketing {manifest.extra.get('bucketing')} differs from this code's {BUCKETING}",
     )
-    model: MHSA = A.read_model(folder, manifest, MHSA, map_location)
-    locations, users = A.read_id_map(folder, A.LOCATIONS), A.read_id_map(folder, A.USERS)
-    A.check(
+    model: MHSA = artifact.read_model(folder, manifest, MHSA, map_location)
+    locations, users = artifact.read_id_map(folder, artifact.LOCATIONS), artifact.read_id_map(folder, artifact.USERS)
+    artifact.check(
         model.config.n_locations == len(locations) and model.config.n_users == len(users),
-        A.LOCATIONS,
-        f"model vocabularies do not match {A.LOCATIONS}/{A.USERS}",
+        artifact.LOCATIONS,
+        f"model vocabularies do not match {artifact.LOCATIONS}/{artifact.USERS}",
     )
     return LocArtifact(folder, manifest, model, locations, users)
 

@@ -11,9 +11,22 @@ from pathlib import Path
 import torch
 from pydantic import TypeAdapter
 
-from models import artifact as A
+from models import artifact
 from models.base import SequentialRecommender
 from models.coarse import wide_ranker
+from models.engine import (
+    FIELD_NAME,
+    MAX_FIELDS,
+    Engine,
+    EngineOptions,
+    ItemDisplay,
+    QueryError,
+    Timeline,
+    UnknownUserError,
+    UserHistories,
+    optional_time,
+    unknown_field,
+)
 from models.histories import HistoryTable
 from models.ids import N_SPECIAL, IdMap
 from models.manifest import Manifest
@@ -25,17 +38,6 @@ from models.ranking import (
     recommend,
     reference_value,
     release_tensor,
-)
-from models.serving import (
-    FIELD_NAME,
-    MAX_FIELDS,
-    Engine,
-    EngineOptions,
-    QueryError,
-    Timeline,
-    UnknownUserError,
-    optional_time,
-    unknown_field,
 )
 from models.traced import example_rows, serving_scores
 
@@ -65,21 +67,23 @@ class RecArtifact:
 
 def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> RecArtifact:
     """Load and cross-check a recommendation artifact; raises ArtifactError on any defect."""
-    manifest = A.read_manifest(folder)
-    model: SequentialRecommender = A.read_model(folder, manifest, SequentialRecommender, map_location)
-    items = A.read_id_map(folder, A.ITEMS)
-    A.check(
+    manifest = artifact.read_manifest(folder)
+    model: SequentialRecommender = artifact.read_model(folder, manifest, SequentialRecommender, map_location)
+    items = artifact.read_id_map(folder, artifact.ITEMS)
+    artifact.check(
         model.config.vocab_size == len(items),
-        A.ITEMS,
+        artifact.ITEMS,
         f"{len(items)} ids for a model vocabulary of {model.config.vocab_size}",
     )
-    meta = A.read_typed(folder, A.ITEM_META, _ITEM_META)
+    meta = artifact.read_typed(folder, artifact.ITEM_META, _ITEM_META)
     unit = meta.get("unit")
-    A.check(unit is None or unit in RELEASE_UNITS, A.ITEM_META, f"unit must be one of {RELEASE_UNITS} or null")
+    artifact.check(
+        unit is None or unit in RELEASE_UNITS, artifact.ITEM_META, f"unit must be one of {RELEASE_UNITS} or null"
+    )
     try:
         release = _RELEASE.validate_python(meta.get("release", {}))
     except ValueError:
-        raise A.ArtifactError(A.ITEM_META, "release must map item ids to numbers") from None
+        raise artifact.ArtifactError(artifact.ITEM_META, "release must map item ids to numbers") from None
     return RecArtifact(
         folder=folder,
         manifest=manifest,
@@ -87,7 +91,7 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Rec
         items=items,
         release_unit=unit if isinstance(unit, str) else None,
         release=release,
-        histories=A.read_history_table(folder, n_ids=len(items)),
+        histories=artifact.read_history_table(folder, n_ids=len(items)),
         fields=_read_fields(folder, len(items)),
     )
 
@@ -99,15 +103,17 @@ FIELD_BYTES_BASE = 1 << 20
 
 
 def _read_fields(folder: Path, n_items: int) -> ItemFields:
-    if not (folder / A.ITEM_FIELDS).exists():
+    if not (folder / artifact.ITEM_FIELDS).exists():
         return {}  # optional: data without an item table has none
     bound = FIELD_BYTES_BASE + FIELD_BYTES_PER_ITEM * n_items
-    doc = A.read_typed(folder, A.ITEM_FIELDS, _ITEM_FIELDS, max_bytes=bound)
-    A.check(set(doc) == {"fields"}, A.ITEM_FIELDS, 'expected one key, "fields"')
+    doc = artifact.read_typed(folder, artifact.ITEM_FIELDS, _ITEM_FIELDS, max_bytes=bound)
+    artifact.check(set(doc) == {"fields"}, artifact.ITEM_FIELDS, 'expected one key, "fields"')
     fields = doc["fields"]
-    A.check(len(fields) <= MAX_FIELDS, A.ITEM_FIELDS, f"{len(fields)} fields; at most {MAX_FIELDS}")
+    artifact.check(len(fields) <= MAX_FIELDS, artifact.ITEM_FIELDS, f"{len(fields)} fields; at most {MAX_FIELDS}")
     bad = next((name for name in fields if not re.match(FIELD_NAME, name)), None)
-    A.check(bad is None, A.ITEM_FIELDS, f"field name {bad!r} is not one a request can ask for ({FIELD_NAME})")
+    artifact.check(
+        bad is None, artifact.ITEM_FIELDS, f"field name {bad!r} is not one a request can ask for ({FIELD_NAME})"
+    )
     return fields
 
 
@@ -155,7 +161,7 @@ def check_query(q: RecQuery, position: int, *, fields: ItemFields) -> None:
         raise QueryError(bad[1], position=position, field=("fields", bad[0]))
 
 
-class UserQueryEngine(Engine[RecQuery, Prepared, RecResult]):
+class UserQueryEngine(Engine[RecQuery, Prepared, RecResult], UserHistories[RecQuery, RecResult]):
     """An engine of the /recommend route: per-user live histories in the manifest's namespace."""
 
     live_events: int
@@ -187,11 +193,8 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult]):
         """The artifact's history of `user` with raw ids, oldest first (empty when it has none)."""
         return self.histories.timeline(user, self.entity_ids, self.action_ids)
 
-    def stored_events(self, user: str) -> set[tuple[str | None, float | None]]:
-        return {(r, optional_time(t)) for r, t, _ in self.stored_timeline(user)}
 
-
-class RecEngine(UserQueryEngine):
+class RecEngine(UserQueryEngine, ItemDisplay):
     """A recommendation artifact placed on a device, answering batches of queries."""
 
     def __init__(self, art: RecArtifact, options: EngineOptions) -> None:
@@ -236,7 +239,7 @@ class RecEngine(UserQueryEngine):
     def _unheld(self, live: Timeline, newest: float, span: tuple[int, int]) -> Timeline:
         """The live steps the table does not hold: newer than its newest step, or at that same time and
         not among its steps of that time (ml-100k rates several items in one second). A candidate trained
-        on live events still reads them from the store (it does not fold); a step without a time is kept."""
+        on live events still reads them from the store (it does not drop them); a step without a time is kept."""
         out, at_newest = [], None
         for step in live:
             t = step[1]
@@ -279,7 +282,7 @@ class RecEngine(UserQueryEngine):
         return Prepared(
             query=q,
             history=stored[0] + [x for x in given if x >= N_SPECIAL],
-            exclude_seen=True if q.exclude_seen is None else q.exclude_seen,
+            exclude_seen=self.exclude_seen_default if q.exclude_seen is None else q.exclude_seen,
             requested=[x for x in self.art.items.indices(q.exclude_items) if x >= N_SPECIAL],
             unknown=list(dict.fromkeys(unknown)),
             reference=ref,

@@ -7,7 +7,7 @@ asks otherwise, the actor is never a candidate, and "future" means a user whose 
 after the reference time (`as_of`, else the newest step of the history): not yet on the platform.
 A model trained with incoming steps ("<-a2q": someone answered the user's question) reads them like
 any step; they never count as users the actor interacted with, and each event a client posts adds
-its incoming step to the target's timeline too (`mirror`).
+its incoming step to the target's timeline too (`received_step`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,22 @@ import numpy as np
 import torch
 from pydantic import TypeAdapter
 
-from models import artifact as A
+from models import artifact
 from models.activity import Activity, EventLog, as_tensors, merge, recent_activity, stack
+from models.engine import (
+    Actions,
+    EngineOptions,
+    QueryError,
+    RecentActivity,
+    RecentEvent,
+    Timeline,
+    UnknownUserError,
+    optional_time,
+)
 from models.histories import HistoryTable
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.manifest import Manifest
 from models.ranking import Ranked, future_mask, index_rows, rank_sparse, release_tensor
-from models.serving import EngineOptions, QueryError, RecentEvent, Timeline, UnknownUserError, optional_time
 from models.social import SocialBatch, SocialModel, incoming, is_incoming, pack_steps
 from models.tasks.recommend import Prepared, RecQuery, RecResult, UserQueryEngine, check_query, ranked_results
 from models.traced import example_rows, serving_scores
@@ -49,29 +58,31 @@ class SocialArtifact:
 
 def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> SocialArtifact:
     """Load and cross-check a social artifact; raises ArtifactError on any defect."""
-    manifest = A.read_manifest(folder)
-    model: SocialModel = A.read_model(folder, manifest, SocialModel, map_location)
-    users, actions = A.read_id_map(folder, A.USERS), A.read_id_map(folder, A.ACTIONS)
-    A.check(model.config.n_users == len(users), A.USERS, f"{len(users)} ids for {model.config.n_users} model users")
-    A.check(
+    manifest = artifact.read_manifest(folder)
+    model: SocialModel = artifact.read_model(folder, manifest, SocialModel, map_location)
+    users, actions = artifact.read_id_map(folder, artifact.USERS), artifact.read_id_map(folder, artifact.ACTIONS)
+    artifact.check(
+        model.config.n_users == len(users), artifact.USERS, f"{len(users)} ids for {model.config.n_users} model users"
+    )
+    artifact.check(
         model.config.n_actions == len(actions),
-        A.ACTIONS,
+        artifact.ACTIONS,
         f"{len(actions)} ids for {model.config.n_actions} model actions",
     )
-    meta = A.read_json(folder, A.USER_META)
-    A.check(isinstance(meta, dict) and meta.get("unit") == "second", A.USER_META, "unit must be 'second'")
+    meta = artifact.read_json(folder, artifact.USER_META)
+    artifact.check(isinstance(meta, dict) and meta.get("unit") == "second", artifact.USER_META, "unit must be 'second'")
     try:
         first = _FIRST.validate_python(meta.get("first_activity", {}))
     except ValueError:
-        raise A.ArtifactError(A.USER_META, "first_activity must map user ids to unix times") from None
-    histories = A.read_history_table(folder, n_ids=len(users), n_actions=len(actions))
-    A.check(histories.actions is not None, A.HISTORIES, "a social model's histories need actions.npy")
-    events = A.read_event_log(folder) if model.config.activity else None
+        raise artifact.ArtifactError(artifact.USER_META, "first_activity must map user ids to unix times") from None
+    histories = artifact.read_history_table(folder, n_ids=len(users), n_actions=len(actions))
+    artifact.check(histories.actions is not None, artifact.HISTORIES, "a social model's histories need actions.npy")
+    events = artifact.read_event_log(folder) if model.config.activity else None
     if events is not None:
         top = max(int(events.made.max(initial=0)), int(events.received.max(initial=0)))
-        A.check(top < len(users), A.EVENTS, f"user index {top} for {len(users)} model users")
+        artifact.check(top < len(users), artifact.EVENTS, f"user index {top} for {len(users)} model users")
         top = int(events.actions.max(initial=0))
-        A.check(top < len(actions), A.EVENTS, f"action index {top} for {len(actions)} model actions")
+        artifact.check(top < len(actions), artifact.EVENTS, f"action index {top} for {len(actions)} model actions")
     return SocialArtifact(folder, manifest, model, users, actions, first, histories, events)
 
 
@@ -82,7 +93,9 @@ class SocialExtra:
     activity: Activity | None = None  # recent activity at query_time, the live events' included
 
 
-class SocialEngine(UserQueryEngine):
+class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
+    exclude_seen_default = False  # people are contacted again and again
+
     def __init__(self, art: SocialArtifact, options: EngineOptions) -> None:
         self.art = art
         self.manifest = art.manifest
@@ -133,7 +146,7 @@ class SocialEngine(UserQueryEngine):
             return f"unknown action {action!r}; this model knows {self.art.actions.raws()}"
         return None
 
-    def mirror(self, user_id: str, item_id: str, action: str | None) -> tuple[str, str, str | None] | None:
+    def received_step(self, user_id: str, item_id: str, action: str | None) -> tuple[str, str, str | None] | None:
         if not self.two_way or action is None or user_id == item_id:
             return None
         return item_id, user_id, incoming(action)
@@ -177,7 +190,7 @@ class SocialEngine(UserQueryEngine):
         return Prepared(
             query=q,
             history=seen,
-            exclude_seen=bool(q.exclude_seen),
+            exclude_seen=self.exclude_seen_default if q.exclude_seen is None else q.exclude_seen,
             requested=requested + ([actor] if actor >= N_SPECIAL else []),
             # Only the query's own ids: stored and live steps are never echoed (docs/decisions/private-histories.md).
             unknown=list(

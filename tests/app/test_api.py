@@ -39,6 +39,9 @@ def test_health_ready_models(client: TestClient) -> None:
     assert models["defaults"] == {"/recommend": "sasrec-tiny", "/next-location": None}
     assert {m["kind"] for m in models["models"]} == {"sasrec", "bert4rec"}
     assert all(m["catalog_size"] == 30 and m["device"] == "cpu" for m in models["models"])
+    assert all(
+        m["route"] == "/recommend" and m["ranks"] == "items" and m["exclude_seen_default"] for m in models["models"]
+    )
     assert all(m["scoring"] == "traced" for m in models["models"])  # models/traced.py, checked at load
     # Operators see whether each model beats the best simple baseline of its own training run.
     assert all(
@@ -228,7 +231,7 @@ def test_request_totals_are_bounded_naming_the_field(tiny_location_artifact: Pat
 
 
 def test_request_path_routes_are_documented(client: TestClient) -> None:
-    """/recommend and /next-location are served by plain Starlette routes (app/routers/lean.py): the
+    """/recommend and /next-location are served by plain Starlette routes (app/routers/plain.py): the
     document still names their body, their answer and their errors, from the app's bounded models."""
     doc = client.get("/openapi.json").json()
     for path, body, answer in (
@@ -279,7 +282,7 @@ def test_traced_and_eager_models_answer_alike(client: TestClient, tiny_artifacts
 
 
 def test_models_on_the_cpu_batch_up_to_32_queries(client: TestClient) -> None:
-    batchers = {name: served.batcher for name, served in client.app.state.services.registry.models.items()}
+    batchers = {name: served.batcher for name, served in client.app.state.services.loaded.models.items()}
     assert batchers and all(b.max_batch_size == 32 for b in batchers.values())
 
 
@@ -356,7 +359,7 @@ def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts:
                 sent.append(message)
 
             async def later() -> None:
-                batcher = app.state.services.registry.models["sasrec-tiny"].batcher
+                batcher = app.state.services.loaded.models["sasrec-tiny"].batcher
                 while batcher.depth == 0:  # queued behind the busy model
                     await asyncio.sleep(0.01)
                 hang_up.set()

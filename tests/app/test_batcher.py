@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.engine.batcher import (
+from app.batcher import (
     AbandonedError,
     BatcherStoppedError,
     BatchTimeoutError,
@@ -16,6 +16,7 @@ from app.engine.batcher import (
     QueueFullError,
 )
 from app.limits import BatchPolicy
+from tests.servers import wait_until_async
 
 
 class Model:
@@ -24,8 +25,10 @@ class Model:
         self.delay = delay
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = 0  # calls that reached the model (some may be waiting at the gate)
 
     def __call__(self, items: list[int]) -> list[int]:
+        self.entered += 1
         self.gate.wait()
         time.sleep(self.delay)
         if any(i < 0 for i in items):
@@ -70,7 +73,7 @@ def test_a_failing_request_fails_alone() -> None:
         m.gate.clear()
         b = MicroBatcher(m, BatchPolicy(max_wait_ms=50))
         tasks = [asyncio.create_task(b.submit(x)) for x in ([1], [-1], [2])]
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: m.entered == 1)
         m.gate.set()
         res = await asyncio.gather(*tasks, return_exceptions=True)
         await b.stop()
@@ -86,9 +89,9 @@ def test_queue_bound() -> None:
         m.gate.clear()  # the model hangs until released
         b = MicroBatcher(m, BatchPolicy(max_queue=2, max_wait_ms=0))
         first = asyncio.create_task(b.submit([1]))
-        await asyncio.sleep(0.05)  # the worker took it and is blocked in the model
+        await wait_until_async(lambda: m.entered == 1)  # the worker took it and is blocked in the model
         waiting = [asyncio.create_task(b.submit([2])), asyncio.create_task(b.submit([3]))]
-        await asyncio.sleep(0.01)
+        await wait_until_async(lambda: b.depth == 2)
         with pytest.raises(QueueFullError):
             await b.submit([4])
         m.gate.set()
@@ -140,7 +143,7 @@ def test_stop_answers_everything_accepted() -> None:
         m.gate.clear()
         b = MicroBatcher(m, BatchPolicy(max_batch_size=1))
         tasks = [asyncio.create_task(b.submit([i])) for i in range(5)]
-        await asyncio.sleep(0.02)
+        await wait_until_async(lambda: m.entered == 1 and b.depth == 4)
         stopper = asyncio.create_task(b.stop())
         await asyncio.sleep(0.02)
         m.gate.set()
@@ -228,7 +231,7 @@ def test_a_request_larger_than_a_batch_runs_in_chunks_and_stops_when_its_caller_
         m.calls.clear()
         m.gate.clear()
         task = asyncio.create_task(b.submit(list(range(100, 140))))  # 5 chunks
-        await asyncio.sleep(0.05)  # the first chunk is in the model, behind the gate
+        await wait_until_async(lambda: m.entered == 4)  # the first chunk is in the model, behind the gate
         task.cancel()
         m.gate.set()
         with pytest.raises(asyncio.CancelledError):
@@ -260,9 +263,9 @@ def test_a_request_whose_client_has_gone_is_not_run_at_its_turn() -> None:
         b = MicroBatcher(m, BatchPolicy(max_batch_size=4, max_wait_ms=1))
         gone = False
         busy = asyncio.create_task(b.submit([1]))
-        await asyncio.sleep(0.05)  # the model is busy with [1]
+        await wait_until_async(lambda: m.entered == 1)  # the model is busy with [1]
         left = asyncio.create_task(b.submit([2, 3, 4, 5, 6, 7], abandoned=lambda: gone))  # two chunks, queued
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: b.depth == 2)
         gone = True
         m.gate.set()
         await busy

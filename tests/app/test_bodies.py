@@ -11,7 +11,9 @@ from pydantic import BaseModel
 
 from app.bodies import MAX_DETAILS, BodyError, is_json, parse, parse_large
 from app.limits import Limits
-from app.schemas import bounded, next_location_body, recommend_body
+from app.routers.next_location import next_location_body
+from app.routers.recommend import recommend_body
+from app.schemas import bounded
 
 LIMITS = Limits(
     max_queries=8, max_k=50, max_history=20, max_exclude_items=5, max_total_k=100, max_total_items=60, max_events=10

@@ -140,20 +140,20 @@ def test_a_version_that_does_not_load_in_time_is_broken_and_reload_moves_on(
 ) -> None:
     """A read that never returns (a hung mount): the version is reported broken after the deadline, the
     reload answers, and the next reload is not queued behind the stuck one."""
-    from app.engine.registry import ModelRegistry
+    from app.loaded import LoadedModels
 
     root = tmp_path / "arts"
     shutil.copytree(tiny_artifacts, root)
     old = latest_versions(root)["sasrec-tiny"]
     release = threading.Event()
-    load = ModelRegistry._load
+    load = LoadedModels._load
 
-    def stuck(self: ModelRegistry, name: str, folder: Path, *args: object) -> object:
+    def stuck(self: LoadedModels, name: str, folder: Path, *args: object) -> object:
         if folder.name == NEWER:
             release.wait(30)
         return load(self, name, folder, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ModelRegistry, "_load", stuck)
+    monkeypatch.setattr(LoadedModels, "_load", stuck)
     settings = Settings(artifacts_dir=root, device="cpu", admin_api_key="k", load_timeout_s=0.5)
     try:
         with TestClient(create_app(settings)) as c:

@@ -174,7 +174,7 @@ def test_restart_does_not_fold_again_or_lose_events(
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
         if attempt == 0:
-            # Behind the service's back, a live event the artifact holds: folding again would drop it.
+            # Behind the service's back, a live event the artifact holds: dropping trained events again would drop it.
             store = open_test_store()
             store.append(NS, [Event("marker", "u2", held[0], held[1])])
             store.close()

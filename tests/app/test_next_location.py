@@ -25,6 +25,7 @@ def test_listed_and_ready(client: TestClient) -> None:
     assert models["defaults"]["/next-location"] == "mhsa-tiny"
     info = next(m for m in models["models"] if m["name"] == "mhsa-tiny")
     assert info["task"] == "next_location" and info["kind"] == "mhsa" and info["scoring"] == "traced"
+    assert info["route"] == "/next-location" and info["ranks"] == "locations" and info["exclude_seen_default"] is None
     assert "mhsa-tiny" in client.get("/readyz").json()["models"]
 
 

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
+from tests.servers import wait_until_async
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,7 +122,7 @@ def test_metrics_of_several_workers_are_summed(tmp_path: Path) -> None:
 
 def _blocked_model(app: object, name: str) -> tuple[threading.Event, threading.Event, list[int]]:
     """Make `name`'s model calls wait on a gate: (gate, entered, sizes of the batches it ran)."""
-    served = app.state.services.registry.models[name]  # type: ignore[attr-defined]
+    served = app.state.services.loaded.models[name]  # type: ignore[attr-defined]
     gate, entered, sizes = threading.Event(), threading.Event(), []
     real = served.batcher.fn
 
@@ -195,7 +196,7 @@ def test_access_lines_are_written_in_batches_in_the_log_format(tmp_path: Path) -
         log.write("POST /recommend 200 1.2ms", "rid-1")
         log.write("GET /models 200 0.3ms", "rid-2")
         before = out.read_text()  # kept, not yet written
-        await asyncio.sleep(0.2)  # the timer's flush
+        await wait_until_async(lambda: "rid-2" in out.read_text())  # the timer's flush
         plain = AccessLog(json_lines=False, fd=fd)
         plain.write("GET /history 401 0.1ms", "rid-3")
         plain.flush()

@@ -170,12 +170,12 @@ def test_a_request_keeps_its_model_version_through_a_reload(tiny_artifacts: Path
                 req = asyncio.create_task(
                     c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]})
                 )
-                old = services.registry.models["sasrec-tiny"]
+                old = services.loaded.models["sasrec-tiny"]
                 await wait_until_async(lambda: old.holders == 1)  # leased, waiting on the store
                 _new_version(root, "sasrec-tiny", "29990101T000000Z")
                 reload = asyncio.create_task(c.post("/admin/reload", headers=KEY))
                 await wait_until_async(  # swapped in
-                    lambda: services.registry.models["sasrec-tiny"].version == "29990101T000000Z"
+                    lambda: services.loaded.models["sasrec-tiny"].version == "29990101T000000Z"
                 )
                 assert not old.batcher.stopped  # but the old one still owes an answer
                 gate.set()

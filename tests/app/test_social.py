@@ -33,6 +33,8 @@ def _rec(client: TestClient, query: dict) -> dict:
 def test_listed_with_its_task(client: TestClient) -> None:
     info = next(m for m in client.get("/models").json()["models"] if m["name"] == MODEL)
     assert info["task"] == "social" and info["kind"] == "social" and info["scoring"] == "traced"
+    # What the console needs, declared rather than guessed from the task's name.
+    assert info["route"] == "/recommend" and info["ranks"] == "users" and info["exclude_seen_default"] is False
     assert MODEL in client.get("/readyz").json()["models"]
 
 

@@ -1,4 +1,4 @@
-"""Both history stores behave the same: folding, idempotent appends, conflicts, bounds, ordering."""
+"""Both history stores behave the same: dropping trained events, idempotent appends, conflicts, bounds, ordering."""
 
 from __future__ import annotations
 
@@ -33,14 +33,14 @@ def test_fold_drops_what_the_artifact_holds_once_per_token(store: HistoryStore) 
     store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 40.0), Event("e3", "u2", "z", math.nan)])
     store.append("beauty", [Event("e1", "u1", "x", 30.0)])
     # Retrained on data that includes e1 and e3: the artifact holds them, so they must not count twice.
-    assert store.fold("ml", "v1", held({"u1": {("x", 30.0), ("y", 41.0)}, "u2": {("z", None)}})) == 2
+    assert store.drop_trained_events("ml", "v1", held({"u1": {("x", 30.0), ("y", 41.0)}, "u2": {("z", None)}})) == 2
     assert store.events("ml", ["u1", "u2"]) == {"u1": [("y", 40.0, None)]}
-    assert store.fold("ml", "v1", held({"u1": {("y", 40.0)}})) is None  # same data: nothing done
+    assert store.drop_trained_events("ml", "v1", held({"u1": {("y", 40.0)}})) is None  # same data: nothing done
     assert store.events("ml", ["u1"]) == {"u1": [("y", 40.0, None)]}
     assert store.events("beauty", ["u1"]) == {"u1": [("x", 30.0, None)]}  # namespaces are separate
     # Replaying e1 is still a no-op: its id stays known.
     assert store.append("ml", [Event("e1", "u1", "x", 30.0)]) == ["duplicate"]
-    assert store.fold("ml", "v2", held({})) == 0
+    assert store.drop_trained_events("ml", "v2", held({})) == 0
 
 
 def test_append_is_idempotent_and_ordered(store: HistoryStore) -> None:
@@ -199,7 +199,7 @@ def test_redis_layout_of_the_first_version_is_migrated(redis_server: object) -> 
     r.rpush("seqserve:ml:ev:u1", json.dumps(["x", 5.0]), json.dumps(["y", None]))
     r.hset("seqserve:ml:base", "u1", '[["a", 1.0]]')
     s = RedisStore(url)
-    assert s.fold("ml", "h1", held({})) == 0
+    assert s.drop_trained_events("ml", "h1", held({})) == 0
     assert not r.exists("seqserve:ml:base")
     (y, ty, _), x = s.events("ml", ["u1"])["u1"]
     assert y == "y" and math.isnan(ty) and x == ("x", 5.0, None)  # no time sorts first
@@ -232,7 +232,7 @@ def test_recent_reads_every_users_own_events_of_a_span(store: HistoryStore) -> N
         [
             Event("a", "u1", "v1", 100.0, "c2q"),
             Event("b", "u2", "v1", 150.0, "a2q"),
-            Event("<-b", "v1", "u2", 150.0, "<-a2q", received=True),  # a mirrored step: not counted again
+            Event("<-b", "v1", "u2", 150.0, "<-a2q", received=True),  # a received step: not counted again
             Event("c", "u3", "v2", 200.0, "c2q"),
             Event("d", "u1", "v3", 250.0, "c2q"),
         ],
@@ -249,7 +249,7 @@ def test_recent_reads_every_users_own_events_of_a_span(store: HistoryStore) -> N
     ]
     assert store.recent("soc", start=300.0, end=400.0) == []
     # Folded into a new artifact: counted from its log from now on, so no longer here.
-    assert store.fold("soc", "v1", held({"u1": {("v1", 100.0)}})) == 1
+    assert store.drop_trained_events("soc", "v1", held({"u1": {("v1", 100.0)}})) == 1
     assert [e[0] for e in store.recent("soc", start=0.0, end=1e9)] == ["u2", "u3", "u1"]
 
 

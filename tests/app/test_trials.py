@@ -80,7 +80,7 @@ def test_a_shadow_never_changes_or_holds_up_the_live_answer(
         before = _ask(c, USERS[:8])
         _start(c, first, "shadow")
         services = c.app.state.services  # type: ignore[attr-defined]
-        trial = services.registry.trials["sasrec-tiny"]
+        trial = services.loaded.trials["sasrec-tiny"]
         slow = trial.engine.infer
 
         def sleepy(batch: list[Any]) -> list[Any]:
@@ -156,7 +156,7 @@ def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> Non
     state = tmp_path / "s"
     with TestClient(create_app(_settings(root, state, promote_min_events=100))) as c:
         _start(c, first, "canary", 0.5)
-        since = c.app.state.services.registry.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
+        since = c.app.state.services.loaded.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
         store = SQLiteStore(state / "h.sqlite3")
         # 30 users a side, as good as the live version within the interval: promoted.
         store.add_user_sums(
@@ -172,7 +172,7 @@ def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> Non
         assert 'seqserve_candidate_changes_total{action="promoted",model="sasrec-tiny"} 1.0' in c.get("/metrics").text
         # The newer version on trial now, far worse: retired, the promoted one keeps serving.
         _start(c, NEWER, "canary", 0.5)
-        since = c.app.state.services.registry.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
+        since = c.app.state.services.loaded.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
         store.add_user_sums(
             {("sasrec-tiny", since, first, "live", f"u{n}"): (5, 1.5 + (n % 3) * 0.1) for n in range(30)}
             | {("sasrec-tiny", since, NEWER, "canary", f"w{n}"): (5, 0.2 + (n % 3) * 0.1) for n in range(30)}

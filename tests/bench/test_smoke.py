@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.servers import ROOT, free_port
 
 BENCH = ROOT / "bench"
@@ -61,3 +63,118 @@ def test_online_memory_reports_bytes_per_user_and_scores_every_list() -> None:
     report = json.loads(_run("online_memory.py", "--users", "2000", "--k", "10"))
     assert report["left_after_scoring"] == 0  # one arrival per user scored each user's list
     assert 100 < report["bytes_per_active_user"] < 5000
+
+
+def test_gen_log_writes_the_rows_asked_for_as_csv_and_parquet(tmp_path: Path) -> None:
+    import pandas as pd
+
+    _run(
+        "gen_log.py", "--rows", "3000", "--users", "40", "--items", "200", "--part-rows", "1000", "--out", str(tmp_path)
+    )
+    csv = pd.read_csv(tmp_path / "log.csv")
+    parts = sorted((tmp_path / "parquet").glob("*.parquet"))
+    assert len(csv) == 3000 and list(csv.columns) == ["user_id", "item_id", "timestamp"]
+    assert len(parts) == 3 and sum(len(pd.read_parquet(p)) for p in parts) == 3000
+    assert csv["user_id"].nunique() <= 40 and csv["item_id"].nunique() <= 200
+
+
+def test_catalog_scaling_times_each_catalog_and_a_trained_artifact(tiny_artifacts: Path) -> None:
+    from models.artifact import latest_versions
+
+    text = _run("catalog_scaling.py", "--items", "2000", "--batch", "4", "--threads", "1", "--repeats", "1")
+    assert "2000" in text.replace(",", "")
+    version = latest_versions(tiny_artifacts)["sasrec-tiny"]
+    assert _run("catalog_scaling.py", "--artifact", str(version), "--batch", "4", "--users", "8", "--repeats", "1")
+
+
+def test_rec_table_prints_the_model_beside_its_baselines(tiny_artifacts: Path) -> None:
+    from models.artifact import latest_versions
+
+    versions = latest_versions(tiny_artifacts)
+    text = _run("rec_table.py", str(versions["sasrec-tiny"]), str(versions["bert4rec-tiny"]))
+    assert "sasrec-tiny" in text and "bert4rec-tiny" in text and "transitions" in text
+
+
+def test_transition_width_scores_validation_by_width_and_weight(
+    tiny_artifacts: Path, synthetic_dir: Path, tmp_path: Path
+) -> None:
+    from models.artifact import latest_versions
+
+    config = tmp_path / "c.toml"
+    config.write_text('name = "x"\n[model]\nkind = "sasrec"\n')
+    for model in ("sasrec-tiny", "bert4rec-tiny"):  # any next-item scorer takes the prior
+        version = latest_versions(tiny_artifacts)[model]
+        args = ("--config", str(config), "--data", str(synthetic_dir), "--widths", "0", "4")
+        text = _run("transition_width.py", str(version), *args)
+        assert "width 0: 0: " in text and "width 4: 0: " in text and "| 3: " in text, text
+
+
+def test_load_measures_the_ceiling_the_no_op_and_the_service(tiny_artifacts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    _run(
+        "load.py",
+        *("--artifacts", str(tiny_artifacts), "--models", "sasrec-tiny", "--modes", "raw", "noop", "batched"),
+        *("--concurrency", "2", "--seconds", "1", "--warmup", "0.2", "--port", str(free_port()), "--out", str(out)),
+    )
+    rows = json.loads(out.read_text())
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    assert {r["mode"] for r in rows} >= {"raw", "noop", "batched"}
+    assert all(r["rps"] > 0 and r.get("errors", 0) == 0 for r in rows)
+
+
+def test_scale_serve_starts_the_service_on_a_synthetic_user_count(tiny_artifacts: Path, tmp_path: Path) -> None:
+    text = _run(
+        "scale_serve.py",
+        *("--artifact", str(tiny_artifacts / "sasrec-tiny"), "--users", "500", "--events", "5", "--workers", "1"),
+        *("--requests", "50", "--seconds", "1", "--no-cold", "--work", str(tmp_path / "work")),
+    )
+    assert "| 500 |" in text.replace(",", "")
+
+
+def test_social_activity_chooses_on_validation_and_scores_test(tiny_social_artifact: Path, social_file: Path) -> None:
+    from models.artifact import latest_versions
+
+    (version,) = latest_versions(tiny_social_artifact).values()
+    text = _run("social_activity.py", "--choose-on", str(version), "--data", str(social_file))
+    assert "| model |" in text and "model +" in text
+
+
+@pytest.fixture(scope="module")
+def rated_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated log in ml-100k's .inter layout (user, item, rating, time), what the replay benches read."""
+    import pandas as pd
+
+    folder = tmp_path_factory.mktemp("rated")
+    _run(
+        "gen_log.py", *("--rows", "6000", "--users", "200", "--items", "400", "--formats", "csv"), "--out", str(folder)
+    )
+    df = pd.read_csv(folder / "log.csv")
+    df.insert(2, "rating", 5)
+    df.columns = ["user_id:token", "item_id:token", "rating:float", "timestamp:float"]
+    df.to_csv(folder / "log.inter", sep="\t", index=False)
+    return folder / "log.inter"
+
+
+def test_replay_s_online_figures_equal_its_own_computation(rated_log: Path, tmp_path: Path) -> None:
+    out = tmp_path / "replay.json"
+    _run(
+        "replay.py",
+        *("--data", str(rated_log), "--minutes", "0.02", "--warm-minutes", "0.02", "--min-events", "20"),
+        *("--workers", "1", "--decide-s", "2", "--port", str(free_port()), "--out", str(out)),
+        timeout=400,
+    )
+    report = json.loads(out.read_text())
+    assert report["equal"] is True and report["unscored"] == []
+
+
+def test_warm_retrain_publishes_a_version_and_tests_it_beside_a_cold_one(rated_log: Path, tmp_path: Path) -> None:
+    out = tmp_path / "warm.json"
+    _run(
+        "warm_retrain.py",
+        *("--data", str(rated_log), "--events", "300", "--minutes", "0.02", "--cold-minutes", "0.02"),
+        *("--port", str(free_port()), "--out", str(out)),
+        timeout=400,
+    )
+    report = json.loads(out.read_text())
+    assert report["warm"]["warm_start"]["items_kept"] > 0 and report["warm"]["version"]
+    assert report["cold"]["test_ndcg10"] > 0 and report["warm_over_cold"] > 0

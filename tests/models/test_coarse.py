@@ -8,10 +8,10 @@ from models.artifact import latest_versions
 from models.base import SequentialRecommender
 from models.bert4rec import BERT4Rec, BERT4RecConfig
 from models.coarse import CoarseRanker, wide_ranker
+from models.engine import EngineOptions
 from models.ids import N_SPECIAL
 from models.ranking import Ranked, pack_histories, recommend
 from models.sasrec import SASRec, SASRecConfig
-from models.serving import EngineOptions
 from models.tasks import TASKS
 from models.tasks.recommend import RecQuery, load_artifact
 from tests.conftest import stored_users

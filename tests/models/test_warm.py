@@ -49,13 +49,13 @@ def test_bert4rec_mask_row_moves_past_the_new_items() -> None:
 
 
 def test_live_steps_the_table_holds_are_not_read_twice(tiny_artifacts: object) -> None:
-    """A candidate trained on live events still sees them in the store (it does not fold): the steps no
+    """A candidate trained on live events still sees them in the store (it does not drop them): the steps no
     newer than the user's newest stored step are skipped, and a step without a time is kept."""
     import math
     from pathlib import Path
 
     from models.artifact import latest_versions
-    from models.serving import EngineOptions
+    from models.engine import EngineOptions
     from models.tasks import TASKS
     from models.tasks.recommend import RecQuery
 

@@ -16,10 +16,10 @@ from torch import nn
 from app.limits import Limits
 from app.routers.tasks import TaskRoute
 from app.schemas import Body
-from models import artifact as A
+from models import artifact
+from models.engine import Engine, EngineOptions, QueryError, Timeline
+from models.kinds import build
 from models.manifest import Manifest
-from models.registry import build
-from models.serving import Engine, EngineOptions, QueryError, Timeline
 from models.tasks import Route, Task
 from training.config import LoopConfig
 from training.job import Export, Job
@@ -104,8 +104,8 @@ class ToyArtifact:
 
 
 def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> ToyArtifact:
-    manifest = A.read_manifest(folder)
-    return ToyArtifact(manifest, A.read_model(folder, manifest, ToyModel, map_location))
+    manifest = artifact.read_manifest(folder)
+    return ToyArtifact(manifest, artifact.read_model(folder, manifest, ToyModel, map_location))
 
 
 @dataclass

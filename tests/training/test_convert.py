@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from models.artifact import latest_versions
-from models.serving import EngineOptions
+from models.engine import EngineOptions
 from models.tasks import TASKS
 from models.tasks.recommend import RecQuery, UserQueryEngine
 from tests.conftest import stored, stored_users

@@ -225,7 +225,7 @@ def test_mathoverflow_protocol_counts() -> None:
 
 
 def test_without_received_steps_histories_and_events_are_one_way(social_file: Path, tmp_path: Path) -> None:
-    from models.serving import EngineOptions
+    from models.engine import EngineOptions
     from models.tasks.social import SocialEngine
     from tests.conftest import TINY_SOCIAL, run_job
 
@@ -237,11 +237,11 @@ def test_without_received_steps_histories_and_events_are_one_way(social_file: Pa
     art = load_artifact(folder)
     assert sorted(art.actions.raws()) == ["a2q", "c2a", "c2q"]
     assert not any((a or "").startswith("<-") for u in stored_users(art) for _, _, a in stored(art, u))
-    assert SocialEngine(art, EngineOptions()).mirror("s1", "s2", "a2q") is None
+    assert SocialEngine(art, EngineOptions()).received_step("s1", "s2", "a2q") is None
 
 
 def test_training_counts_recent_activity_as_serving_does(tiny_social_artifact: Path, social_file: Path) -> None:
-    from models.serving import EngineOptions
+    from models.engine import EngineOptions
     from models.tasks.recommend import RecQuery
     from models.tasks.social import SocialEngine, SocialExtra
     from tests.conftest import TINY_SOCIAL

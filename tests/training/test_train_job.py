@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models.artifact import latest_versions
-from models.registry import build_recommender
+from models.kinds import build_recommender
 from models.tasks.recommend import load_artifact as load_rec_artifact
 from tests.conftest import CONFIGS, TINY_REC, run_job, stored, stored_users
 from training.config import kind_of, read_raw

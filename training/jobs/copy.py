@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from models import artifact as A
+from models import artifact
 from models.ids import PAD
-from models.registry import build
+from models.kinds import build
 from models.seq2seq import BOS, EOS, FIRST_TOKEN, Seq2Seq, Seq2SeqBatch
 from training.config import LoopConfig
 from training.job import Export, Job
@@ -185,7 +185,7 @@ class CopyJob(Job[CopyData, LoopConfig, CopyEval]):
         h = self.history
         best = {
             "epoch": h.best_epoch,
-            "path": A.WEIGHTS,
+            "path": artifact.WEIGHTS,
             "val_loss": h.val[h.best_epoch - 1].get("loss") if h.best_epoch else None,
         }
         d = self.cfg.data

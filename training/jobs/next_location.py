@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from models import artifact as A
+from models import artifact
 from models.features import BUCKETING
 from models.ids import PAD, UNK, IdMap
+from models.kinds import build
 from models.mhsa import MHSA
-from models.registry import build
 from models.staypoints import StayBatch, collate_staypoints
 from training.config import Empty, LoopConfig
 from training.data.staypoints import ProtocolSplit, Sample, build_protocol, load_staypoints, split_by_day
@@ -200,7 +200,7 @@ class NextLocationJob(Job[LocData, LocTrain, Empty]):
             "users": split.users.n_entities,
         }
         return Export(
-            files={A.LOCATIONS: split.locations, A.USERS: split.users},
+            files={artifact.LOCATIONS: split.locations, artifact.USERS: split.users},
             data=info,
             namespace=self.cfg.data.name or self.cfg.name,
             extra={"bucketing": BUCKETING},

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from models import artifact as A
+from models import artifact
 from models.base import SequentialRecommender
 from models.histories import IndexedHistories
 from models.ids import N_SPECIAL, IdMap
-from models.registry import build_recommender
+from models.kinds import build_recommender
 from models.tasks.recommend import RecArtifact, load_artifact
 from models.warm import carry_over
 from training.config import LoopConfig, read_raw
@@ -132,9 +132,10 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     _negatives: dict[tuple[int, str], tuple[EvalSet, list[torch.Tensor]]]  # sampled protocols' draws per set
 
     @classmethod
-    def prepared(cls, config: Path) -> RecommendJob:
-        """A job of this config with its data loaded and split (ids, split, popularity), nothing trained."""
-        job = cls(cls.parse_config(read_raw(config, [])), out_root=Path("artifacts"), data_path=None)
+    def prepared(cls, config: Path, *, data: Path | None = None) -> RecommendJob:
+        """A job of this config (on `data` when given) with its data loaded and split (ids, split,
+        popularity), nothing trained."""
+        job = cls(cls.parse_config(read_raw(config, [])), out_root=Path("artifacts"), data_path=data)
         job.prepare_data()
         return job
 
@@ -387,14 +388,16 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     def export(self, model: nn.Module) -> Export:
         d = self.data
         files = {
-            A.ITEMS: self.items,
-            A.ITEM_META: {"unit": d.release_unit, "release": d.release},
+            artifact.ITEMS: self.items,
+            artifact.ITEM_META: {"unit": d.release_unit, "release": d.release},
             # The table's keys are the users: no separate user map (the model has no user embedding).
-            A.HISTORIES: IndexedHistories(d.users, d.ends, items=d.items.astype(np.int32) + N_SPECIAL, times=d.times),
+            artifact.HISTORIES: IndexedHistories(
+                d.users, d.ends, items=d.items.astype(np.int32) + N_SPECIAL, times=d.times
+            ),
         }
         fields = item_fields(d, self.items)
         if fields:
-            files[A.ITEM_FIELDS] = {"fields": fields}
+            files[artifact.ITEM_FIELDS] = {"fields": fields}
         info = {
             "source": d.source,
             "sha256": d.sha256,

@@ -20,11 +20,11 @@ import pandas as pd
 import torch
 from torch import nn
 
-from models import artifact as A
+from models import artifact
 from models.activity import EventLog, as_tensors, recent_activity
 from models.histories import HistoryColumns
 from models.ids import N_SPECIAL, UNK, IdMap
-from models.registry import build
+from models.kinds import build
 from models.social import SocialBatch, SocialModel, incoming, time_buckets
 from training.config import LoopConfig
 from training.data.social import Periods, Timelines, load_social, period_queries, two_way
@@ -331,14 +331,14 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         }
         files: dict[str, Any] = {}
         if model.config.activity:  # what serving counts recent activity from, until live events take over
-            files[A.EVENTS] = EventLog(lg.time, made=self.src, received=self.tgt, actions=self.act)
+            files[artifact.EVENTS] = EventLog(lg.time, made=self.src, received=self.tgt, actions=self.act)
         return Export(
             files={
                 **files,
-                A.USERS: self.users,
-                A.ACTIONS: self.actions,
-                A.HISTORIES: histories,
-                A.USER_META: {"unit": "second", "first_activity": first_time},
+                artifact.USERS: self.users,
+                artifact.ACTIONS: self.actions,
+                artifact.HISTORIES: histories,
+                artifact.USER_META: {"unit": "second", "first_activity": first_time},
             },
             data=info,
             namespace=self.cfg.data.name or self.cfg.name,

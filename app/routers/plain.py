@@ -2,7 +2,7 @@
 
 FastAPI's per-request handling of a route (its dependency solving, three exit stacks, the
 included-route context, its exception wrapper) was half of a no-op request's event-loop CPU:
-245 -> 116 us in-process (docs/decisions/lean-routes.md). A lean endpoint takes the Request and
+245 -> 116 us in-process (docs/decisions/plain-routes.md). A plain endpoint takes the Request and
 gets its services and its parsed body from app.deps (`services_of`, `parse_body`), the functions
 the typed dependencies of the other routes call; what it raises reaches the app's exception
 handlers like any route's error. The OpenAPI document is built from `documented`, FastAPI routes of
@@ -42,7 +42,7 @@ class LeanRoute(Route):
         return match, child_scope
 
 
-class LeanRouter:
+class PlainRouter:
     """POST endpoints of the request path: `routes` to serve, `documented` for the OpenAPI document."""
 
     def __init__(self, *, tags: list[str], include_in_schema: bool = True) -> None:

@@ -5,6 +5,8 @@ An engine holds one loaded artifact on one device. Serving a request is three ho
   run(batch)              one forward pass over the prepared queries of many requests -> tensors
   results(batch, output)  tensors -> raw ids and scores, per query
 `infer` is run + results: what a micro-batcher calls with the queries of several requests.
+That is the core (`Engine`); what only some tasks do is a capability of its own (`UserHistories`,
+`ItemDisplay`, `Actions`, `RecentActivity`), which an engine inherits and the serving code checks for.
 Training's batch prediction uses the same engine, so serving and offline prediction cannot drift.
 """
 
@@ -95,7 +97,8 @@ def optional_time(t: float | None) -> float | None:
 
 
 class Engine(ABC, Generic[Q, P, R]):
-    """One loaded artifact on one device, answering batches of raw queries."""
+    """One loaded artifact on one device, answering batches of raw queries: the core every served task
+    implements. What only some tasks do is a capability below, which the serving code checks for."""
 
     manifest: Manifest
     device: torch.device
@@ -105,73 +108,6 @@ class Engine(ABC, Generic[Q, P, R]):
     @abstractmethod
     def catalog_size(self) -> int:
         """Entities the model ranks (items, places, users)."""
-
-    @property
-    def namespace(self) -> str | None:
-        """The history store's namespace whose live events the queries read; None = no live history."""
-        return None
-
-    @property
-    def live_budget(self) -> int:
-        """Newest live events per user that prepare() can use (the model's window plus exclusions)."""
-        return 0
-
-    def stored_events(self, user: str) -> set[tuple[str | None, float | None]]:
-        """The artifact's own events of `user` as (raw id, time) keys. A live event among them was in
-        the data this artifact was trained on: the store folds it (once per data hash)."""
-        return set()
-
-    def users(self, queries: Sequence[Q]) -> list[str]:
-        """Users whose live events the queries need."""
-        return []
-
-    def subject(self, query: Q) -> str | None:
-        """The stored user a query asks about (its answer can be scored against that user's next event,
-        and a canary split is sticky by it); None for a query that carries its whole history."""
-        return None
-
-    def ranked(self, result: R) -> list[str]:
-        """The raw ids of an answer, best first (what a user was shown)."""
-        return []
-
-    def recent_span(self, prepared: Sequence[P]) -> tuple[float, float] | None:
-        """The time span [start, end) of every user's live events in the namespace that the prepared
-        queries need (a social model's recent activity), else None."""
-        return None
-
-    def add_recent(self, prepared: Sequence[P], events: Sequence[RecentEvent]) -> None:
-        """Hand the prepared queries the live events of `recent_span` (oldest first), before they run."""
-
-    @property
-    def actions(self) -> list[str] | None:
-        """The actions a history step must carry (a social model's vocabulary); None: no action."""
-        return None
-
-    def check_action(self, action: str | None) -> str | None:
-        """Why an event's action is not acceptable to this model, or None when it is."""
-        return None
-
-    def mirror(self, user_id: str, item_id: str, action: str | None) -> tuple[str, str, str | None] | None:
-        """The step an event of `user_id` also adds to another user's timeline, as (user, item, action);
-        None when it adds none (a social model's target sees who acted on them)."""
-        return None
-
-    @property
-    def item_fields(self) -> list[str]:
-        """Display fields (title, genres, ...) a query can ask for with the entities this model ranks."""
-        return []
-
-    def describe(self, raw_ids: Sequence[str], fields: Sequence[str]) -> list[dict[str, Any]]:
-        """Per raw id, its values of `fields` (names from item_fields); a missing value is left out."""
-        return [{} for _ in raw_ids]
-
-    def stored_timeline(self, user: str) -> Timeline:
-        """The artifact's history of `user`, oldest first; empty when it has none."""
-        return []
-
-    def known(self, raw_ids: Sequence[str]) -> list[bool]:
-        """Per raw id: whether the model knows it (an unknown one counts after the next training run)."""
-        return [True] * len(raw_ids)
 
     @abstractmethod
     def prepare(self, queries: Sequence[Q], live: Mapping[str, Timeline]) -> list[P]: ...
@@ -193,3 +129,97 @@ class Engine(ABC, Generic[Q, P, R]):
     def answer(self, queries: Sequence[Q], live: Mapping[str, Timeline] | None = None) -> list[R]:
         """prepare + infer in one call, for offline use and tests."""
         return self.infer(self.prepare(queries, live or {}))
+
+
+# --- capabilities: what some engines offer beside the core ---------------------------------------------
+
+
+class UserHistories(ABC, Generic[Q, R]):
+    """Queries by user id over per-user histories: the artifact's table, plus the live events the
+    history store keeps in `namespace` (POST /events writes them). Its by-user answers can be scored
+    against the user's next event."""
+
+    exclude_seen_default: bool = True  # whether a query that does not say removes the user's earlier items
+
+    @property
+    @abstractmethod
+    def namespace(self) -> str:
+        """The history store's namespace whose live events the queries read."""
+
+    @property
+    @abstractmethod
+    def live_budget(self) -> int:
+        """Newest live events per user that prepare() can use (the model's window plus exclusions)."""
+
+    @abstractmethod
+    def users(self, queries: Sequence[Q]) -> list[str]:
+        """Users whose live events the queries need."""
+
+    @abstractmethod
+    def subject(self, query: Q) -> str | None:
+        """The stored user a query asks about (its answer can be scored against that user's next event,
+        and a canary split is sticky by it); None for a query that carries its whole history."""
+
+    @abstractmethod
+    def ranked(self, result: R) -> list[str]:
+        """The raw ids of an answer, best first (what a user was shown)."""
+
+    @abstractmethod
+    def stored_timeline(self, user: str) -> Timeline:
+        """The artifact's history of `user`, oldest first; empty when it has none."""
+
+    def stored_events(self, user: str) -> set[tuple[str | None, float | None]]:
+        """The artifact's own events of `user` as (raw id, time) keys. A live event among them was in
+        the data this artifact was trained on: the store drops it (`drop_trained_events`, once per
+        data hash)."""
+        return {(r, optional_time(t)) for r, t, _ in self.stored_timeline(user)}
+
+    @abstractmethod
+    def known(self, raw_ids: Sequence[str]) -> list[bool]:
+        """Per raw id: whether the model knows it (an unknown one counts after the next training run)."""
+
+
+class ItemDisplay(ABC):
+    """Display fields (title, genres, ...) that a query can ask for with the entities the model ranks."""
+
+    @property
+    @abstractmethod
+    def item_fields(self) -> list[str]:
+        """The field names a query may ask for."""
+
+    @abstractmethod
+    def describe(self, raw_ids: Sequence[str], fields: Sequence[str]) -> list[dict[str, Any]]:
+        """Per raw id, its values of `fields` (names from item_fields); a missing value is left out."""
+
+
+class Actions(ABC):
+    """Steps that carry an action from a vocabulary (a social model's), and events that also add a step
+    to another user's timeline (the target sees who acted on them)."""
+
+    @property
+    @abstractmethod
+    def actions(self) -> list[str]:
+        """The actions a history step must carry."""
+
+    @abstractmethod
+    def check_action(self, action: str | None) -> str | None:
+        """Why an event's action is not acceptable to this model, or None when it is."""
+
+    @abstractmethod
+    def received_step(self, user_id: str, item_id: str, action: str | None) -> tuple[str, str, str | None] | None:
+        """The step an event of `user_id` also adds to another user's timeline, as (user, item, action);
+        None when it adds none."""
+
+
+class RecentActivity(ABC, Generic[P]):
+    """Prepared queries that also count every user's live events of a recent span (a social model's
+    recent activity), handed over before they run."""
+
+    @abstractmethod
+    def recent_span(self, prepared: Sequence[P]) -> tuple[float, float] | None:
+        """The time span [start, end) of every user's live events that the prepared queries need, or
+        None when they need none."""
+
+    @abstractmethod
+    def add_recent(self, prepared: Sequence[P], events: Sequence[RecentEvent]) -> None:
+        """Hand the prepared queries the live events of `recent_span` (oldest first)."""

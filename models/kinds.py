@@ -1,4 +1,4 @@
-"""The one registry from model kind to (config dataclass, module class), filled by the task table
+"""MODEL_KINDS: each model kind's (config dataclass, module class), filled by the task table
 (models.tasks.register: each task's row lists its model kinds)."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from torch import nn
 
 from models.base import SequentialRecommender
 
-REGISTRY: dict[str, tuple[type[Any], type[nn.Module]]] = {}
+MODEL_KINDS: dict[str, tuple[type[Any], type[nn.Module]]] = {}
 
 
 def build(kind: str, config: dict[str, Any]) -> nn.Module:
     """Construct a model from its kind and config mapping alone."""
-    if kind not in REGISTRY:
-        raise KeyError(f"unknown model kind {kind!r}; known: {sorted(REGISTRY)}")
-    config_cls, model_cls = REGISTRY[kind]
+    if kind not in MODEL_KINDS:
+        raise KeyError(f"unknown model kind {kind!r}; known: {sorted(MODEL_KINDS)}")
+    config_cls, model_cls = MODEL_KINDS[kind]
     known = {f.name for f in dataclasses.fields(config_cls)}
     unknown = set(config) - known
     if unknown:

@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from app.engine.batcher import MicroBatcher
+from app.batcher import MicroBatcher
 from app.errors import ModelUnavailable, UnknownModel
 from app.limits import BatchPolicy
 from app.store import Candidate, HistoryStore, StoreError
 from models.artifact import ArtifactError, artifact_names, check_regular_tree, read_manifest
-from models.serving import Engine, EngineOptions
+from models.engine import Engine, EngineOptions, UserHistories
 from models.tasks import TASKS, Task
 
 log = logging.getLogger(__name__)
@@ -99,10 +99,10 @@ def held(served: Served) -> Iterator[Served]:
 
 
 @dataclass
-class ModelRegistry:
+class LoadedModels:
     options: EngineOptions = field(default_factory=EngineOptions)
     policy: BatchPolicy = field(default_factory=BatchPolicy)
-    store: HistoryStore | None = None  # live events; folded when an artifact trained on them loads
+    store: HistoryStore | None = None  # live events; dropped when an artifact trained on them loads
     on_batch: Callable[[str], Callable[[int, float], None]] | None = None  # model name -> batch observer
     models: dict[str, Served] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # "name/version" (or "name") -> public reason
@@ -223,7 +223,9 @@ class ModelRegistry:
             current.candidate = wanted  # the share or mode may have changed
             return
         folder = [f for f in folders if f.name == wanted.version]
-        trial = self._first_loadable(name, folder, batcher_name=f"{name}:candidate", fold=False) if folder else None
+        trial = None
+        if folder:
+            trial = self._first_loadable(name, folder, batcher_name=f"{name}:candidate", drop_trained=False)
         if trial is None:
             log.error("candidate %s/%s not loaded: no trial runs", name, wanted.version)
             self.trials.pop(name, None)
@@ -283,14 +285,15 @@ class ModelRegistry:
         await old.batcher.stop()  # answers what it had accepted
 
     def _first_loadable(
-        self, name: str, folders: list[Path], *, batcher_name: str | None = None, fold: bool = True
+        self, name: str, folders: list[Path], *, batcher_name: str | None = None, drop_trained: bool = True
     ) -> Served | None:
-        """The newest of `folders` that loads, warms up and folds; each failure recorded on the way. A
-        candidate does not fold: the live version, trained on less, still reads those live events."""
+        """The newest of `folders` that loads and warms up, each failure recorded on the way; the live
+        events it was trained on leave the store. Not for a candidate: the live version, trained on
+        less, still reads them."""
         for folder in folders:
             key = f"{name}/{folder.name}"
             try:
-                served = self._load_within_deadline(name, folder, batcher_name or name, fold)
+                served = self._load_within_deadline(name, folder, batcher_name or name, drop_trained)
             except Exception as exc:  # any defect of one artifact stays with that artifact
                 self.broken[key] = public_reason(exc)
                 cause = f" ({exc.__cause__})" if exc.__cause__ else ""
@@ -307,7 +310,7 @@ class ModelRegistry:
             return served
         return None
 
-    def _load_within_deadline(self, name: str, folder: Path, batcher_name: str, fold: bool) -> Served:
+    def _load_within_deadline(self, name: str, folder: Path, batcher_name: str, drop_trained: bool) -> Served:
         """`_load` in a thread of its own, given up after `load_timeout_s`: a read that never returns
         (a hung network mount, a file swapped for a FIFO after the check) cannot hold the reload lock
         or keep a fresh start from listening. The abandoned thread is a daemon and touches no shared state."""
@@ -316,7 +319,7 @@ class ModelRegistry:
 
         def work() -> None:
             try:
-                outcome.append(self._load(name, folder, batcher_name, fold))
+                outcome.append(self._load(name, folder, batcher_name, drop_trained))
             except BaseException as exc:  # handed to the caller below
                 outcome.append(exc)
             finally:
@@ -329,8 +332,9 @@ class ModelRegistry:
             raise outcome[0]
         return outcome[0]
 
-    def _load(self, name: str, folder: Path, batcher_name: str, fold: bool) -> Served:
-        """Load, warm and fold one version (no shared state touched: safe in a thread)."""
+    def _load(self, name: str, folder: Path, batcher_name: str, drop_trained: bool) -> Served:
+        """Load and warm one version and drop the live events it was trained on (touches no shared state:
+        safe in a thread)."""
         check_regular_tree(folder)
         manifest = read_manifest(folder)
         task = TASKS.get(manifest.task)
@@ -340,30 +344,30 @@ class ModelRegistry:
             raise ArtifactError("manifest.json", f"kind {manifest.kind!r} does not belong to task {task.name!r}")
         engine = task.open(folder, self.options)
         engine.warm_up()
-        if fold:
-            self._fold(engine)
+        if drop_trained:
+            self._drop_trained_events(engine)
         observer = self.on_batch(batcher_name) if self.on_batch else None
         batcher: MicroBatcher[Any, Any] = MicroBatcher(engine.infer, self.policy, on_batch=observer)
         return Served(name=name, task=task, engine=engine, batcher=batcher, folder=folder)
 
-    def _fold(self, engine: Engine[Any, Any, Any]) -> None:
+    def _drop_trained_events(self, engine: Engine[Any, Any, Any]) -> None:
         """Drop the live events this artifact was trained on (once per data hash; walks the users with
         live events, never the artifact's). A store fault is logged, not fatal: the model still serves,
         and requests that need the store answer 503."""
-        if self.store is None or engine.namespace is None:
+        if self.store is None or not isinstance(engine, UserHistories):
             return
         try:
             t0 = time.perf_counter()
-            dropped = self.store.fold(engine.namespace, engine.manifest.data_hash, engine.stored_events)
-            if dropped:  # None: this data hash was folded before; 0: no live event was in it
+            dropped = self.store.drop_trained_events(engine.namespace, engine.manifest.data_hash, engine.stored_events)
+            if dropped:  # None: this data hash was handled before; 0: no live event was in it
                 log.info(
-                    "history store namespace %s: %d live events folded into the artifact's histories in %.1f s",
+                    "history store namespace %s: %d live events the artifact was trained on dropped in %.1f s",
                     engine.namespace,
                     dropped,
                     time.perf_counter() - t0,
                 )
         except StoreError as exc:
-            log.error("could not fold live events of namespace %s: %s", engine.namespace, exc)
+            log.error("could not drop trained live events of namespace %s: %s", engine.namespace, exc)
 
     def _install(self, served: Served) -> Served | None:
         """Swap `served` in under its name; returns the entry it replaced. Runs on the event loop (or
