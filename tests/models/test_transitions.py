@@ -3,6 +3,8 @@ import itertools
 import pytest
 import torch
 
+from models.base import SequentialRecommender
+from models.bert4rec import BERT4Rec, BERT4RecConfig
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.sasrec import SASRec, SASRecConfig
 from models.transitions import transition_table
@@ -41,45 +43,55 @@ def _dense_prior(last: list[int]) -> torch.Tensor:
     return torch.log1p(prior)
 
 
-def _model(weight: float, width: int = 3) -> SASRec:
+KINDS = {"sasrec": (SASRecConfig, SASRec), "bert4rec": (BERT4RecConfig, BERT4Rec)}
+
+
+def _model(weight: float, width: int = 3, kind: str = "sasrec") -> SequentialRecommender:
     torch.manual_seed(0)
-    cfg = SASRecConfig(vocab_size=V, max_len=6, d_model=8, n_heads=1, n_layers=1, d_ff=16, transition_width=width)
-    m = SASRec(cfg).eval()
+    config_cls, model_cls = KINDS[kind]
+    cfg = config_cls(vocab_size=V, max_len=6, d_model=8, n_heads=1, n_layers=1, d_ff=16, transition_width=width)
+    m = model_cls(cfg).eval()
     m.set_transitions(SEQUENCES)
     m.config.transition_weight = weight
     return m
 
 
-def test_scores_add_the_weighted_prior_of_the_last_item() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_scores_add_the_weighted_prior_of_the_last_item(kind: str) -> None:
     seq = torch.tensor([[5, 2, 0, 0], [6, 3, 0, 0], [0, 0, 0, 0]])
     with torch.no_grad():
-        plain, with_prior = _model(0.0).scores(seq), _model(1.5).scores(seq)
+        plain, with_prior = _model(0.0, kind=kind).scores(seq), _model(1.5, kind=kind).scores(seq)
     bonus = 1.5 * _dense_prior([2, 3, 0])  # row 3: an empty history gets nothing
     assert torch.isinf(with_prior[:, :2]).all()
     assert torch.allclose(with_prior[:, 2:], plain[:, 2:] + bonus[:, 2:], atol=1e-5)
     assert not torch.allclose(with_prior, plain)
-    assert _model(1.5).dot_form().additions is not None and _model(0.0).dot_form().additions is None
+    form, bare = _model(1.5, kind=kind).dot_form(), _model(0.0, kind=kind).dot_form()
+    assert form is not None and bare is not None and form.additions is not None and bare.additions is None
 
 
-def test_the_table_and_weight_survive_a_checkpoint(tmp_path: pytest.TempPathFactory) -> None:
-    m = _model(2.0)
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_table_and_weight_survive_a_checkpoint(kind: str, tmp_path: pytest.TempPathFactory) -> None:
+    m = _model(2.0, kind=kind)
     path = tmp_path / "model.pt"  # type: ignore[operator]
-    save_checkpoint(path, "sasrec", m)
+    save_checkpoint(path, kind, m)
     _, back = load_checkpoint(path)
-    assert isinstance(back, SASRec) and back.config.transition_weight == 2.0
+    assert isinstance(back, KINDS[kind][1]) and back.config.transition_weight == 2.0
     back.eval()
     seq = torch.tensor([[5, 2, 0]])
     with torch.no_grad():
         assert torch.allclose(back.scores(seq), m.scores(seq))
 
 
-def test_without_a_table_the_state_has_no_new_keys() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_without_a_table_the_state_has_no_new_keys(kind: str) -> None:
     """Checkpoints written before the prior existed load into a model without one."""
-    keys = set(_model(0.0, width=0).state_dict())
+    keys = set(_model(0.0, width=0, kind=kind).state_dict())
     assert not {k for k in keys if "successor" in k}
-    assert {"successors", "successor_log_counts"} <= set(_model(0.0).state_dict())
+    assert {"successors", "successor_log_counts"} <= set(_model(0.0, kind=kind).state_dict())
 
 
 def test_negative_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="transition"):
         SASRecConfig(vocab_size=V, transition_width=-1)
+    with pytest.raises(ValueError, match="transition"):
+        BERT4RecConfig(vocab_size=V, transition_weight=-1.0)
