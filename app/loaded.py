@@ -29,7 +29,7 @@ from app.errors import ModelUnavailable, UnknownModel
 from app.limits import BatchPolicy
 from app.store import Candidate, HistoryStore, StoreError
 from models.artifact import ArtifactError, artifact_names, check_regular_tree, read_manifest
-from models.engine import Engine, EngineOptions, UserHistories
+from models.engine import Engine, EngineOptions, RecentActivity, UserHistories
 from models.tasks import TASKS, Task
 
 log = logging.getLogger(__name__)
@@ -344,6 +344,15 @@ class LoadedModels:
             raise ArtifactError("manifest.json", f"kind {manifest.kind!r} does not belong to task {task.name!r}")
         engine = task.open(folder, self.options)
         engine.warm_up()
+        horizon = self.store.recent_horizon_s if self.store is not None else None
+        if isinstance(engine, RecentActivity) and horizon is not None and engine.recent_reach_s > horizon:
+            log.warning(
+                "%s: recent activity reaches %.0f s back, the store keeps %.0f s (SEQSERVE_RECENT_KEEP_S):"
+                " older live events are not counted",
+                name,
+                engine.recent_reach_s,
+                horizon,
+            )
         if drop_trained:
             self._drop_trained_events(engine)
         observer = self.on_batch(batcher_name) if self.on_batch else None

@@ -106,6 +106,7 @@ def _open_store(settings: Settings) -> HistoryStore | None:
             redis_prefix=settings.redis_prefix,
             keep=settings.live_events,
             redis_password=settings.redis_password.get_secret_value() if settings.redis_password else None,
+            recent_keep_s=settings.recent_keep_s,
         )
     except (StoreError, OSError, ValueError) as exc:
         # The service still starts: queries that carry their own history are answered; the ones by

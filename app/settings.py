@@ -11,6 +11,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.limits import CPU_MAX_BATCH, BatchPolicy, Limits
+from app.store.base import RECENT_KEEP_S
 from models.engine import COARSE_FROM, LIVE_EVENTS
 
 _BATCH = BatchPolicy()
@@ -89,6 +90,9 @@ class Settings(BaseSettings):
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")  # may hold a password: never shown
     redis_password: SecretStr | None = None  # Redis AUTH password, when not in the URL (e.g. from a _FILE)
     redis_prefix: str = "seqserve:"  # key prefix, so several deployments can share one Redis
+    # How far back the Redis store keeps every user's events for recent activity (a social model's
+    # windows, which follow its network's clock, must fit; SQLite reads its events table instead).
+    recent_keep_s: float = Field(default=RECENT_KEEP_S, gt=0)
     live_events: int = Field(default=LIVE_EVENTS, ge=1)  # newest live events kept and read per user, and apart
     # from them the newest steps received from others (a social model's targets): neither pushes out the other
     event_skew_s: float = Field(default=300.0, ge=0)  # events later than now + this are rejected

@@ -223,3 +223,8 @@ class RecentActivity(ABC, Generic[P]):
     @abstractmethod
     def add_recent(self, prepared: Sequence[P], events: Sequence[RecentEvent]) -> None:
         """Hand the prepared queries the live events of `recent_span` (oldest first)."""
+
+    @property
+    @abstractmethod
+    def recent_reach_s(self) -> float:
+        """How far before a query its recent events go (the longest window, seconds); 0: none."""

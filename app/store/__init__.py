@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.store.base import (
+    RECENT_KEEP_S,
     Arrival,
     Candidate,
     Event,
@@ -40,6 +41,7 @@ from app.store.sqlite_store import SQLiteStore
 from models.engine import LIVE_EVENTS
 
 __all__ = [
+    "RECENT_KEEP_S",
     "Arrival",
     "Candidate",
     "Event",
@@ -67,10 +69,11 @@ def open_store(
     redis_prefix: str = "seqserve:",
     keep: int = LIVE_EVENTS,
     redis_password: str | None = None,
+    recent_keep_s: float = RECENT_KEEP_S,
 ) -> HistoryStore:
     if kind == "sqlite":
         return SQLiteStore(sqlite_path, keep=keep)
     if kind == "redis":
         # Not pinged here: the client reconnects by itself, and /readyz reports while Redis is away.
-        return RedisStore(redis_url, redis_prefix, keep=keep, password=redis_password)
+        return RedisStore(redis_url, redis_prefix, keep=keep, password=redis_password, recent_keep_s=recent_keep_s)
     raise ValueError(f"unknown history store {kind!r} (sqlite or redis)")

@@ -24,7 +24,8 @@ Outcome = Literal["stored", "duplicate", "conflict", "skipped", "dropped_old"]
 # beyond it the newest are counted and a warning logged.
 RECENT_EVENTS = 200_000
 # The Redis store keeps every user's events of this long before its newest in a per-namespace set for
-# recent activity (SQLite reads them from its events table): a model's windows must fit in it.
+# recent activity (SQLite reads them from its events table): a model's windows must fit in it
+# (SEQSERVE_RECENT_KEEP_S; a model whose longest window is longer is logged at load).
 RECENT_KEEP_S = 7 * 24 * 3600.0
 # A user -> the artifact's events of that user as (raw id, time or None) keys.
 StoredEvents = Callable[[str], set[tuple[str | None, float | None]]]
@@ -193,6 +194,8 @@ class HistoryStore(ABC):
     # Whether reads are quick local calls (SQLite's WAL readers never wait on a writer) that may run
     # on the event loop when small; a network store's reads always go to a worker thread.
     local_reads: bool = False
+    # How far back `recent` reaches before the newest event; None: as far as the kept events go.
+    recent_horizon_s: float | None = None
 
     def __init__(self, keep: int = LIVE_EVENTS) -> None:
         self.keep = keep  # live events kept per user

@@ -120,7 +120,7 @@ class RedisStore(HistoryStore):
     trained events were last dropped),
     `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of the user's
     own events), `r:<user>` (sorted set of the steps it received), `recent` (every user's own events of
-    the last RECENT_KEEP_S, for recent activity).
+    the last `recent_keep_s`, for recent activity).
 
     The append script derives the per-user keys inside it, so this needs one Redis server, not a cluster.
     """
@@ -134,10 +134,12 @@ class RedisStore(HistoryStore):
         timeout_s: float = 5.0,
         keep: int = LIVE_EVENTS,
         password: str | None = None,
+        recent_keep_s: float = RECENT_KEEP_S,
     ) -> None:
         import redis
 
         super().__init__(keep)
+        self.recent_keep_s = self.recent_horizon_s = recent_keep_s
         self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self.where = redact(url)
         auth = {"password": password} if password else {}
@@ -224,7 +226,7 @@ class RedisStore(HistoryStore):
             self._k(namespace, "z:"),
             self.keep,
             self._k(namespace, "r:"),
-            RECENT_KEEP_S,
+            self.recent_keep_s,
             namespace,
             repr(time.time()),
             ARRIVALS_MAX,

@@ -207,6 +207,10 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
         times = [p.extra.query_time for p in prepared if isinstance(p.extra, SocialExtra)]
         return min(times) - max(windows), max(times)
 
+    @property
+    def recent_reach_s(self) -> float:
+        return max(self.model.config.activity, default=0.0)
+
     def add_recent(self, prepared: Sequence[Prepared], events: Sequence[RecentEvent]) -> None:
         if not self.model.config.activity:
             return

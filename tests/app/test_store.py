@@ -263,6 +263,16 @@ def test_redis_keeps_a_week_of_recent_events(redis_server: object) -> None:
     s.close()
 
 
+def test_redis_recent_horizon_follows_the_setting(redis_server: object) -> None:
+    """A slow network's windows span weeks: the horizon is SEQSERVE_RECENT_KEEP_S, not a fixed week."""
+    month = 30 * 24 * 3600.0
+    s = RedisStore(redis_server.url, prefix="wide:", keep=5, recent_keep_s=2 * month)  # type: ignore[attr-defined]
+    s.append("soc", [Event("old", "u1", "v1", 1000.0, "c2q"), Event("new", "u3", "v1", 1000.0 + month, "c2q")])
+    assert s.recent_horizon_s == 2 * month
+    assert [e[0] for e in s.recent("soc", start=0.0, end=1e12)] == ["u1", "u3"]  # a week would have dropped u1
+    s.close()
+
+
 def test_version_pins_are_kept_and_removed(store: HistoryStore) -> None:
     assert store.pins() == {}
     store.set_pin("sasrec", "20261122T111403Z")

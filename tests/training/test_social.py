@@ -321,3 +321,29 @@ def test_training_counts_recent_activity_as_serving_does(tiny_social_artifact: P
             add(dst, 3 + act, age)
             add(src, 6 + act, age)
     assert {u: c for (n, u), c in trained.items() if n == 2} == by_hand
+
+
+def _windows_on(log: Path, unit: str) -> tuple[list[float], float]:
+    from training.config import read_raw
+    from training.jobs.social import SocialJob
+
+    raw = read_raw(None, ["model.kind='social'", "model.activity=[0.5, 2.0]", f"model.activity_unit='{unit}'"])
+    job = SocialJob(SocialJob.parse_config(raw), data_path=log)
+    job.prepare_data()
+    return job.build_model().config.activity, job.median_gap
+
+
+def test_activity_windows_in_median_gaps_follow_the_network_s_clock(social_file: Path, tmp_path: Path) -> None:
+    """The same network on a clock ten times slower gets windows ten times wider: the features the model
+    counts are the same, where windows in seconds would count ten times fewer events."""
+    windows, gap = _windows_on(social_file, "median_gap")
+    assert gap > 0 and windows == pytest.approx([0.5 * gap, 2.0 * gap])
+    slow = tmp_path / "slow.csv"
+    lines = social_file.read_text().splitlines()
+    rows = [line.rsplit(",", 1) for line in lines[1:]]
+    slow.write_text("\n".join([lines[0], *(f"{head},{int(t) * 10}" for head, t in rows)]) + "\n")
+    slow_windows, slow_gap = _windows_on(slow, "median_gap")
+    assert slow_gap == pytest.approx(10 * gap) and slow_windows == pytest.approx([10 * w for w in windows])
+    assert _windows_on(slow, "second")[0] == [0.5, 2.0]  # seconds stay seconds
+    with pytest.raises(ValueError, match="activity_unit"):
+        _windows_on(social_file, "hours")

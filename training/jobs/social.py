@@ -60,6 +60,21 @@ class SocialEval:
     baselines: bool = True
 
 
+# How [model] activity windows are given: seconds, or multiples of the training period's median gap
+# between a user's consecutive events (the network's own clock; docs/decisions/recent-activity.md).
+ACTIVITY_UNITS = ("second", "median_gap")
+
+
+def median_gap(users: np.ndarray, times: np.ndarray) -> float:
+    """The median time between a user's consecutive events (positive gaps only), over the given events."""
+    frame = pd.DataFrame({"u": users, "t": times}).sort_values(["u", "t"], kind="stable")
+    gaps = frame.groupby("u")["t"].diff().to_numpy()
+    gaps = gaps[gaps > 0]
+    if not len(gaps):
+        raise ValueError("no user has two events at different times: activity windows need a time scale")
+    return float(np.median(gaps))
+
+
 class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
     task = "social"
     data_config = SocialData
@@ -103,6 +118,7 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         np.minimum.at(first, self.tgt, order)
         first[:N_SPECIAL] = len(lg)
         self.first_event = first
+        self.median_gap = median_gap(lg.src[: p.valid], lg.time[: p.valid])
         self.valid_q = self._queries(p.valid, p.test)
         self.test_q = self._queries(p.test, len(lg))
         log.info(
@@ -133,7 +149,7 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         model = build(
             self.cfg.kind,
             {
-                **self.cfg.model,
+                **self.model_settings(),
                 "n_users": len(self.users),
                 "n_actions": len(self.actions),
                 "n_own_actions": self.n_own_actions,
@@ -141,6 +157,24 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         )
         assert isinstance(model, SocialModel)
         return model
+
+    def model_settings(self) -> dict[str, Any]:
+        """The config's [model] with `activity_unit` resolved: windows given in median gaps become seconds
+        (what the model and the artifact keep), so one config fits networks on any clock."""
+        settings = dict(self.cfg.model)
+        unit = settings.pop("activity_unit", "second")
+        if unit not in ACTIVITY_UNITS:
+            raise ValueError(f"model.activity_unit must be one of {ACTIVITY_UNITS}, got {unit!r}")
+        if unit == "median_gap" and settings.get("activity"):
+            windows = [float(w) * self.median_gap for w in settings["activity"]]
+            log.info(
+                "activity windows: %s x the median gap between a user's consecutive events (%.0f s) = %s s",
+                settings["activity"],
+                self.median_gap,
+                [round(w) for w in windows],
+            )
+            settings["activity"] = windows
+        return settings
 
     def batch(self, events: np.ndarray, model: SocialModel, *, with_next: bool = False) -> SocialBatch:
         c = model.config
