@@ -74,14 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     s = Settings()
     engine = newest_engine(args.artifacts or s.artifacts_dir, args.namespace)
-    store = open_store(
-        s.history_store,
-        sqlite_path=s.history_path,
-        redis_url=s.redis_url.get_secret_value(),
-        redis_prefix=s.redis_prefix,
-        keep=s.live_events,
-        redis_password=s.redis_password.get_secret_value() if s.redis_password else None,
-    )
+    store = open_store(**s.store_args())
     try:
         live_users = list(store.users(args.namespace))
         live = {

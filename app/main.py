@@ -99,15 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def _open_store(settings: Settings) -> HistoryStore | None:
     try:
-        return open_store(
-            settings.history_store,
-            sqlite_path=settings.history_path,
-            redis_url=settings.redis_url.get_secret_value(),
-            redis_prefix=settings.redis_prefix,
-            keep=settings.live_events,
-            redis_password=settings.redis_password.get_secret_value() if settings.redis_password else None,
-            recent_keep_s=settings.recent_keep_s,
-        )
+        return open_store(**settings.store_args())
     except (StoreError, OSError, ValueError) as exc:
         # The service still starts: queries that carry their own history are answered; the ones by
         # user_id, and /events, answer 503 and /readyz says the store is unavailable.

@@ -349,6 +349,21 @@ class RequestModels:
         return token_budget(model, counts)
 
 
+def queries_body(
+    limits: Limits, request: type[Strict], query: type[Strict], counts: dict[str, int], **query_fields: Any
+) -> Body:
+    """A task's request body with `limits` as its bounds: `query` with its bounded `query_fields`, in a
+    `request` of 1..max_queries of them (`counts`: the most items each list field can hold)."""
+    bounded_query = create_model(query.__name__, __base__=query, **query_fields)
+    model = create_model(
+        request.__name__,
+        __base__=request,
+        queries=(list[bounded_query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
+    )
+    model.limits = limits  # type: ignore[attr-defined]
+    return Body(model, {"queries": limits.max_queries, **counts})
+
+
 def bounded(limits: Limits, requests: dict[str, Body] | None = None) -> RequestModels:
     """The events body with `limits` as its bounds, beside the routes' `requests` bodies."""
     events = create_model(

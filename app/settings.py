@@ -189,6 +189,18 @@ class Settings(BaseSettings):
         it, so two instances whose files share a folder never share reload state."""
         return self.state_dir or self.history_path.with_name(f"{self.history_path.name}.state")
 
+    def store_args(self) -> dict[str, Any]:
+        """The history store these settings name, as app.store.open_store's arguments."""
+        return {
+            "kind": self.history_store,
+            "sqlite_path": self.history_path,
+            "redis_url": self.redis_url.get_secret_value(),
+            "redis_prefix": self.redis_prefix,
+            "keep": self.live_events,
+            "redis_password": self.redis_password.get_secret_value() if self.redis_password else None,
+            "recent_keep_s": self.recent_keep_s,
+        }
+
     def batch_policy(self, device_type: str) -> BatchPolicy:
         """The batchers' policy for models on `device_type` ("cpu", "cuda")."""
         size = self.max_batch_size or (CPU_MAX_BATCH if device_type == "cpu" else _BATCH.max_batch_size)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.limits import Limits
 from app.routers.tasks import TaskRoute
-from app.schemas import Body, DateTime, RawId, Strict
+from app.schemas import Body, DateTime, RawId, Strict, queries_body
 from models.features import from_times
 from models.tasks.next_location import LocQuery, LocResult, LocStep
 
@@ -110,19 +110,14 @@ class NextLocationResponse(BaseModel):
 
 def next_location_body(limits: Limits) -> Body:
     """The /next-location body with `limits` as its bounds."""
-    query = create_model(
-        "NextLocationQuery",
-        __base__=NextLocationQuery,
+    return queries_body(
+        limits,
+        NextLocationRequest,
+        NextLocationQuery,
+        {"history": limits.max_total_items},
         history=(list[StayStep], Field(min_length=1, max_length=limits.max_history)),
         k=(int, Field(5, ge=1, le=limits.max_k)),
     )
-    model = create_model(
-        "NextLocationRequest",
-        __base__=NextLocationRequest,
-        queries=(list[query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
-    )
-    model.limits = limits
-    return Body(model, {"queries": limits.max_queries, "history": limits.max_total_items})
 
 
 # --- from the body to the engine's queries, and back ------------------------------------------------

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.limits import Limits
 from app.routers.tasks import TaskRoute
-from app.schemas import Body, FieldName, RawId, Strict, UnixTime
+from app.schemas import Body, FieldName, RawId, Strict, UnixTime, queries_body
 from models.engine import MAX_FIELDS
 from models.tasks.recommend import RecQuery, RecResult
 
@@ -108,22 +108,17 @@ class RecommendResponse(BaseModel):
 
 def recommend_body(limits: Limits) -> Body:
     """The /recommend body with `limits` as its bounds (validation and docs)."""
-    query = create_model(
-        "RecommendQuery",
-        __base__=RecommendQuery,
+    # History steps and excluded ids share MAX_TOTAL_ITEMS; a step holds more values than an id, so a
+    # body of steps alone holds the most.
+    return queries_body(
+        limits,
+        RecommendRequest,
+        RecommendQuery,
+        {"history": limits.max_total_items, "exclude_items": 0},
         history=(list[HistoryEvent] | None, Field(None, max_length=limits.max_history)),
         k=(int, Field(10, ge=1, le=limits.max_k)),
         exclude_items=(list[RawId], Field(default_factory=list, max_length=limits.max_exclude_items)),
     )
-    model = create_model(
-        "RecommendRequest",
-        __base__=RecommendRequest,
-        queries=(list[query], Field(min_length=1, max_length=limits.max_queries)),  # type: ignore[valid-type]
-    )
-    model.limits = limits
-    # History steps and excluded ids share MAX_TOTAL_ITEMS; a step holds more values than an id, so a
-    # body of steps alone holds the most.
-    return Body(model, {"queries": limits.max_queries, "history": limits.max_total_items, "exclude_items": 0})
 
 
 # --- from the body to the engine's queries, and back ------------------------------------------------
