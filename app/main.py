@@ -20,7 +20,7 @@ from app.middleware import BodyBudget, BodyLimit, Observe
 from app.observability import AccessLog, Metrics, configure_logging
 from app.online import ServedLists
 from app.production import ProductionLoop
-from app.routers import admin, bench, console, events, health, history, metrics, models
+from app.routers import admin, console, events, health, history, metrics, models
 from app.routers.plain import PlainRouter
 from app.routers.tasks import TaskRoute, live_route, plain_router, task_routes
 from app.schemas import bounded, components
@@ -173,11 +173,10 @@ async def _shut_down(services: Services, periodic: list[asyncio.Task[None]]) -> 
 def _mount_routes(app: FastAPI, settings: Settings, services: Services, routes: list[TaskRoute]) -> list[PlainRouter]:
     """Every router in the order requests try them; -> the request path's plain routers (their FastAPI
     twins write the document)."""
-    # Routes are tried in order: the request path's come first (/bench/noop last was 28% of its
-    # in-process cost, docs/decisions/request-path-trims.md), and the no-op sits right behind /recommend,
-    # so it pays the same walk. They are plain Starlette routes (app/routers/plain.py).
-    served = [plain_router(r, body_name=services.schemas.requests[r.name].model.__name__) for r in routes]
-    plain = [*served[:1], *([bench.router] if settings.bench_endpoints else []), *served[1:]]
+    # Routes are tried in order: the request path's come first (last, /bench/noop's walk was 28% of its
+    # in-process cost, docs/decisions/request-path-trims.md). They are plain Starlette routes
+    # (app/routers/plain.py). bench/noop.py mounts its no-op right behind /recommend.
+    plain = [plain_router(r, body_name=services.schemas.requests[r.name].model.__name__) for r in routes]
     for hot in plain:
         app.router.routes.extend(hot.routes)
     for r in (events.router, history.router, models.router, health.router, metrics.router, admin.router):

@@ -217,7 +217,9 @@ def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any], interval: flo
     loop.call_later(interval, _sweep, loop, connections, interval)
 
 
-def main() -> None:
+def main(app: str = "app.main:app_from_env", app_dir: str | None = None) -> None:
+    """Serve the app factory `app` (import string; `app_dir` added to the import path) with the
+    settings' host, port, workers and connection limits. The benches serve theirs with it."""
     try:
         s = get_settings()
     except SettingsError as exc:  # its text names each variable and never a value
@@ -232,8 +234,9 @@ def main() -> None:
         s.max_header_bytes, s.request_read_timeout_s, s.max_connections, s.max_connections_per_client
     )
     uvicorn.run(
-        "app.main:app_from_env",
+        app,
         factory=True,
+        app_dir=app_dir,
         host=s.host,
         port=s.port,
         workers=s.workers,

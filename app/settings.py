@@ -76,7 +76,6 @@ class Settings(BaseSettings):
     # user_id need X-API-Key with one of the two (this one cannot write events). A query that carries
     # its own history needs none (docs/decisions/private-histories.md).
     read_api_key: SecretStr | None = None
-    bench_endpoints: bool = False  # POST /bench/noop: the framework's ceiling, for bench/load.py
     console: bool = True  # GET /console: a page to look at a model's answers for a user (public API only)
     # Dynamic micro-batching of concurrent requests (per model); defaults in BatchPolicy.
     batching: bool = _BATCH.enabled

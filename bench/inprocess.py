@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/inprocess.py --path /recommend --concurrency 16 --requests 6000 [--canned] [--profile 40]
 
-Builds the service with create_app (real settings, lifespan, models, history store) and sends it
---requests POSTs from --concurrency coroutines on one uvloop, by user_id as bench/load.py does.
+Builds the service with create_app (real settings, lifespan, models, history store; bench/noop.py adds
+the no-op) and sends it --requests POSTs from --concurrency coroutines on one uvloop, by user_id as bench/load.py does.
 Reports req/s and the loop thread's CPU per request (time.thread_time), plus the model calls' batch
 size and time. --canned answers every model call with results computed once at start, which leaves
 the loop's own work: the framework, parsing, the store read, the batcher hop, the response.
@@ -31,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 async def run(args: argparse.Namespace) -> None:
     from load import bodies_for
+    from noop import create_with
 
-    from app.main import create_app
     from app.settings import Settings
 
-    app = create_app(Settings())
+    app = create_with(Settings())  # the service, with the benches' no-op
     to_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     from_app: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
     lifespan = asyncio.create_task(
@@ -152,7 +152,6 @@ def main() -> None:
     os.environ.update(
         {
             "SEQSERVE_ARTIFACTS_DIR": str(args.artifacts),
-            "SEQSERVE_BENCH_ENDPOINTS": "true",
             "SEQSERVE_LOG_LEVEL": "WARNING",
             "SEQSERVE_TORCH_THREADS": str(args.torch_threads),
             "SEQSERVE_HISTORY_PATH": f"{tempfile.mkdtemp(prefix='seqserve-inproc-')}/h.sqlite3",

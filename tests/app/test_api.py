@@ -249,24 +249,6 @@ def test_request_path_routes_are_documented(client: TestClient) -> None:
     assert client.post("/bench/noop", json={"queries": [{"user_id": "u1"}]}).status_code == 404
 
 
-def test_noop_parses_and_answers_like_recommend(tiny_artifacts: Path) -> None:
-    """The load bench's no-op validates the same body and answers the same shape, without a model."""
-    with TestClient(
-        create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", bench_endpoints=True, max_queries=8))
-    ) as c:
-        r = c.post("/bench/noop", json={"queries": [{"user_id": "u1", "k": 3}, {"history": [{"item_id": "12"}]}]})
-        assert r.status_code == 200 and r.headers["x-request-id"]
-        real = c.post("/recommend", json={"queries": [{"user_id": "u1", "k": 3}]}).json()
-        got = r.json()
-        assert set(got) == set(real) and set(got["results"][0]) == set(real["results"][0])
-        assert [len(res["items"]) for res in got["results"]] == [3, 10]
-        r = c.post("/bench/noop", json={"queries": [{"user_id": "u1"}] * 9})
-        assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["body", "queries"]
-        assert "/bench/noop" not in c.get("/openapi.json").json()["paths"]
-        metrics = c.get("/metrics").text
-        assert 'seqserve_requests_total{endpoint="/bench/noop",model="-",status="422"} 1.0' in metrics
-
-
 def test_traced_and_eager_models_answer_alike(client: TestClient, tiny_artifacts: Path) -> None:
     settings = Settings(artifacts_dir=tiny_artifacts, device="cpu", trace_models=False)
     queries = [{"user_id": f"u{n}", "k": 8} for n in range(6)] + [{"history": [{"item_id": "i3"}], "k": 8}]
