@@ -28,8 +28,8 @@ fi
 .venv/bin/mypy
 .venv/bin/mypy bench  # scripts, not a package: checked on their own
 .venv/bin/vulture  # dead code; paths and allowed names in pyproject.toml [tool.vulture]
-# A full run fails when coverage slides below the floor (94.7% when it was set at 94); a run of chosen
-# tests (arguments given) has none.
+# A full run fails when coverage slides below the floor (95.1% when it was set at 94.5: the margin absorbs
+# a test that skips on another machine); a run of chosen tests (arguments given) has none.
 floor=()
-[ "$#" -eq 0 ] && floor=(--cov-fail-under=94)
+[ "$#" -eq 0 ] && floor=(--cov-fail-under=94.5)
 .venv/bin/python -m pytest --cov=app --cov=models --cov=training --cov-report=term:skip-covered "${floor[@]}" "$@"
