@@ -1,14 +1,18 @@
-"""The benches' own endpoint: the no-op the load benchmark measures the request path's ceiling with."""
+"""The benches' own servers: the no-op the load benchmark measures the request path's ceiling with, and
+the LitServe peer's use of the engine."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from fastapi.testclient import TestClient
 
 from app.settings import Settings
+from models.artifact import latest_versions
 from tests.servers import ROOT
 
 
@@ -37,3 +41,30 @@ def test_noop_parses_and_answers_like_recommend(tiny_artifacts: Path) -> None:
         assert "/bench/noop" not in c.get("/openapi.json").json()["paths"]
         metrics = c.get("/metrics").text
         assert 'seqserve_requests_total{endpoint="/bench/noop",model="-",status="422"} 1.0' in metrics
+
+
+def test_the_litserve_peer_answers_through_the_project_s_engine(
+    tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/litserve_server.py's API class on the tiny artifact, with a stand-in for LitServe's base class
+    (litserve is the `bench` extra, not installed for tests): what rots when this project's engine
+    changes is checked here; LitServe's own side is exercised only by a run of the bench."""
+    stub = ModuleType("litserve")
+
+    class LitAPI:
+        def __init__(self, api_path: str = "/predict", **_: object) -> None:
+            self.api_path = api_path
+
+    stub.LitAPI = LitAPI  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "litserve", stub)
+    peer = _bench_module("litserve_server")
+    api = peer.RecommendAPI(latest_versions(tiny_artifacts)["sasrec-tiny"], torch_threads=1, max_batch_size=4)
+    api.setup("cpu")
+    queries = [
+        api.decode_request({"queries": [{"user_id": "u3", "k": 4}]}),
+        api.decode_request({"queries": [{"user_id": "u1"}]}),
+    ]
+    answers = [api.encode_response(r) for r in api.predict(queries)]
+    assert api.api_path == "/recommend"
+    assert [len(a["results"][0]["items"]) for a in answers] == [4, 10]
+    assert [a["results"][0]["user_id"] for a in answers] == ["u3", "u1"]
