@@ -44,7 +44,8 @@ def main() -> None:
         row = []
         for w in job.cfg.eval.transition_weights if width else [0.0]:
             model.config.transition_weight = w
-            ndcg = job._evaluate(model.scores, job.split.valid, "full", "cpu")["NDCG@10"]
+            got = job._evaluate_all({"model": model.scores}, job.split.valid, ["full"], device="cpu")
+            ndcg = got.metrics["model"]["full"]["NDCG@10"]
             row.append(f"{w:g}: {ndcg:.4f}")
         print(f"width {width}: " + " | ".join(row), flush=True)
 

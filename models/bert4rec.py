@@ -5,11 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.base import DotForm, RecommenderConfig, SequentialRecommender
 from models.ids import N_SPECIAL, PAD
-from models.layers import NegativeSampler, SequenceEncoder, cross_entropy, init_weights
+from models.layers import (
+    LENGTH_GROUPS,
+    NegativeSampler,
+    SequenceEncoder,
+    init_weights,
+    length_groups,
+    shared_negatives_loss,
+)
 
 
 @dataclass
@@ -84,11 +92,6 @@ class BERT4Rec(SequentialRecommender):
         """seq: (B, L) right-padded indices, [MASK] allowed -> hidden (B, L, D)."""
         return self.encoder(seq)
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """h: (N, D) -> (N, V) over the item vocabulary, output tied to the input embedding."""
-        w = self.encoder.token_emb.weight[: self.config.vocab_size]
-        return self.transform(h) @ w.T + self.out_bias
-
     def dot_form(self) -> DotForm:
         table = self.encoder.token_emb.weight[: self.config.vocab_size]
         return DotForm(table, self.out_bias, self.prior_entries if self.uses_prior else None)
@@ -115,18 +118,18 @@ class BERT4Rec(SequentialRecommender):
         """Cloze loss on the chosen positions only. seq: (B, L) right-padded training windows."""
         cfg = self.config
         inputs, labels = cloze(seq, cfg.mask_prob, self.mask_token, cfg.vocab_size, cfg.last_item_prob)
-        chosen = labels != PAD
-        h = self(inputs)[chosen]  # (N, D)
-        target = labels[chosen]  # (N,)
+        groups = length_groups((seq != PAD).sum(1), LENGTH_GROUPS)  # the batch's rows, less padding
+        parts = [(inputs[rows, :n], labels[rows, :n]) for rows, n in groups]
+        h = torch.cat([self(x)[y != PAD] for x, y in parts])  # (N, D)
+        target = torch.cat([y[y != PAD] for _, y in parts])  # (N,)
         if cfg.n_negatives == 0:
-            logits = self._logits(h)
-            logits[:, :N_SPECIAL] = float("-inf")
-            return cross_entropy(logits, target, smoothing=cfg.label_smoothing)
+            # The specials are not classes: left out of the logits (label smoothing spreads over items).
+            w = self.encoder.token_emb.weight[N_SPECIAL : cfg.vocab_size]
+            logits = self.transform(h) @ w.T + self.out_bias[N_SPECIAL:]  # (N, V - N_SPECIAL)
+            return F.cross_entropy(logits, target - N_SPECIAL, label_smoothing=cfg.label_smoothing)
         w = self.encoder.token_emb.weight
         neg, correction = self.sampler(seq.device)
         t = self.transform(h)
-        pos_logit = (t * w[target]).sum(-1, keepdim=True) + self.out_bias[target, None]
-        neg_logit = t @ w[neg].T + self.out_bias[neg] - correction
-        neg_logit = neg_logit.masked_fill(neg[None, :] == target[:, None], float("-inf"))
-        logits = torch.cat([pos_logit, neg_logit], 1)
-        return cross_entropy(logits, torch.zeros_like(target), smoothing=cfg.label_smoothing)
+        pos_logit = (t * w[target]).sum(-1) + self.out_bias[target]  # (N,)
+        neg_logit = torch.addmm(self.out_bias[neg] - correction, t, w[neg].T)  # (N, K)
+        return shared_negatives_loss(pos_logit, neg_logit, target, neg, smoothing=cfg.label_smoothing)

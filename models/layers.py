@@ -133,9 +133,20 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, lq, self.h * self.dh)), weights
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout, its mask drawn with torch.rand on the CPU: torch's dropout draws with bernoulli_,
+    which runs on one thread there at a quarter of rand's speed (docs/decisions/training-throughput.md).
+    Elsewhere, torch's own kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or x.device.type != "cpu" or not 0.0 < self.p < 1.0:
+            return super().forward(x)
+        return x * torch.rand_like(x).ge_(self.p).div_(1.0 - self.p)  # kept: 1 / (1 - p), dropped: 0
+
+
 class FeedForward(nn.Sequential):
     def __init__(self, d: int, d_ff: int, dropout: float) -> None:
-        super().__init__(nn.Linear(d, d_ff), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_ff, d))
+        super().__init__(nn.Linear(d, d_ff), nn.GELU(), Dropout(dropout), nn.Linear(d_ff, d))
 
 
 class EncoderLayer(nn.Module):
@@ -153,7 +164,7 @@ class EncoderLayer(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn = Attention(d, n_heads, dropout)
         self.ff = FeedForward(d, d_ff, dropout)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.attn_drop = self.drop if attn_out_dropout else nn.Identity()
 
     def forward(
@@ -274,7 +285,7 @@ class SequenceEncoder(nn.Module):
         self.token_emb = nn.Embedding(vocab_size, d_model, padding_idx=PAD)
         self.pos_emb = nn.Embedding(max_len, d_model)
         self.emb_norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.layers = EncoderStack(n_layers, d_model, n_heads, d_ff, dropout, attn_out_dropout=attn_out_dropout)
         self.out_norm = nn.LayerNorm(d_model)
         self.apply(init_weights)
@@ -295,14 +306,15 @@ class SequenceEncoder(nn.Module):
             attn_out_dropout=config.attn_out_dropout,
         )
 
-    def _embed(self, seq: torch.Tensor) -> torch.Tensor:
-        """Embedded input (B, L, D): token + position, LayerNorm, dropout."""
+    def _embed(self, seq: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Embedded input (B, L, D): token (`tokens` when the caller gathered them) + position,
+        LayerNorm, dropout."""
         length = seq.size(1)
         # A trace (models/traced.py) keeps no Python check: it would fix the comparison's outcome as a
         # constant. Its callers clip histories to max_len first (pack_histories).
         if not torch.jit.is_tracing() and length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len {self.max_len}")
-        x = self.token_emb(seq) + self.pos_emb.weight[:length]  # (B, L, D)
+        x = (self.token_emb(seq) if tokens is None else tokens) + self.pos_emb.weight[:length]  # (B, L, D)
         return self.dropout(self.emb_norm(x))
 
     def _key_padding(self, seq: torch.Tensor) -> torch.Tensor:
@@ -313,9 +325,11 @@ class SequenceEncoder(nn.Module):
             pad = pad & ~pad.all(dim=1, keepdim=True)
         return pad
 
-    def forward(self, seq: torch.Tensor) -> torch.Tensor:
-        """seq: (B, L) long, right-padded, L <= max_len -> hidden (B, L, D)."""
-        x = self._embed(seq)
+    def forward(self, seq: torch.Tensor, *, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """seq: (B, L) long, right-padded, L <= max_len -> hidden (B, L, D). `tokens`: seq's token
+        embeddings (B, L, D), when a loss gathers every row of the table it needs at once
+        (`gather_rows`)."""
+        x = self._embed(seq, tokens)
         hidden = self._key_padding(seq)[:, None, None, :]  # (B, 1, 1, L) True = hidden
         if self.causal:
             hidden = hidden | causal_attention_mask(seq.size(1), seq.device)
@@ -336,6 +350,30 @@ class SequenceEncoder(nn.Module):
             return self.out_norm(self.layers.read(x, at, mask=None, last_mask=later[:, None, None, :], causal=True))
         hidden = self._key_padding(seq)[:, None, None, :]
         return self.out_norm(self.layers.read(x, at, mask=hidden, last_mask=hidden))
+
+
+# Sub-batches of similar length a training batch is computed in (`length_groups`).
+LENGTH_GROUPS = 8
+
+
+def length_groups(lengths: torch.Tensor, groups: int) -> list[tuple[torch.Tensor, int]]:
+    """The rows of a right-padded batch in up to `groups` sub-batches of similar length: lengths (B,)
+    -> [(row indices, longest length among them)], to cut each sub-batch to.
+
+    A shuffled batch is padded to its longest row (Beauty: about 9 items a row against 51 columns),
+    so most of a training step was spent on padding. Rows are independent in every sequence model
+    here and a loss averages over all valid positions of all groups, so the loss is the one the
+    whole batch gives (docs/decisions/training-throughput.md).
+    """
+    return [(rows, int(lengths[rows].max())) for rows in torch.argsort(lengths).tensor_split(groups) if len(rows)]
+
+
+def gather_rows(table: torch.Tensor, *ids: torch.Tensor) -> list[torch.Tensor]:
+    """table[ids] for each id tensor, through one lookup: the (V, D) table's gradient is then built
+    once a step (one zeroed (V, D) buffer), not once per lookup. PAD rows get no gradient, as in
+    the embedding. -> one (*ids_i.shape, D) tensor per argument."""
+    rows = F.embedding(torch.cat([i.flatten() for i in ids]), table, padding_idx=PAD)  # (sum n_i, D)
+    return [r.view(*i.shape, -1) for r, i in zip(rows.split([i.numel() for i in ids]), ids, strict=True)]
 
 
 def init_weights(module: nn.Module) -> None:
@@ -362,15 +400,32 @@ def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
     return table
 
 
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, smoothing: float = 0.0) -> torch.Tensor:
-    """Mean cross-entropy of (N, C) logits against (N,) class indices, with `smoothing` of the target
-    spread evenly over the finite logits: a -inf logit (a special, a masked negative) is not a class."""
+def shared_negatives_loss(
+    pos_logit: torch.Tensor, neg_logit: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, *, smoothing: float = 0.0
+) -> torch.Tensor:
+    """Mean sampled-softmax cross-entropy, each row's class 0 its target: pos_logit (N,), neg_logit
+    (N, K) against negatives `neg` (K,) shared by the rows, targets `pos` (N,). A negative that is
+    the row's own target is not a class; `smoothing` of the target spreads evenly over the classes.
+
+    The same value as the cross-entropy of cat([pos_logit, neg_logit masked with -inf]), computed
+    without the (N, 1 + K) copy, the (N, K) comparison and the masked copies: collisions are few
+    (a sorted search), and the sum and log-sum-exp are taken over the (N, K) logits in place.
+    """
+    order = torch.argsort(neg)
+    lo = torch.searchsorted(neg[order], pos)  # (N,)
+    hits = torch.searchsorted(neg[order], pos, right=True) - lo  # (N,) copies of each target among neg
+    rows = torch.repeat_interleave(torch.arange(len(pos), device=pos.device), hits)
+    first = torch.repeat_interleave(lo - (torch.cumsum(hits, 0) - hits), hits)
+    cols = order[first + torch.arange(len(rows), device=pos.device)]  # (rows[i], cols[i]): a collision
+    hit_values = torch.zeros_like(pos_logit).index_add(0, rows, neg_logit[rows, cols])
+    neg_sum = neg_logit.sum(-1) - hit_values  # (N,) over the negatives that are classes
+    neg_logit = neg_logit.index_put((rows, cols), torch.tensor(float("-inf"), device=neg_logit.device))
+    lse = torch.logaddexp(pos_logit, torch.logsumexp(neg_logit, -1))  # (N,)
+    nll = lse - pos_logit
     if smoothing == 0.0:
-        return F.cross_entropy(logits, target)
-    logp = F.log_softmax(logits, -1)  # (N, C)
-    nll = -logp.gather(1, target[:, None]).squeeze(1)  # (N,)
-    finite = torch.isfinite(logits)
-    uniform = -logp.masked_fill(~finite, 0.0).sum(-1) / finite.sum(-1)  # (N,)
+        return nll.mean()
+    classes = 1 + neg_logit.size(1) - hits  # (N,)
+    uniform = lse - (pos_logit + neg_sum) / classes  # minus the mean log-probability over the classes
     return ((1.0 - smoothing) * nll + smoothing * uniform).mean()
 
 

@@ -9,7 +9,15 @@ import torch.nn.functional as F
 
 from models.base import DotForm, RecommenderConfig, SequentialRecommender
 from models.ids import N_SPECIAL, PAD
-from models.layers import NegativeSampler, SequenceEncoder, cross_entropy, last_valid_index
+from models.layers import (
+    LENGTH_GROUPS,
+    NegativeSampler,
+    SequenceEncoder,
+    gather_rows,
+    last_valid_index,
+    length_groups,
+    shared_negatives_loss,
+)
 
 LOSSES = ("auto", "sampled_softmax", "softmax", "bce")
 # "auto": the full softmax while it costs at most this many times the sampled one (V logits a target
@@ -79,29 +87,36 @@ class SASRec(SequentialRecommender):
 
     def loss(self, seq: torch.Tensor) -> torch.Tensor:
         """Next-item loss at every valid position. seq: (B, L+1) right-padded training windows."""
-        inp, target = seq[:, :-1], seq[:, 1:]  # (B, L), (B, L)
-        valid = target != PAD
-        h = self(inp)[valid]  # (N, D)
-        pos = target[valid]  # (N,)
-        w = self.item_weights()
         cfg = self.config
         kind = cfg.training_loss
+        parts = [seq[rows, :n] for rows, n in length_groups((seq != PAD).sum(1), LENGTH_GROUPS)]  # less padding
+        inputs = [p[:, :-1] for p in parts]  # (b, l) each
+        valid = [p[:, 1:] != PAD for p in parts]  # (b, l) each
+        pos = torch.cat([p[:, 1:][v] for p, v in zip(parts, valid, strict=True)])  # (N,)
+        w = self.item_weights()
         if kind == "softmax":
-            logits = h @ w.T  # (N, V)
-            logits[:, :N_SPECIAL] = float("-inf")
-            return cross_entropy(logits, pos, smoothing=cfg.label_smoothing)
+            h = self._states(inputs, valid, gather_rows(w, *inputs))  # (N, D)
+            # The specials are not classes: left out of the logits, so label smoothing spreads over
+            # the items only, as torch's own cross-entropy does it in one kernel.
+            return F.cross_entropy(h @ w[N_SPECIAL:].T, pos - N_SPECIAL, label_smoothing=cfg.label_smoothing)
         if kind == "bce":
             neg = torch.randint(N_SPECIAL, cfg.vocab_size, pos.shape, device=pos.device)
-            pos_logit = (h * w[pos]).sum(-1)
-            neg_logit = (h * w[neg]).sum(-1)
+            *tokens, w_pos, w_neg = gather_rows(w, *inputs, pos, neg)
+            h = self._states(inputs, valid, tokens)
+            pos_logit, neg_logit = (h * w_pos).sum(-1), (h * w_neg).sum(-1)
             return F.binary_cross_entropy_with_logits(
                 torch.cat([pos_logit, neg_logit]),
                 torch.cat([torch.ones_like(pos_logit), torch.zeros_like(neg_logit)]),
             )
         neg, correction = self.sampler(pos.device)  # (K,), (K,)
-        pos_logit = (h * w[pos]).sum(-1, keepdim=True)  # (N, 1)
-        neg_logit = h @ w[neg].T - correction  # (N, K)
-        # A shared negative that is the row's own target is not a negative.
-        neg_logit = neg_logit.masked_fill(neg[None, :] == pos[:, None], float("-inf"))
-        logits = torch.cat([pos_logit, neg_logit], dim=1)  # (N, 1 + K)
-        return cross_entropy(logits, torch.zeros_like(pos), smoothing=cfg.label_smoothing)
+        *tokens, w_pos, w_neg = gather_rows(w, *inputs, pos, neg)
+        h = self._states(inputs, valid, tokens)  # (N, D)
+        pos_logit = (h * w_pos).sum(-1)  # (N,)
+        neg_logit = torch.addmm(-correction, h, w_neg.T)  # (N, K): h @ w_neg.T - correction in one kernel
+        return shared_negatives_loss(pos_logit, neg_logit, pos, neg, smoothing=cfg.label_smoothing)
+
+    def _states(
+        self, inputs: list[torch.Tensor], valid: list[torch.Tensor], tokens: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """Hidden states at the valid positions of each group's inputs (b, l), in order -> (N, D)."""
+        return torch.cat([self.encoder(x, tokens=t)[v] for x, v, t in zip(inputs, valid, tokens, strict=True)])

@@ -52,17 +52,6 @@ def metrics_from_ranks(ranks: torch.Tensor, ks: tuple[int, ...] = KS) -> dict[st
     return out
 
 
-def target_ranks(scores: torch.Tensor, targets: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """0-based rank of each target among its candidates; ties count against the target.
-
-    scores: (B, V); targets: (B,); candidates: (B, V) bool (the target need not be flagged).
-    """
-    t = scores.gather(1, targets[:, None])  # (B, 1)
-    others = candidates.clone()
-    others[torch.arange(len(targets), device=targets.device), targets] = False
-    return ((scores >= t) & others).count_nonzero(1)  # count_nonzero: 1.3x sum() over a bool (B, V)
-
-
 # Users per scored batch at most this many (user, item) cells: each batch holds a few (B, V) tensors
 # (scores, candidates, comparisons), 11.7 GB at the peak of a job on 1M items with 512 users a batch.
 EVAL_CELLS = 32 * 1024 * 1024
@@ -71,40 +60,6 @@ EVAL_CELLS = 32 * 1024 * 1024
 def rows_per_batch(protocol: Protocol, vocab_size: int) -> int:
     """protocol.batch_size, fewer on catalogs so large that a batch's (B, V) tensors would be gigabytes."""
     return max(1, min(protocol.batch_size, EVAL_CELLS // max(1, vocab_size)))
-
-
-def draw_negatives(
-    data: EvalSet, *, vocab_size: int, protocol: Protocol, popularity: torch.Tensor | None = None
-) -> list[torch.Tensor]:
-    """A sampled protocol's negatives, one (B, n) tensor per batch of `rows_per_batch` targets.
-
-    Among the items each user never touched, without replacement, uniform or by popularity. Drawn
-    once per split and protocol and shared by every scorer (the model and each baseline): the draws
-    were most of an evaluation's time on a 54k-item catalog (one shared draw: 2.5x less time for
-    three baselines on 8,000 Beauty users).
-    """
-    gen = torch.Generator().manual_seed(protocol.seed)
-    weights = torch.ones(vocab_size) if protocol.negatives != "popularity" else popularity
-    if weights is None:
-        raise ValueError("popularity sampling needs item counts")
-    weights = weights.double().clone()
-    weights[:N_SPECIAL] = 0
-    draw = _draw_by_rejection if vocab_size >= REJECTION_FROM else _draw_by_masking
-    out = []
-    bs = rows_per_batch(protocol, vocab_size)
-    progress = _Progress(len(data.targets))
-    for lo in range(0, len(data.targets), bs):
-        if due := progress.due(lo):  # over a large catalog the draws take minutes
-            done, spent = due
-            log.info(
-                "drawing %s negatives: %.0f%% of %d users, about %.0fs left",
-                protocol.negatives,
-                100 * done,
-                len(data.targets),
-                spent / done - spent,
-            )
-        out.append(draw(data.interacted[lo : lo + bs], weights, protocol.n_negatives, gen))
-    return out
 
 
 class _Progress:
@@ -166,6 +121,94 @@ def _draw_by_rejection(
     raise ValueError(f"a user has too few items left to sample {n} negatives from (by rejection)")
 
 
+def _full_ranks(scores: torch.Tensor, targets: torch.Tensor, hist: torch.Tensor, *, exclude_seen: bool) -> torch.Tensor:
+    """target_ranks over every item but the specials (and the row's distinct earlier items when
+    `exclude_seen`), without a (B, V) candidate mask: one (B, V) comparison, then what must not count
+    is subtracted. scores: (B, V); targets: (B,); hist: (B, S) padded histories."""
+    t = scores.gather(1, targets[:, None])  # (B, 1)
+    ranks = (scores >= t).count_nonzero(1) - (scores[:, :N_SPECIAL] >= t).count_nonzero(1) - 1  # the target itself
+    if exclude_seen:
+        srt = hist.sort(dim=1).values  # (B, S)
+        counted = (srt >= N_SPECIAL) & (srt != targets[:, None])
+        counted[:, 1:] &= srt[:, 1:] != srt[:, :-1]  # each distinct item once
+        ranks = ranks - ((scores.gather(1, srt) >= t) & counted).count_nonzero(1)
+    return ranks
+
+
+@dataclass
+class Evaluated:
+    """evaluate_all's result: metrics[scorer][protocol], over the first `users` of `of` targets."""
+
+    metrics: dict[str, dict[str, dict[str, float]]]
+    users: int
+    of: int
+    seconds: float
+
+
+def evaluate_all(
+    scorers: dict[str, ScoreFn],
+    data: EvalSet,
+    *,
+    protocols: list[Protocol],
+    vocab_size: int,
+    max_history: int,
+    popularity: torch.Tensor | None = None,
+    deadline: float | None = None,
+    device: torch.device | str = "cpu",
+) -> Evaluated:
+    """Every scorer under every protocol on the same users, batch by batch in `data`'s order (give a
+    shuffled sample): each scorer scores a batch once for all protocols, and a sampled protocol's
+    negatives are drawn per batch, shared by the scorers (the draws `draw_negatives` makes).
+
+    deadline: a time.monotonic() value; the evaluation stops after the first batch that ends past it,
+    so every scorer is measured on the same users (at least one batch), and `users` says how many.
+    """
+    t0 = time.monotonic()
+    bs = min(rows_per_batch(p, vocab_size) for p in protocols) if protocols else 1
+    weights = {}
+    for p in protocols:
+        if p.negatives != "full":
+            w = torch.ones(vocab_size) if p.negatives != "popularity" else popularity
+            if w is None:
+                raise ValueError("popularity sampling needs item counts")
+            weights[p] = w.double().clone()
+            weights[p][:N_SPECIAL] = 0
+    gens = {p: torch.Generator().manual_seed(p.seed) for p in weights}
+    draw = _draw_by_rejection if vocab_size >= REJECTION_FROM else _draw_by_masking
+    ranks: dict[str, dict[Protocol, list[torch.Tensor]]] = {s: {p: [] for p in protocols} for s in scorers}
+    n_targets, done = len(data.targets), 0
+    progress = _Progress(n_targets)
+    while done < n_targets:
+        if due := progress.due(done):
+            share, spent = due
+            log.info("evaluating: %.0f%% of %d users, %.0f users/s", 100 * share, n_targets, done / spent)
+        hist = data.histories[done : done + bs]
+        seq = pack_histories(hist, max_history).to(device)
+        targets = torch.tensor(data.targets[done : done + bs])
+        padded = pad_rows(hist)
+        drawn = {p: draw(data.interacted[done : done + bs], weights[p], p.n_negatives, gens[p]) for p in weights}
+        for name, score_fn in scorers.items():
+            with torch.inference_mode():
+                scores = score_fn(seq).float().cpu()  # (B, V)
+            for p in protocols:
+                if p.negatives == "full":
+                    r = _full_ranks(scores, targets, padded, exclude_seen=p.exclude_seen)
+                else:
+                    r = (scores.gather(1, drawn[p]) >= scores.gather(1, targets[:, None])).count_nonzero(1)
+                ranks[name][p].append(r)
+        done += len(hist)
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+    metrics: dict[str, dict[str, dict[str, float]]] = {}
+    for name, by_protocol in ranks.items():
+        metrics[name] = {}
+        for p, got in by_protocol.items():
+            m = metrics_from_ranks(torch.cat(got)) if got else {}
+            m["n"] = float(done)
+            metrics[name][p.negatives] = m
+    return Evaluated(metrics, done, n_targets, time.monotonic() - t0)
+
+
 def evaluate(
     score_fn: ScoreFn,
     data: EvalSet,
@@ -174,50 +217,21 @@ def evaluate(
     max_history: int,
     protocol: Protocol,
     popularity: torch.Tensor | None = None,
-    negatives: list[torch.Tensor] | None = None,
     device: torch.device | str = "cpu",
 ) -> dict[str, float]:
-    """Score every held-out target with `score_fn` under one protocol.
-
-    negatives: a sampled protocol's draws from `draw_negatives` for this data and protocol, to share
-    them between scorers; drawn here when not given.
-    """
+    """One scorer under one protocol: `evaluate_all`'s figures for it (empty without targets)."""
     if not data.targets:
         return {}
-    sampled = protocol.negatives != "full"
-    if sampled and negatives is None:
-        negatives = draw_negatives(data, vocab_size=vocab_size, protocol=protocol, popularity=popularity)
-    all_ranks = []
-    bs = rows_per_batch(protocol, vocab_size)
-    progress = _Progress(len(data.targets))
-    for n, lo in enumerate(range(0, len(data.targets), bs)):
-        if due := progress.due(lo):  # a long evaluation (many users) says how far
-            done, spent = due
-            log.info(
-                "evaluating (%s): %.0f%% of %d users, %.0f users/s, about %.0fs left",
-                protocol.negatives,
-                100 * done,
-                len(data.targets),
-                lo / spent,
-                spent / done - spent,
-            )
-        hist = data.histories[lo : lo + bs]
-        seq = pack_histories(hist, max_history).to(device)
-        targets = torch.tensor(data.targets[lo : lo + bs])
-        with torch.inference_mode():
-            scores = score_fn(seq).float().cpu()  # (B, V)
-        if not sampled or negatives is None:
-            cand = torch.ones_like(scores, dtype=torch.bool)
-            cand[:, :N_SPECIAL] = False
-            if protocol.exclude_seen:
-                cand &= ~index_mask(pad_rows(hist), vocab_size)
-        else:
-            cand = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, negatives[n], True)
-        all_ranks.append(target_ranks(scores, targets, cand))
-    ranks = torch.cat(all_ranks)
-    out = metrics_from_ranks(ranks)
-    out["n"] = float(len(ranks))
-    return out
+    got = evaluate_all(
+        {"scorer": score_fn},
+        data,
+        protocols=[protocol],
+        vocab_size=vocab_size,
+        max_history=max_history,
+        popularity=popularity,
+        device=device,
+    )
+    return got.metrics["scorer"][protocol.negatives]
 
 
 # --- baselines -------------------------------------------------------------------------------------
@@ -313,7 +327,9 @@ def _knn_neighbours(
     # Each user's distinct items, sorted: one unique over (user, item) keys for all users at once.
     lengths = np.fromiter((len(s) for s in known), dtype=np.int64, count=len(known))
     flat = np.fromiter((x for s in known for x in s), dtype=np.int64, count=int(lengths.sum()))
-    keys = np.unique(np.repeat(np.arange(len(known), dtype=np.int64), lengths) * vocab_size + flat)
+    keys = torch.unique(
+        torch.from_numpy(np.repeat(np.arange(len(known), dtype=np.int64), lengths) * vocab_size + flat)
+    ).numpy()
     user_of, user_items = keys // vocab_size, keys % vocab_size
     sizes = np.bincount(user_of, minlength=len(known))
     user_start = np.concatenate([[0], np.cumsum(sizes)])
@@ -348,13 +364,16 @@ def _knn_neighbours(
             key = np.flatnonzero(counted)
             counts = counted[key]
         else:
-            key, counts = np.unique(pair, return_counts=True)
+            key_t, counts_t = torch.unique(torch.from_numpy(pair), sorted=True, return_counts=True)  # 3x numpy's
+            key, counts = key_t.numpy(), counts_t.numpy()
         key += lo * vocab_size
         i, j = torch.from_numpy(key // vocab_size), torch.from_numpy(key % vocab_size)
         sim = torch.from_numpy(counts).float() / torch.sqrt(nf[i] * nf[j]).clamp(min=1.0)
         # The top `neighbours` of each row: by similarity, ties to the lower neighbour id (keys are sorted).
-        order = torch.argsort(sim, descending=True, stable=True)
-        order = order[torch.argsort(i[order], stable=True)]
+        # One stable sort of an int64 key: the row, then the similarity descending (a non-negative
+        # float32's bits order as the float does); keys come sorted by (row, neighbour), so ties keep it.
+        bits = sim.view(torch.int32).long()
+        order = torch.argsort(((i - lo) << 31) | (0x7FFFFFFF - bits), stable=True)
         i, j, sim = i[order], j[order], sim[order]
         start = torch.zeros(hi - lo + 1, dtype=torch.long)
         start[1:] = torch.cumsum(torch.bincount(i - lo, minlength=hi - lo), 0)
@@ -401,3 +420,32 @@ BASELINES: dict[str, Callable[[list[list[int]], int], ScoreFn]] = {
     "transitions": transitions_scorer,
     "item_knn": item_knn_scorer,
 }
+
+# Seconds each user's history adds to a baseline's fit on the 2-core reference box, for the baselines
+# whose fit grows faster than the log: item-kNN's co-occurring pairs (5M rows, 455M pairs: 18.7 s).
+# Popularity and transitions cost about what reading the log does, and are always fitted on everyone.
+FIT_SECONDS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "item_knn": lambda n: n.astype(np.float64) ** 2 / 24e6,
+}
+
+
+def fit_baseline(
+    name: str, known: list[list[int]], vocab_size: int, *, seconds: float | None = None, seed: int = 0
+) -> tuple[ScoreFn, int]:
+    """A baseline fitted on `known`, or, for one in FIT_SECONDS, on a seeded random sample of its users
+    when fitting them all would take longer than `seconds` (None: all); -> (scorer, users fitted on)."""
+    cost = FIT_SECONDS.get(name)
+    lengths = np.fromiter(map(len, known), dtype=np.int64, count=len(known))
+    per_user = cost(lengths) if cost is not None else np.zeros(len(known))
+    if seconds is None or per_user.sum() <= seconds:
+        return BASELINES[name](known, vocab_size), len(known)
+    order = torch.randperm(len(known), generator=torch.Generator().manual_seed(seed)).numpy()
+    keep = max(1, int(np.searchsorted(np.cumsum(per_user[order]), seconds, side="right")))
+    log.info(
+        "fitting %s on %d of %d users (a seeded sample): all of them would take about %.0f s",
+        name,
+        keep,
+        len(known),
+        per_user.sum(),
+    )
+    return BASELINES[name]([known[u] for u in np.sort(order[:keep])], vocab_size), keep

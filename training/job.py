@@ -4,8 +4,11 @@
             -> preflight -> the training loop (best checkpoint by validation) -> after_training
             -> evaluate (test metrics, baselines) -> export (the artifact folder, one per run)
 
-Only rank 0 of a torchrun job evaluates and exports. Time spent evaluating inside the hooks is kept
-out of `train_seconds` by wrapping it in `self.untimed()`.
+`train.max_minutes` is the whole job's budget once the data is loaded (`JobClock`): the training
+loop gets it less what the job reserves for the phases after it (`after_reserve`), and those phases
+size themselves to what is left (docs/decisions/job-budget.md). Only rank 0 of a torchrun job
+evaluates and exports. Time spent evaluating inside the hooks is kept out of `train_seconds` by
+wrapping it in `self.untimed()`.
 """
 
 from __future__ import annotations
@@ -47,6 +50,32 @@ class Export:
     run_config: dict[str, Any] = field(default_factory=dict)  # more run_config.json fields
 
 
+class JobClock:
+    """The job's budget, counted from the end of data loading, and the seconds of each phase."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.t0 = seconds, time.monotonic()
+        self.phases: dict[str, float] = {}
+
+    def left(self) -> float:
+        return self.t0 + self.seconds - time.monotonic()
+
+    def spent(self) -> float:
+        return time.monotonic() - self.t0
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - t0
+
+
+# The share of the budget the phases after the training loop get when a job makes no estimate of its own.
+AFTER_SHARE = 0.1
+
+
 class Job(ABC, Generic[D, T, E]):
     """A training job of one task. Subclasses set the class attributes and fill the hooks."""
 
@@ -77,6 +106,7 @@ class Job(ABC, Generic[D, T, E]):
         self.device = resolve_device(cfg.train.device, self.dist.local_rank)
         self._untimed = 0.0
         self.history = History()
+        self.clock = JobClock(cfg.train.max_minutes * 60)
 
     @classmethod
     def parse_config(cls, raw: dict[str, Any]) -> RunConfig[D, T, E]:
@@ -102,6 +132,11 @@ class Job(ABC, Generic[D, T, E]):
 
     def preflight(self, model: nn.Module) -> None:
         """Checks on one real batch before training; raise with the name of the failed check."""
+
+    def after_reserve(self, model: nn.Module) -> float:
+        """Seconds of the budget kept for everything after the training loop (its last validation,
+        after_training, evaluate, export): a job that can estimate them overrides this."""
+        return AFTER_SHARE * self.clock.seconds
 
     def validates(self) -> bool:
         """Whether validate() has data; without it the lowest training loss chooses the epoch."""
@@ -152,32 +187,44 @@ class Job(ABC, Generic[D, T, E]):
         self.prepare_data()
         data_seconds = time.monotonic() - t_data
         log.info("data ready in %.1f s", data_seconds)
+        clock = self.clock = JobClock(t.max_minutes * 60)  # the budget starts once the data is in
         model = self.build_model()
         warm = self.warm_start(model) if self.warm_from is not None else None
         model = model.to(self.device)
         seed_everything(t.seed + self.dist.rank)  # same initial weights everywhere; each rank its own sampling
         self.preflight(model)
+        with clock.phase("before_training"):
+            batches = self.train_batches(model)
+            reserve = self.after_reserve(model)
+        loop_seconds = max(clock.left() - reserve, 1e-3)  # at least one step
+        log.info(
+            "budget %.0f s: %.0f s spent before training, %.0f s for the loop, %.0f s kept for what follows it",
+            clock.seconds,
+            clock.spent(),
+            loop_seconds,
+            reserve,
+        )
         t0 = time.monotonic()
         validate = self.validate if self.validates() else None
         self._untimed = 0.0
         log.info("training %s (%s) on %s", self.cfg.name, self.cfg.kind, self.device)
-        history = train(
-            model,
-            self.train_batches(model),
-            t,
-            validate=validate,
-            key_metric=self.key_metric,
-            dist=self.dist,
-            device=self.device,
-        )
+        with clock.phase("training_loop"):
+            history = train(
+                model,
+                batches,
+                dataclasses.replace(t, max_minutes=loop_seconds / 60),
+                validate=validate,
+                key_metric=self.key_metric,
+                dist=self.dist,
+                device=self.device,
+            )
         self.history = history
-        loop_seconds = time.monotonic() - t0
-        self.after_training(model, history)
-        after_seconds = time.monotonic() - t0 - loop_seconds
+        del batches  # the training windows: a refit builds its own
+        with clock.phase("after_training"):
+            self.after_training(model, history)
         train_seconds = time.monotonic() - t0 - self._untimed
         if not self.dist.is_main:
             return None
-        t1 = time.monotonic()
         metrics: dict[str, Any] = {
             "train_seconds": round(train_seconds, 1),
             "best_epoch": history.best_epoch,
@@ -186,24 +233,24 @@ class Job(ABC, Generic[D, T, E]):
             "ranks": self.dist.world,
             "device": str(self.device),
         }
-        metrics.update(self.evaluate(model))
-        metrics["eval_seconds"] = round(time.monotonic() - t1, 1)
+        with clock.phase("evaluation"):
+            metrics.update(self.evaluate(model))
+        metrics["eval_seconds"] = round(clock.phases["evaluation"], 1)
         metrics["history"] = {
             "epoch": history.epoch,
             "loss": history.loss,
             "val": history.val,
             "seconds": history.seconds,
         }
-        t2 = time.monotonic()
-        pieces = self.export(model)
-        # Each phase on its own clock: train.max_minutes bounds the training loop only.
+        with clock.phase("export_files"):
+            pieces = self.export(model)
+        # Each phase on its own clock. The budget (train.max_minutes) covers every one but the data;
+        # writing the artifact's folder below is the only step after it.
         metrics["seconds"] = {
             "data": round(data_seconds, 1),
-            "training_loop": round(loop_seconds, 1),
-            "after_training": round(after_seconds, 1),
-            "evaluation": metrics["eval_seconds"],
-            "export_files": round(time.monotonic() - t2, 1),
-            "budget": t.max_minutes * 60,
+            **{name: round(v, 1) for name, v in clock.phases.items()},
+            "after_data": round(clock.spent(), 1),
+            "budget": round(clock.seconds, 3),
         }
         log.info("seconds: %s", " | ".join(f"{k} {v:g}" for k, v in metrics["seconds"].items()))
         run_config = self.cfg.to_dict()

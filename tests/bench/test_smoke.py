@@ -109,6 +109,18 @@ def test_transition_width_scores_validation_by_width_and_weight(
         assert "width 0: 0: " in text and "width 4: 0: " in text and "| 3: " in text, text
 
 
+def test_train_speed_times_the_jobs_loop_in_each_tree_and_compares_them(synthetic_dir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('name = "x"\n[model]\nkind = "sasrec"\nmax_len = 8\nd_model = 8\n[train]\nbatch_size = 4\n')
+    out = tmp_path / "speed.json"
+    root = str(Path(__file__).resolve().parents[2])
+    args = ("--config", str(config), "--data", str(synthetic_dir), "--batches", "3", "--warmup", "1")
+    _run("train_speed.py", *args, "--variant", f"a:{root}", "--variant", f"b:{root}", "--out", str(out))
+    report = json.loads(out.read_text())
+    assert report["a"]["ratio"] == 1.0 and report["b"]["ratio"] > 0
+    assert [r["windows"] for r in report["b"]["runs"]] == [12, 12]  # 3 batches of 4, two rounds
+
+
 def test_load_measures_the_ceiling_the_no_op_and_the_service(tiny_artifacts: Path, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     _run(

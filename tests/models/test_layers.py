@@ -2,9 +2,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.bert4rec import BERT4Rec, BERT4RecConfig
+from models.bert4rec import BERT4Rec, BERT4RecConfig, cloze
 from models.ids import PAD
-from models.layers import causal_mask, cross_entropy, gather_last, last_valid_index, padding_mask
+from models.layers import (
+    Dropout,
+    causal_mask,
+    gather_last,
+    gather_rows,
+    last_valid_index,
+    length_groups,
+    padding_mask,
+    shared_negatives_loss,
+)
 from models.sasrec import SASRec, SASRecConfig
 
 V = 50
@@ -163,18 +172,41 @@ def test_attention_output_dropout_is_off_when_the_config_says_so(attn_out_dropou
     assert torch.allclose(train_out, eval_out, atol=1e-6) is not attn_out_dropout
 
 
-def test_smoothed_cross_entropy_spreads_over_the_finite_logits_only() -> None:
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, smoothing: float = 0.0) -> torch.Tensor:
+    """The reference: mean cross-entropy with `smoothing` spread over the finite logits only."""
+    logp = F.log_softmax(logits, -1)
+    nll = -logp.gather(1, target[:, None]).squeeze(1)
+    finite = torch.isfinite(logits)
+    uniform = -logp.masked_fill(~finite, 0.0).sum(-1) / finite.sum(-1)
+    return ((1.0 - smoothing) * nll + smoothing * uniform).mean()
+
+
+def test_reference_cross_entropy_is_torchs_over_the_finite_logits() -> None:
     torch.manual_seed(0)
     logits, target = torch.randn(6, 10), torch.randint(2, 10, (6,))
-    assert torch.allclose(cross_entropy(logits, target), F.cross_entropy(logits, target))
     assert torch.allclose(
         cross_entropy(logits, target, smoothing=0.2), F.cross_entropy(logits, target, label_smoothing=0.2)
     )
-    # The specials (and a masked negative) are not classes: the smoothed share never reaches them.
     logits[:, :2] = float("-inf")
     smoothed = cross_entropy(logits, target, smoothing=0.2)
-    assert torch.isfinite(smoothed)
     assert torch.allclose(smoothed, F.cross_entropy(logits[:, 2:], target - 2, label_smoothing=0.2))
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_shared_negatives_loss_drops_a_rows_own_target_from_its_negatives(smoothing: float) -> None:
+    torch.manual_seed(0)
+    pos = torch.tensor([5, 7, 9, 5, 11])
+    neg = torch.tensor([5, 3, 7, 5, 8, 20])  # row 0 and 3's target twice, row 1's once, the others never
+    h = torch.randn(5, 4, requires_grad=True)
+    table = torch.randn(30, 4)
+    got = shared_negatives_loss((h * table[pos]).sum(-1), h @ table[neg].T, pos, neg, smoothing=smoothing)
+    (g_got,) = torch.autograd.grad(got, h)
+    pos_logit, neg_logit = (h * table[pos]).sum(-1), h @ table[neg].T
+    masked = neg_logit.masked_fill(neg[None, :] == pos[:, None], float("-inf"))
+    want = cross_entropy(torch.cat([pos_logit[:, None], masked], 1), torch.zeros_like(pos), smoothing=smoothing)
+    (g_want,) = torch.autograd.grad(want, h)
+    assert torch.isfinite(got)
+    assert torch.allclose(got, want, atol=1e-6) and torch.allclose(g_got, g_want, atol=1e-6)
 
 
 @pytest.mark.parametrize("loss", ["softmax", "sampled_softmax"])
@@ -191,3 +223,93 @@ def test_label_smoothing_changes_the_training_loss_and_stays_finite(loss: str) -
     assert not torch.allclose(values[0], values[1])  # the setting reaches the loss that trains
     with pytest.raises(ValueError, match="label_smoothing"):
         SASRecConfig(vocab_size=V, label_smoothing=1.0)
+
+
+def test_length_groups_cover_every_row_once_and_cut_to_the_longest() -> None:
+    lengths = torch.tensor([3, 9, 1, 7, 7, 2, 5])
+    groups = length_groups(lengths, 3)
+    rows = torch.cat([r for r, _ in groups])
+    assert sorted(rows.tolist()) == list(range(7))
+    for r, n in groups:
+        assert n == int(lengths[r].max())
+    assert [n for _, n in groups] == sorted(n for _, n in groups)  # short rows together, long together
+    assert len(length_groups(lengths, 20)) == 7  # never an empty group
+
+
+def test_gather_rows_is_indexing_with_one_gradient_and_none_for_padding() -> None:
+    table = torch.randn(10, 4, requires_grad=True)
+    a, b = torch.tensor([[1, 2], [0, 3]]), torch.tensor([3, 3, 9])
+    ra, rb = gather_rows(table, a, b)
+    assert torch.equal(ra, table[a]) and torch.equal(rb, table[b])
+    (ra.sum() + rb.sum()).backward()
+    assert table.grad is not None
+    expected = torch.zeros(10)
+    expected[[1, 2, 3, 9]] = torch.tensor([1.0, 1.0, 3.0, 1.0])  # PAD (0) gets nothing, as in the embedding
+    assert torch.equal(table.grad[:, 0], expected)
+
+
+def _reference_sasrec_loss(m: SASRec, seq: torch.Tensor) -> torch.Tensor:
+    """The whole batch at once, every table row looked up apart, specials masked with -inf."""
+    cfg = m.config
+    inp, target = seq[:, :-1], seq[:, 1:]
+    valid = target != PAD
+    h, pos, w = m(inp)[valid], target[valid], m.item_weights()
+    if cfg.training_loss == "softmax":
+        logits = h @ w.T
+        logits[:, :2] = float("-inf")
+        return cross_entropy(logits, pos, smoothing=cfg.label_smoothing)
+    neg, correction = m.sampler(pos.device)
+    neg_logit = (h @ w[neg].T - correction).masked_fill(neg[None, :] == pos[:, None], float("-inf"))
+    logits = torch.cat([(h * w[pos]).sum(-1, keepdim=True), neg_logit], dim=1)
+    return cross_entropy(logits, torch.zeros_like(pos), smoothing=cfg.label_smoothing)
+
+
+@pytest.mark.parametrize("loss", ["softmax", "sampled_softmax"])
+def test_sasrec_loss_in_length_groups_is_the_whole_batch_loss(loss: str) -> None:
+    torch.manual_seed(0)
+    cfg = {"vocab_size": V, "max_len": 10, "d_model": 8, "n_heads": 1, "n_layers": 2, "d_ff": 16, "dropout": 0.0}
+    m = SASRec(SASRecConfig(**cfg, loss=loss, n_negatives=20, label_smoothing=0.1)).train()
+    lengths = torch.randint(2, 12, (40,))
+    seq = torch.randint(2, V, (40, 11)) * (torch.arange(11)[None, :] < lengths[:, None])
+    values, grads = [], []
+    for fn in (_reference_sasrec_loss, SASRec.loss):
+        m.zero_grad()
+        torch.manual_seed(1)  # the same shared negatives
+        value = fn(m, seq)
+        value.backward()
+        values.append(value.detach())
+        grads.append({k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None})
+    assert torch.allclose(values[0], values[1], atol=1e-6)
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        assert torch.allclose(grads[0][k], grads[1][k], atol=1e-6), k
+
+
+def test_bert4rec_loss_in_length_groups_is_the_whole_batch_loss() -> None:
+    torch.manual_seed(0)
+    cfg = {"vocab_size": V, "max_len": 10, "d_model": 8, "n_heads": 1, "n_layers": 2, "d_ff": 16, "dropout": 0.0}
+    m = BERT4Rec(BERT4RecConfig(**cfg, label_smoothing=0.1)).train()
+    lengths = torch.randint(1, 11, (40,))
+    seq = torch.randint(2, V, (40, 10)) * (torch.arange(10)[None, :] < lengths[:, None])
+    torch.manual_seed(1)
+    inputs, labels = cloze(seq, m.config.mask_prob, m.mask_token, V, m.config.last_item_prob)
+    chosen = labels != PAD
+    logits = m.transform(m(inputs)[chosen]) @ m.encoder.token_emb.weight[:V].T + m.out_bias
+    logits[:, :2] = float("-inf")
+    expected = cross_entropy(logits, labels[chosen], smoothing=0.1)
+    torch.manual_seed(1)  # the same corruption
+    assert torch.allclose(m.loss(seq), expected, atol=1e-6)
+
+
+def test_dropout_drops_its_share_scales_the_rest_and_is_the_identity_in_eval() -> None:
+    torch.manual_seed(0)
+    d = Dropout(0.6)
+    x = torch.ones(200_000, requires_grad=True)
+    y = d(x)
+    kept = y != 0
+    assert abs(1.0 - kept.float().mean().item() - 0.6) < 0.01
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.4))
+    y.sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, y.detach())  # the gradient passes where the value did
+    assert torch.equal(d.eval()(x), x)
+    assert torch.equal(Dropout(0.0).train()(x), x)

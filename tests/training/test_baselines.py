@@ -1,5 +1,6 @@
 """The simple baselines every recommendation run prints beside the model."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,3 +78,23 @@ def test_item_knn_built_in_blocks_matches_the_dense_definition(
         want |= {(a, b, round(-s, 5)) for s, b in cands}
     i, j, s = ev._knn_neighbours(known, vocab, 3)
     assert {(int(x), int(y), round(float(z), 5)) for x, y, z in zip(i, j, s, strict=True)} == want
+
+
+def test_a_baseline_too_slow_for_its_seconds_is_fitted_on_a_seeded_sample_of_users() -> None:
+    from training.evaluate import FIT_SECONDS, fit_baseline, item_knn_scorer
+
+    gen = torch.Generator().manual_seed(0)
+    known = [
+        torch.randint(2, 40, (int(n),), generator=gen).tolist() for n in torch.randint(1, 30, (300,), generator=gen)
+    ]
+    seq = torch.tensor([[5, 6, 7], [9, 0, 0]])
+    everyone, n = fit_baseline("item_knn", known, 40)
+    assert n == 300 and torch.equal(everyone(seq), item_knn_scorer(known, 40)(seq))
+    lengths = np.array([len(k) for k in known])
+    half = float(FIT_SECONDS["item_knn"](lengths).sum()) / 2
+    sampled, n = fit_baseline("item_knn", known, 40, seconds=half, seed=3)
+    again, n_again = fit_baseline("item_knn", known, 40, seconds=half, seed=3)
+    assert 0 < n < 300 and n == n_again and torch.equal(sampled(seq), again(seq))  # seeded
+    assert not torch.equal(sampled(seq), everyone(seq))
+    for name in ("popularity", "transitions"):  # they cost about what reading the log does: everyone
+        assert fit_baseline(name, known, 40, seconds=0.0)[1] == 300

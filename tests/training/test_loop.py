@@ -77,21 +77,6 @@ def test_a_long_evaluation_logs_its_progress(monkeypatch: pytest.MonkeyPatch, ca
     assert out["n"] == 40 and len(lines) >= 3 and all("users/s" in line for line in lines), lines
 
 
-def test_drawing_negatives_for_many_users_logs_its_progress(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    from training import evaluate as ev
-    from training.splits import EvalSet
-
-    monkeypatch.setattr(ev, "LOG_EVERY_S", 0.0)
-    caplog.set_level(logging.INFO, logger="training.evaluate")
-    data = EvalSet(users=list(range(40)), histories=[[3, 4]] * 40, targets=[5] * 40, interacted=[[3, 4, 5]] * 40)
-    protocol = ev.Protocol(batch_size=4, negatives="uniform", n_negatives=3)
-    drawn = ev.draw_negatives(data, vocab_size=12, protocol=protocol)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("drawing uniform negatives")]
-    assert len(drawn) == 10 and len(lines) >= 5 and "% of 40 users" in lines[-1], lines
-
-
 def test_fitting_item_knn_over_many_blocks_logs_its_progress(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

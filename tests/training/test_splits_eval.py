@@ -4,7 +4,9 @@ import math
 import pytest
 import torch
 
-from training.evaluate import Protocol, evaluate, metrics_from_ranks, target_ranks
+from tests.training.reference_eval import draw_negatives, target_ranks
+from tests.training.reference_eval import evaluate as reference_evaluate
+from training.evaluate import Protocol, evaluate, metrics_from_ranks
 from training.splits import leave_one_out, windows
 
 
@@ -35,9 +37,14 @@ def test_metrics_hand_computed() -> None:
 
 
 def test_ranks_count_ties_against_the_target() -> None:
-    scores = torch.tensor([[0.0, 0.0, 1.0, 3.0, 1.0, 2.0]])
+    from training.splits import EvalSet
+
+    scores = torch.tensor([[float("-inf"), float("-inf"), 1.0, 3.0, 1.0, 2.0]])
     cand = torch.tensor([[False, False, True, True, True, True]])
-    assert target_ranks(scores, torch.tensor([2]), cand).tolist() == [3]  # 3.0, 2.0 and the tie 1.0
+    assert target_ranks(scores, torch.tensor([2]), cand).tolist() == [3]  # the reference: 3.0, 2.0 and the tie 1.0
+    data = EvalSet([0], [[]], [2], [[2]])
+    got = evaluate(lambda seq: scores.expand(len(seq), -1), data, vocab_size=6, max_history=4, protocol=Protocol())
+    assert got["MRR"] == 0.25  # rank 3, as the reference
 
 
 def test_sampled_negatives_avoid_interacted_items() -> None:
@@ -69,8 +76,7 @@ def test_sampled_negatives_avoid_interacted_items() -> None:
         evaluate(score, data, vocab_size=vocab, max_history=200, protocol=Protocol("uniform", 101), popularity=pop)
 
 
-def test_shared_negatives_are_the_ones_each_scorer_would_draw() -> None:
-    from training.evaluate import draw_negatives
+def test_negatives_drawn_batch_by_batch_are_the_whole_sets_draw() -> None:
     from training.splits import EvalSet
 
     vocab, gen = 2 + 300, torch.Generator().manual_seed(0)
@@ -90,29 +96,30 @@ def test_shared_negatives_are_the_ones_each_scorer_would_draw() -> None:
         for row, negs in zip(hist, torch.cat(drawn), strict=True):  # never an item the user touched
             assert not set(negs.tolist()) & set(row)
         kw = {"vocab_size": vocab, "max_history": 8, "protocol": proto, "popularity": pop}
-        assert evaluate(score, data, negatives=drawn, **kw) == evaluate(score, data, **kw)  # type: ignore[arg-type]
+        assert reference_evaluate(score, data, negatives=drawn, **kw) == evaluate(score, data, **kw)  # type: ignore[arg-type]
         other = draw_negatives(
             data, vocab_size=vocab, protocol=Protocol(name, 50, batch_size=32, seed=1), popularity=pop
         )
-        assert evaluate(score, data, negatives=other, **kw) != evaluate(score, data, **kw)  # type: ignore[arg-type]
+        assert reference_evaluate(score, data, negatives=other, **kw) != evaluate(score, data, **kw)  # type: ignore[arg-type]
 
 
 def test_a_training_run_draws_each_protocols_negatives_once(synthetic_dir, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import training.jobs.recommend as rec
+    import training.evaluate as ev
     from tests.conftest import TINY_REC, run_job
 
-    calls: list[tuple[int, str]] = []
-    real = rec.draw_negatives
+    calls: list[int] = []
+    real = ev._draw_by_masking
 
-    def counting(data, **kw):  # type: ignore[no-untyped-def]
-        calls.append((len(data.targets), kw["protocol"].negatives))
-        return real(data, **kw)
+    def counting(interacted, *args):  # type: ignore[no-untyped-def]
+        calls.append(len(interacted))
+        return real(interacted, *args)
 
-    monkeypatch.setattr(rec, "draw_negatives", counting)
+    monkeypatch.setattr(ev, "_draw_by_masking", counting)
     run_job(["model.kind='sasrec'", "name='once'", *TINY_REC, "eval.protocol='popularity'"], tmp_path, synthetic_dir)
-    # Validation (every epoch and after training: all 40 users, the same set) and test, once per protocol
-    # each, though the model is scored 4 times on validation and the model and 3 baselines on test.
-    assert sorted(calls) == [(40, "popularity"), (40, "popularity"), (40, "uniform"), (40, "uniform")]
+    # 40 users, one batch. Before training, the 3 baselines on validation users draw once, and the
+    # model's cost is timed once; each of the 3 epochs' validations draws once; after training,
+    # validation (every prior weight) and test (the model and 3 baselines) once per sampled protocol.
+    assert calls == [40] * (1 + 1 + 3 + 2 + 2)
 
 
 def test_negatives_by_rejection_follow_the_masking_draw() -> None:
@@ -161,3 +168,49 @@ def test_a_large_catalog_is_scored_in_smaller_batches_with_the_same_results(monk
     monkeypatch.setattr(ev, "EVAL_CELLS", 30 * 7)  # 7 users a batch
     assert ev.rows_per_batch(protocols[0], 30) == 7
     assert [ev.evaluate(scores, data, vocab_size=30, max_history=4, protocol=p) for p in protocols] == whole
+
+
+def test_evaluate_all_gives_each_scorers_figures_on_the_same_users_and_stops_at_its_deadline() -> None:
+    from training.evaluate import evaluate_all
+    from training.splits import EvalSet
+
+    vocab, gen = 2 + 300, torch.Generator().manual_seed(0)
+    users = 70
+    hist = [
+        torch.randint(2, vocab, (int(torch.randint(1, 12, (1,), generator=gen)),), generator=gen).tolist()
+        for _ in range(users)
+    ]
+    hist[0] = [5, 5, 7, 5]  # repeats, and the target among the earlier items
+    targets = [h[-1] % 297 + 3 for h in hist]
+    targets[0] = 7
+    data = EvalSet(list(range(users)), hist, targets, [[*h, t] for h, t in zip(hist, targets, strict=True)])
+    pop = torch.rand(vocab, generator=gen) * 100
+    tied = torch.randint(0, 4, (vocab,), generator=gen).float()  # many ties with the target
+
+    def smooth(seq: torch.Tensor) -> torch.Tensor:
+        s = torch.linspace(0, 1, vocab).expand(seq.size(0), -1) + seq[:, :1].float()
+        s[:, :2] = float("-inf")
+        return s
+
+    def ties(seq: torch.Tensor) -> torch.Tensor:
+        s = tied.expand(seq.size(0), -1).clone()
+        s[:, :2] = float("-inf")
+        return s
+
+    protocols = [Protocol("full", batch_size=32), Protocol("full", exclude_seen=False, batch_size=32)]
+    protocols += [Protocol(n, 50, batch_size=32) for n in ("uniform", "popularity")]
+    scorers = {"smooth": smooth, "ties": ties}
+    got = evaluate_all(scorers, data, protocols=protocols, vocab_size=vocab, max_history=8, popularity=pop)
+    assert got.users == got.of == users
+    for name, fn in scorers.items():
+        for p in protocols[1:]:  # one "full" entry per protocol name: the last given wins
+            want = reference_evaluate(fn, data, vocab_size=vocab, max_history=8, protocol=p, popularity=pop)
+            assert got.metrics[name][p.negatives] == pytest.approx(want), (name, p)
+    seen_removed = evaluate_all(scorers, data, protocols=protocols[:1], vocab_size=vocab, max_history=8)
+    for name, fn in scorers.items():
+        want = reference_evaluate(fn, data, vocab_size=vocab, max_history=8, protocol=protocols[0])
+        assert seen_removed.metrics[name]["full"] == pytest.approx(want), name
+    early = evaluate_all(
+        scorers, data, protocols=protocols, vocab_size=vocab, max_history=8, popularity=pop, deadline=0.0
+    )
+    assert early.users == 32 and all(m["n"] == 32 for s in early.metrics.values() for m in s.values())

@@ -210,15 +210,38 @@ def test_test_metrics_on_a_seeded_sample_of_users(synthetic_dir: Path, tmp_path:
         "eval.test_users=10",
     ]
     metrics = json.loads((run_job(overrides, tmp_path / "a", synthetic_dir) / "metrics.json").read_text())
-    assert metrics["protocol"]["test_users"] == {"scored": 10, "of": 40, "seed": 42}
+    assert metrics["protocol"]["test_users"] == {"scored": 10, "of": 40, "sample": 10, "seed": 42}
     assert {m["n"] for m in metrics["test"].values()} == {10.0}
     assert {p["n"] for b in metrics["baselines_test"].values() for p in b.values()} == {10.0}
     assert {m["n"] for m in metrics["valid"].values()} == {10.0}
     phases = metrics["seconds"]
-    assert set(phases) == {"data", "training_loop", "after_training", "evaluation", "export_files", "budget"}
+    assert set(phases) == {
+        "data",
+        "before_training",
+        "training_loop",
+        "after_training",
+        "evaluation",
+        "export_files",
+        "after_data",
+        "budget",
+    }
     assert all(v >= 0 for v in phases.values()) and phases["budget"] == 30 * 60
     again = json.loads((run_job(overrides, tmp_path / "b", synthetic_dir) / "metrics.json").read_text())
     assert again["baselines_test"] == metrics["baselines_test"]  # the same users: seeded
+
+
+def test_a_spent_budget_cuts_evaluation_to_whole_batches_of_the_same_users(synthetic_dir: Path, tmp_path: Path) -> None:
+    """train.max_minutes covers the phases after the loop: with nothing left, validation and test score
+    one batch of their seeded samples, the model and every baseline the same users, and say so."""
+    overrides = ["model.kind='sasrec'", "name='spent'", *TINY_REC, "train.max_minutes=0.0001", "eval.batch_size=8"]
+    metrics = json.loads((run_job(overrides, tmp_path, synthetic_dir) / "metrics.json").read_text())
+    assert metrics["protocol"]["test_users"] == {"scored": 8, "of": 40, "sample": 40, "seed": 42}
+    assert metrics["protocol"]["valid_users"] == {"scored": 8, "of": 40}
+    assert {m["n"] for m in metrics["test"].values()} == {8.0}
+    assert {p["n"] for b in metrics["baselines_test"].values() for p in b.values()} == {8.0}
+    assert metrics["protocol"]["baselines_valid_users"] == 8
+    assert "time budget" in metrics["stopped"]
+    assert metrics["seconds"]["budget"] == pytest.approx(0.006)
 
 
 def test_predict_covers_every_task_that_keeps_user_histories(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +20,22 @@ from models.base import SequentialRecommender
 from models.histories import IndexedHistories
 from models.ids import N_SPECIAL, IdMap
 from models.kinds import build_recommender
+from models.ranking import pad_rows
 from models.tasks.recommend import RecArtifact, load_artifact
 from models.warm import carry_over
 from training.config import LoopConfig, read_raw
 from training.data import Interactions, load_interactions, locate_ml100k
-from training.evaluate import BASELINES, PROTOCOLS, Protocol, ScoreFn, draw_negatives, evaluate, item_counts
+from training.evaluate import (
+    BASELINES,
+    FIT_SECONDS,
+    PROTOCOLS,
+    Evaluated,
+    Protocol,
+    ScoreFn,
+    evaluate_all,
+    fit_baseline,
+    item_counts,
+)
 from training.job import Export, Job
 from training.loop import History, train, window_batches
 from training.preflight import preflight
@@ -31,6 +43,23 @@ from training.splits import EvalSet, Split, leave_one_out, pad_right, windows
 
 log = logging.getLogger(__name__)
 EVALSET_FIELDS = ("users", "histories", "targets", "interacted")
+# Shares of the budget (train.max_minutes, after loading; docs/decisions/job-budget.md): scoring the
+# baselines on validation users before training, fitting them, a refit, writing the artifact, and at
+# most what all the phases after the training loop may keep.
+BASELINES_SHARE = 0.05
+FIT_SHARE = 0.05  # fitting the baselines, each of the two times (on the training part, then for the test)
+REFIT_SHARE = 0.1
+EXPORT_SHARE = 0.03
+MAX_AFTER_SHARE = 0.3
+
+
+@dataclass
+class Costs:
+    """What the scorers cost, measured before training: seconds a baseline's fit, seconds a user."""
+
+    fit: dict[str, float] = field(default_factory=dict)
+    per_user: dict[str, float] = field(default_factory=dict)  # each baseline, and "model"
+    fitted_users: dict[str, int] = field(default_factory=dict)  # the users the last fit of each took
 
 
 @dataclass
@@ -98,10 +127,10 @@ def short_sequences(split: Split) -> list[list[int]]:
 
 
 def subsample(data: EvalSet, n: int, seed: int) -> EvalSet:
-    if not n or len(data.targets) <= n:
-        return data
+    """A seeded sample of `n` targets (0 = all) in a seeded random order: an evaluation cut short by
+    its deadline has scored a random sample of them."""
     g = torch.Generator().manual_seed(seed)
-    keep = sorted(torch.randperm(len(data.targets), generator=g)[:n].tolist())
+    keep = torch.randperm(len(data.targets), generator=g)[: n or None].tolist()
     return EvalSet(*[[getattr(data, f)[i] for i in keep] for f in EVALSET_FIELDS])
 
 
@@ -128,11 +157,13 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     users: IdMap
     split: Split
     popularity: torch.Tensor  # counts over the whole log: the paper protocol's negative sampler
-    windows: torch.Tensor
     max_history: int
     valid_baselines: dict[str, dict[str, float]] | None = None  # on the per-epoch validation users
+    valid_baselines_users: int = 0
+    valid_baselines_fitted: dict[str, int] | None = None
+    costs: Costs
+    plan: dict[str, float]  # seconds kept for each phase after the training loop
     transition_weights_tried: dict[float, float] | None = None  # validation NDCG@10 of each prior weight
-    _negatives: dict[tuple[int, str], tuple[EvalSet, list[torch.Tensor]]]  # sampled protocols' draws per set
 
     @classmethod
     def prepared(cls, config: Path, *, data: Path | None = None) -> RecommendJob:
@@ -162,7 +193,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         self.split = leave_one_out(sequences, full_data=c.full_data)
         self.popularity = item_counts(sequences, len(self.items))
         self.val_set = subsample(self.split.valid, self.cfg.eval.val_users, self.cfg.train.seed)
-        self._negatives = {}
+        self.costs, self.plan = Costs(), {}
 
     def _carry_item_meta(self, old: RecArtifact) -> None:
         """A log exported from the service has no item table: the release times and display fields of
@@ -204,42 +235,98 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         return model
 
     def _windows(self, model: SequentialRecommender, sequences: list[list[int]]) -> torch.Tensor:
-        rows = windows(sequences, model.window_len, min_len=2)
-        return torch.tensor(pad_right(rows, model.window_len), dtype=torch.long, device=self.device)
+        """Right-padded training windows (N, <= window_len), filled in one C array: padded Python lists
+        of 2M windows took gigabytes more at the peak."""
+        return pad_rows(windows(sequences, model.window_len, min_len=2)).to(self.device)
 
     def train_batches(self, model: nn.Module) -> Callable[[torch.Generator], Sequence[torch.Tensor]]:
         assert isinstance(model, SequentialRecommender)
         model.set_item_frequencies(item_counts(self.split.train, len(self.items)))
-        self.windows = self._windows(model, self.split.train)
+        rows = self._windows(model, self.split.train)
         log.info(
             "%s: %d users, %d items, %d interactions; %d training windows of <= %d; %d validation targets",
             self.data.source,
             self.users.n_entities,
             self.items.n_entities,
             self.data.n_interactions,
-            len(self.windows),
+            len(rows),
             model.window_len,
             len(self.split.valid.targets),
         )
         if self.dist.is_main and self.val_set.targets:
             with self.untimed():
-                self._validation_baselines()
-        return window_batches(self.windows, self.cfg.train.batch_size, by_length=self.cfg.train.length_buckets)
+                self._validation_baselines(model)
+        return window_batches(rows, self.cfg.train.batch_size, by_length=self.cfg.train.length_buckets)
 
-    def _validation_baselines(self) -> None:
+    def _validation_baselines(self, model: SequentialRecommender) -> None:
         """The baselines on the validation users each epoch is scored on (fitted on the training part),
-        so every epoch's line can be read against the strongest simple competitor."""
+        so every epoch's line can be read against the strongest simple competitor; and what each
+        scorer costs a user, from which the job sizes the phases after training."""
         proto = self.cfg.eval.protocol
-        self.valid_baselines = {
-            name: self._evaluate(BASELINES[name](self.split.train, len(self.items)), self.val_set, proto, "cpu")
-            for name in self.cfg.eval.baselines
-        }
-        log.info(
-            "validation (%s, %d users) NDCG@10 of the baselines: %s",
-            proto,
-            len(self.val_set.targets),
-            " | ".join(f"{n} {m['NDCG@10']:.4f}" for n, m in self.valid_baselines.items()),
+        fitted = self._fit_baselines(self.split.train)
+        self.valid_baselines_fitted = dict(self.costs.fitted_users)
+        deadline = time.monotonic() + BASELINES_SHARE * self.clock.seconds
+        got = self._evaluate_all(fitted, self.val_set, [proto], deadline=deadline, device="cpu")
+        for name in fitted:
+            self.costs.per_user[name] = got.seconds / max(got.users, 1) / max(len(fitted), 1)
+        self.valid_baselines = {name: m[proto] for name, m in got.metrics.items()}
+        self.valid_baselines_users = got.users
+        one = subsample(self.val_set, 256, self.cfg.train.seed)
+        model.eval()
+        self.costs.per_user["model"] = self._evaluate_all({"model": model.scores}, one, [proto]).seconds / len(
+            one.targets
         )
+        model.train()
+        log.info(
+            "validation (%s, %d of %d users) NDCG@10 of the baselines: %s; fitted in %s s",
+            proto,
+            got.users,
+            got.of,
+            " | ".join(f"{n} {m['NDCG@10']:.4f}" for n, m in self.valid_baselines.items()),
+            " | ".join(f"{n} {v:.1f}" for n, v in self.costs.fit.items()),
+        )
+
+    def _fit_baselines(self, known: list[list[int]]) -> dict[str, ScoreFn]:
+        """The configured baselines fitted on `known`, within FIT_SHARE of the budget together: one
+        whose fit grows faster than the log and would take longer than its part is fitted on a seeded
+        sample of the users (`fit_baseline`); the cheap ones go first."""
+        fitted, left = {}, FIT_SHARE * self.clock.seconds
+        names = sorted(self.cfg.eval.baselines, key=lambda name: name in FIT_SECONDS)
+        for n, name in enumerate(names):
+            t0 = time.monotonic()
+            fitted[name], self.costs.fitted_users[name] = fit_baseline(
+                name, known, len(self.items), seconds=left / (len(names) - n), seed=self.cfg.train.seed
+            )
+            self.costs.fit[name] = time.monotonic() - t0
+            left = max(left - self.costs.fit[name], 0.0)
+        return fitted
+
+    def after_reserve(self, model: nn.Module) -> float:
+        """The phases after the loop, from what each scorer cost a user before training: the loop's
+        last validation, the prior's weights and the validation metrics, a refit, the baselines
+        fitted again and the test of every scorer, the artifact; at most MAX_AFTER_SHARE of the budget
+        (the evaluations then score fewer users, by their deadlines)."""
+        e, c = self.cfg.eval, self.costs
+        model_user = c.per_user.get("model", 0.0)
+        n_valid = min(e.test_users or len(self.split.valid.targets), len(self.split.valid.targets))
+        n_test = min(e.test_users or len(self.split.test.targets), len(self.split.test.targets))
+        plan = {
+            "last_validation": model_user * len(self.val_set.targets),
+            "valid": model_user * n_valid * 2.0,  # the prior's weights share the network's scores
+            "refit": REFIT_SHARE * self.clock.seconds if self.cfg.train.refit_epochs else 0.0,
+            "test": min(sum(c.fit.values()), FIT_SHARE * self.clock.seconds)
+            + n_test * (model_user + sum(v for k, v in c.per_user.items() if k != "model")),
+            "export": EXPORT_SHARE * self.clock.seconds,
+        }
+        total = sum(plan.values())
+        cap = MAX_AFTER_SHARE * self.clock.seconds
+        self.plan = {k: v * min(1.0, cap / max(total, 1e-9)) for k, v in plan.items()}
+        log.info("kept after training (s): %s", " | ".join(f"{k} {v:.0f}" for k, v in self.plan.items()))
+        return min(total, cap)
+
+    def _deadline(self, *after: str) -> float:
+        """When a phase must end so that the planned phases `after` it still fit in the budget."""
+        return time.monotonic() + self.clock.left() - sum(self.plan.get(k, 0.0) for k in after)
 
     def preflight(self, model: nn.Module) -> None:
         assert isinstance(model, SequentialRecommender)
@@ -250,59 +337,84 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     def validates(self) -> bool:
         return bool(self.val_set.targets)
 
-    def _evaluate(self, score: ScoreFn, data: EvalSet, negatives: str, device: torch.device | str) -> dict[str, float]:
-        t = self.cfg
-        protocol = t.eval.of(negatives, t.train.seed)
-        drawn = None
-        if negatives != "full" and data.targets:
-            # One draw per split and protocol, shared by the model and every baseline.
-            key = (id(data), negatives)
-            cached = self._negatives.get(key)
-            if cached is None or cached[0] is not data:  # the set is kept in the entry: its id stays its own
-                cached = (
-                    data,
-                    draw_negatives(data, vocab_size=len(self.items), protocol=protocol, popularity=self.popularity),
-                )
-                self._negatives[key] = cached
-            drawn = cached[1]
-        return evaluate(
-            score,
+    def _evaluate_all(
+        self,
+        scorers: dict[str, ScoreFn],
+        data: EvalSet,
+        negatives: list[str],
+        *,
+        deadline: float | None = None,
+        device: torch.device | str | None = None,
+    ) -> Evaluated:
+        e, seed = self.cfg.eval, self.cfg.train.seed
+        return evaluate_all(
+            scorers,
             data,
+            protocols=[e.of(n, seed) for n in negatives],
             vocab_size=len(self.items),
             max_history=self.max_history,
-            protocol=protocol,
             popularity=self.popularity,
-            negatives=drawn,
-            device=device,
+            deadline=deadline,
+            device=self.device if device is None else device,
         )
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         assert isinstance(model, SequentialRecommender)
-        return self._evaluate(model.scores, self.val_set, self.cfg.eval.protocol, self.device)
+        proto = self.cfg.eval.protocol
+        return self._evaluate_all({"model": model.scores}, self.val_set, [proto]).metrics["model"][proto]
 
-    def _all_protocols(self, score: ScoreFn, data: EvalSet, device: torch.device | str) -> dict[str, dict[str, float]]:
-        return {p: self._evaluate(score, data, p, device) for p in self.cfg.eval.protocols}
-
-    def _choose_transition_weight(self, model: SequentialRecommender, valid: EvalSet) -> None:
-        """Fill the model's transition table from the training part and keep the prior weight with the
-        best validation NDCG@10 (docs/decisions/transition-prior.md)."""
+    @staticmethod
+    def _prior_scorers(model: SequentialRecommender, weights: list[float]) -> dict[str, ScoreFn]:
+        """One scorer per prior weight (named by it), the network's scores computed once per batch."""
+        memo: dict[str, torch.Tensor] = {}
         config = model.config
+
+        def parts(seq: torch.Tensor) -> dict[str, torch.Tensor]:
+            if memo.get("seq") is not seq:
+                kept = config.transition_weight
+                config.transition_weight = 0.0
+                memo.update(seq=seq, net=model.scores(seq))
+                config.transition_weight = 1.0
+                memo["items"], memo["log_counts"] = model.prior_entries(seq)
+                config.transition_weight = kept
+            return memo
+
+        def scorer(weight: float) -> ScoreFn:
+            def score(seq: torch.Tensor) -> torch.Tensor:
+                p = parts(seq)
+                return p["net"].scatter_add(1, p["items"], weight * p["log_counts"]) if weight else p["net"]
+
+            return score
+
+        return {f"{w:g}": scorer(w) for w in weights}
+
+    def _validation_metrics(self, model: SequentialRecommender, valid: EvalSet) -> Evaluated:
+        """Every test protocol on validation users before any refit; with a transition table, every
+        prior weight too, and the one with the best NDCG@10 under `eval.protocol` is kept (ties to the
+        smaller; docs/decisions/transition-prior.md)."""
+        e = self.cfg.eval
+        protocols = list(dict.fromkeys([e.protocol, *e.protocols]))
+        deadline = self._deadline("refit", "test", "export")
+        if not getattr(model.config, "transition_width", 0):
+            return self._evaluate_all({"model": model.scores}, valid, protocols, deadline=deadline)
         model.set_transitions(self.split.train)
-        tried: dict[float, float] = {}
-        for weight in self.cfg.eval.transition_weights:
-            config.transition_weight = weight
-            tried[weight] = self._evaluate(model.scores, valid, self.cfg.eval.protocol, self.device)["NDCG@10"]
-        config.transition_weight = max(tried, key=lambda w: (tried[w], -w))  # a tie goes to the smaller weight
+        got = self._evaluate_all(self._prior_scorers(model, e.transition_weights), valid, protocols, deadline=deadline)
+        tried = {w: got.metrics[f"{w:g}"][e.protocol]["NDCG@10"] for w in e.transition_weights}
+        chosen = max(tried, key=lambda w: (tried[w], -w))
+        model.config.transition_weight = chosen
         self.transition_weights_tried = tried
         log.info(
             "transition prior on validation (NDCG@10 by weight): %s; kept %g",
             " | ".join(f"{w:g} {v:.4f}" for w, v in tried.items()),
-            config.transition_weight,
+            chosen,
         )
+        got.metrics = {"model": got.metrics[f"{chosen:g}"]}
+        return got
 
     def after_training(self, model: nn.Module, history: History) -> None:
         assert isinstance(model, SequentialRecommender)
         self.valid_metrics: dict[str, Any] | None = None
+        self.valid_users: dict[str, int] | None = None
         self.transition_weights_tried = None
         if self.cfg.data.full_data:
             model.set_transitions(self.split.train)  # everything; the config's weight stays
@@ -310,15 +422,22 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         if self.dist.is_main:
             with self.untimed():  # measured before a refit has seen the validation items
                 valid = subsample(self.split.valid, self.cfg.eval.test_users, self.cfg.train.seed)
-                if getattr(model.config, "transition_width", 0):
-                    self._choose_transition_weight(model, valid)
-                self.valid_metrics = self._all_protocols(model.scores, valid, self.device)
+                got = self._validation_metrics(model, valid)
+                self.valid_metrics = {p: m for p, m in got.metrics["model"].items() if p in self.cfg.eval.protocols}
+                self.valid_users = {"scored": got.users, "of": len(self.split.valid.targets)}
+                log.info("validation: %d of %d users in %.1f s", got.users, got.of, got.seconds)
         t = self.cfg.train
-        if t.refit_epochs:
+        minutes = (self._deadline("test", "export") - time.monotonic()) / 60
+        if t.refit_epochs and minutes * 60 >= REFIT_SHARE / 2 * self.clock.seconds:
             # The validation target joins the training data; the test item stays held out.
             refit = self._windows(model, self.split.test.histories + short_sequences(self.split))
-            refit_cfg = dataclasses.replace(t, epochs=t.refit_epochs, patience=t.refit_epochs + 1)
-            log.info("refit: %d more epochs on %d windows with the validation items", t.refit_epochs, len(refit))
+            refit_cfg = dataclasses.replace(t, epochs=t.refit_epochs, patience=t.refit_epochs + 1, max_minutes=minutes)
+            log.info(
+                "refit: %d more epochs on %d windows with the validation items, within %.1f minutes",
+                t.refit_epochs,
+                len(refit),
+                minutes,
+            )
             more = train(
                 model,
                 window_batches(refit, t.batch_size, by_length=t.length_buckets),
@@ -327,7 +446,9 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
                 dist=self.dist,
                 device=self.device,
             )
-            history.stopped += f"; then {len(more.epoch)} refit epochs with the validation items"
+            history.stopped += f"; then {len(more.epoch)} refit epochs with the validation items ({more.stopped})"
+        elif t.refit_epochs:
+            history.stopped += "; no refit: too little of the budget was left"
         # Test time knows every interaction but the test items: so does the transition table.
         model.set_transitions(self.split.test.histories + short_sequences(self.split))
 
@@ -347,29 +468,40 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         if self.cfg.data.full_data:
             return out
         test = subsample(self.split.test, e.test_users, self.cfg.train.seed)
+        # What is known at test time: every interaction but the held-out test items (of every user,
+        # sampled or not).
+        known = self.split.test.histories + short_sequences(self.split)
+        fitted = self._fit_baselines(known)
+        got = self._evaluate_all(
+            {"model": model.scores, **fitted}, test, e.protocols, deadline=self._deadline("export")
+        )
         out["protocol"]["test_users"] = {
-            "scored": len(test.targets),
+            "scored": got.users,
             "of": len(self.split.test.targets),
+            "sample": len(test.targets),  # eval.test_users, or all; the deadline may stop before its end
             "seed": self.cfg.train.seed,
         }
         log.info(
-            "test: %d of %d users (eval.test_users %d, seed %d)",
-            len(test.targets),
+            "test: %d of %d users (a seeded sample of %d, seed %d) in %.1f s",
+            got.users,
             len(self.split.test.targets),
-            e.test_users,
+            len(test.targets),
             self.cfg.train.seed,
+            got.seconds,
         )
         out["valid"] = self.valid_metrics
+        out["protocol"]["valid_users"] = self.valid_users
         tried = self.transition_weights_tried
         if tried is not None:
             out["transition_prior_valid_ndcg10"] = {f"{w:g}": round(v, 4) for w, v in tried.items()}
         out["baselines_valid_per_epoch_users"] = self.valid_baselines
-        out["test"] = self._all_protocols(model.scores, test, self.device)
-        # What is known at test time: every interaction but the held-out test items (of every user,
-        # sampled or not).
-        known = self.split.test.histories + short_sequences(self.split)
-        out["baselines_test"] = {
-            name: self._all_protocols(BASELINES[name](known, len(self.items)), test, "cpu") for name in e.baselines
+        out["protocol"]["baselines_valid_users"] = self.valid_baselines_users
+        out["test"] = got.metrics["model"]
+        out["baselines_test"] = {name: got.metrics[name] for name in fitted}
+        out["protocol"]["baselines_fitted_users"] = {
+            "valid": self.valid_baselines_fitted,
+            "test": dict(self.costs.fitted_users),
+            "of": {"valid": len(self.split.train), "test": len(known)},
         }
         for proto, m in out["test"].items():
             rows = " | ".join(f"{n} {b[proto]['NDCG@10']:.4f}" for n, b in out["baselines_test"].items())

@@ -28,7 +28,7 @@ from models.kinds import build
 from models.social import SocialBatch, SocialModel, incoming, time_buckets
 from training.config import LoopConfig
 from training.data.social import Periods, Timelines, load_social, period_queries, two_way
-from training.job import Export, Job
+from training.job import AFTER_SHARE, Export, Job
 from training.loop import History, train
 from training.social_eval import Baselines, QuerySet, evaluate_scorer
 
@@ -254,11 +254,19 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
             return
         with self.untimed():  # measured before the refit has seen the validation period
             self.valid_before_refit = self.validate(model)
+        # Inside the job's budget: what the loop left, less the evaluation's and the artifact's share.
+        minutes = (self.clock.left() - AFTER_SHARE * self.clock.seconds) / 60
+        if minutes <= 0:
+            log.info("no refit: the budget was spent")
+            history.stopped += "; no refit: the budget was spent"
+            return
         refit = dataclasses.replace(
-            t, epochs=t.refit_epochs, patience=t.refit_epochs + 1, warmup_steps=0, max_minutes=float("inf")
+            t, epochs=t.refit_epochs, patience=t.refit_epochs + 1, warmup_steps=0, max_minutes=minutes
         )
-        log.info("refit: %d epoch(s) over everything before the test period", t.refit_epochs)
-        train(
+        log.info(
+            "refit: %d epoch(s) over everything before the test period, within %.1f minutes", t.refit_epochs, minutes
+        )
+        more = train(
             model,
             self._batches(model, self.examples(self.periods.test)),
             refit,
@@ -266,6 +274,7 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
             dist=self.dist,
             device=self.device,
         )
+        history.stopped += f"; then {len(more.epoch)} refit epoch(s) ({more.stopped})"
 
     def evaluate(self, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, SocialModel)
