@@ -356,15 +356,17 @@ class SequenceEncoder(nn.Module):
 LENGTH_GROUPS = 8
 
 
-def length_groups(lengths: torch.Tensor, groups: int) -> list[tuple[torch.Tensor, int]]:
-    """The rows of a right-padded batch in up to `groups` sub-batches of similar length: lengths (B,)
-    -> [(row indices, longest length among them)], to cut each sub-batch to.
+def length_groups(lengths: torch.Tensor, groups: int, *, min_rows: int = 32) -> list[tuple[torch.Tensor, int]]:
+    """The rows of a right-padded batch in up to `groups` sub-batches of similar length, each of at
+    least `min_rows` rows (a small batch stays whole: each sub-batch costs a pass of small kernels):
+    lengths (B,) -> [(row indices, longest length among them)], to cut each sub-batch to.
 
     A shuffled batch is padded to its longest row (Beauty: about 9 items a row against 51 columns),
     so most of a training step was spent on padding. Rows are independent in every sequence model
     here and a loss averages over all valid positions of all groups, so the loss is the one the
     whole batch gives (docs/decisions/training-throughput.md).
     """
+    groups = max(1, min(groups, len(lengths) // max(min_rows, 1)))
     return [(rows, int(lengths[rows].max())) for rows in torch.argsort(lengths).tensor_split(groups) if len(rows)]
 
 

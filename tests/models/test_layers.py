@@ -227,13 +227,15 @@ def test_label_smoothing_changes_the_training_loss_and_stays_finite(loss: str) -
 
 def test_length_groups_cover_every_row_once_and_cut_to_the_longest() -> None:
     lengths = torch.tensor([3, 9, 1, 7, 7, 2, 5])
-    groups = length_groups(lengths, 3)
+    groups = length_groups(lengths, 3, min_rows=1)
     rows = torch.cat([r for r, _ in groups])
     assert sorted(rows.tolist()) == list(range(7))
     for r, n in groups:
         assert n == int(lengths[r].max())
     assert [n for _, n in groups] == sorted(n for _, n in groups)  # short rows together, long together
-    assert len(length_groups(lengths, 20)) == 7  # never an empty group
+    assert len(length_groups(lengths, 20, min_rows=1)) == 7  # never an empty group
+    assert len(length_groups(lengths, 3, min_rows=3)) == 2  # at least 3 rows each
+    assert len(length_groups(lengths, 3)) == 1  # a batch of 7 stays whole
 
 
 def test_gather_rows_is_indexing_with_one_gradient_and_none_for_padding() -> None:
@@ -269,8 +271,8 @@ def test_sasrec_loss_in_length_groups_is_the_whole_batch_loss(loss: str) -> None
     torch.manual_seed(0)
     cfg = {"vocab_size": V, "max_len": 10, "d_model": 8, "n_heads": 1, "n_layers": 2, "d_ff": 16, "dropout": 0.0}
     m = SASRec(SASRecConfig(**cfg, loss=loss, n_negatives=20, label_smoothing=0.1)).train()
-    lengths = torch.randint(2, 12, (40,))
-    seq = torch.randint(2, V, (40, 11)) * (torch.arange(11)[None, :] < lengths[:, None])
+    lengths = torch.randint(2, 12, (300,))  # 8 groups of at least 32 rows
+    seq = torch.randint(2, V, (300, 11)) * (torch.arange(11)[None, :] < lengths[:, None])
     values, grads = [], []
     for fn in (_reference_sasrec_loss, SASRec.loss):
         m.zero_grad()
@@ -289,8 +291,8 @@ def test_bert4rec_loss_in_length_groups_is_the_whole_batch_loss() -> None:
     torch.manual_seed(0)
     cfg = {"vocab_size": V, "max_len": 10, "d_model": 8, "n_heads": 1, "n_layers": 2, "d_ff": 16, "dropout": 0.0}
     m = BERT4Rec(BERT4RecConfig(**cfg, label_smoothing=0.1)).train()
-    lengths = torch.randint(1, 11, (40,))
-    seq = torch.randint(2, V, (40, 10)) * (torch.arange(10)[None, :] < lengths[:, None])
+    lengths = torch.randint(1, 11, (300,))  # 8 groups of at least 32 rows
+    seq = torch.randint(2, V, (300, 10)) * (torch.arange(10)[None, :] < lengths[:, None])
     torch.manual_seed(1)
     inputs, labels = cloze(seq, m.config.mask_prob, m.mask_token, V, m.config.last_item_prob)
     chosen = labels != PAD
