@@ -95,3 +95,13 @@ def test_negative_settings_are_refused() -> None:
         SASRecConfig(vocab_size=V, transition_width=-1)
     with pytest.raises(ValueError, match="transition"):
         BERT4RecConfig(vocab_size=V, transition_weight=-1.0)
+
+
+def test_transition_pairs_stay_within_each_sequence() -> None:
+    from models.transitions import transition_pairs
+
+    sequences = [[5, 6, 7], [], [8], [9, 9], [3, 4]]
+    first, second = transition_pairs(sequences)
+    assert list(zip(first.tolist(), second.tolist(), strict=True)) == [(5, 6), (6, 7), (9, 9), (3, 4)]
+    assert [len(t) for t in transition_pairs([])] == [0, 0]
+    assert [len(t) for t in transition_pairs([[], [2]])] == [0, 0]
