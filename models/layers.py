@@ -139,7 +139,9 @@ class Dropout(nn.Dropout):
     Elsewhere, torch's own kernel."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or x.device.type != "cpu" or not 0.0 < self.p < 1.0:
+        if not self.training:
+            return x  # what torch's dropout returns in eval, without its call (serving runs this path)
+        if x.device.type != "cpu" or not 0.0 < self.p < 1.0:
             return super().forward(x)
         return x * torch.rand_like(x).ge_(self.p).div_(1.0 - self.p)  # kept: 1 / (1 - p), dropped: 0
 
