@@ -48,6 +48,8 @@ class LoopConfig:
     reuse_freed_memory: bool = True
 
     def __post_init__(self) -> None:
+        if not self.max_minutes > 0:  # the whole job's budget: a negative or zero one is a typo
+            raise ValueError(f"train.max_minutes must be > 0, got {self.max_minutes}")
         if self.ema_epochs < 0:
             raise ValueError(f"train.ema_epochs must be >= 0, got {self.ema_epochs}")
         if self.precision not in PRECISIONS:

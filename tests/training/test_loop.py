@@ -137,3 +137,12 @@ def test_the_moving_average_of_the_weights_is_what_is_validated_and_kept(ema_epo
             expected = decay * expected + (1 - decay) * -lr * t
     assert validated == pytest.approx([expected], abs=1e-5)
     assert float(model.w.detach()) == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_budget_of_no_time_is_refused() -> None:
+    from training.config import LoopConfig
+
+    for minutes in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="max_minutes"):
+            LoopConfig(max_minutes=minutes)
+    assert LoopConfig(max_minutes=0.0001).max_minutes == 0.0001
