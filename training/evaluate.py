@@ -121,17 +121,106 @@ def _draw_by_rejection(
     raise ValueError(f"a user has too few items left to sample {n} negatives from (by rejection)")
 
 
-def _full_ranks(scores: torch.Tensor, targets: torch.Tensor, hist: torch.Tensor, *, exclude_seen: bool) -> torch.Tensor:
+@dataclass(frozen=True)
+class SparseScores:
+    """(B, V) scores held as one row shared by every user plus a few entries per user: how the baselines
+    score. Ranked without building the (B, V) tensor, whose passes were two thirds of a test on a
+    500k-item catalog (docs/decisions/job-budget.md)."""
+
+    base: torch.Tensor  # (V,) float32, the specials -inf
+    sorted_base: torch.Tensor  # (V,) base ascending, to count the items at or above a score
+    keys: torch.Tensor  # (n,) distinct row * V + item, ascending: the entries that differ from base
+    values: torch.Tensor  # (n,) the score at each key
+    rows: int
+
+    @classmethod
+    def of(
+        cls,
+        base: torch.Tensor,
+        sorted_base: torch.Tensor,
+        rows: int,
+        entries: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    ) -> SparseScores:
+        """entries: (row, item, addition) triples, flat; additions to one cell are summed onto base in
+        the triples' order (the order a dense scatter_add_ adds them, so the same float sums)."""
+        row, item, add = entries
+        v = len(base)
+        keys, inverse = torch.unique(row * v + item, return_inverse=True)
+        return cls(base, sorted_base, keys, base[keys % v].index_add(0, inverse, add.float()), rows)
+
+    def at(self, cols: torch.Tensor) -> torch.Tensor:
+        """The scores at (B, C) item columns -> (B, C)."""
+        v = len(self.base)
+        out = self.base[cols]
+        if len(self.keys):
+            q = torch.arange(len(cols))[:, None] * v + cols  # (B, C)
+            pos = torch.searchsorted(self.keys, q).clamp_(max=len(self.keys) - 1)
+            out = torch.where(self.keys[pos] == q, self.values[pos], out)
+        return out
+
+    def count_at_least(self, t: torch.Tensor) -> torch.Tensor:
+        """How many items of each row score at least t (B,) -> (B,) long."""
+        v = len(self.base)
+        n = v - torch.searchsorted(self.sorted_base, t, side="left")  # items whose base is >= t
+        if len(self.keys):
+            row, item = self.keys // v, self.keys % v
+            moved = (self.values >= t[row]).long() - (self.base[item] >= t[row]).long()  # entries off base
+            n = n.index_add(0, row, moved)
+        return n
+
+    def dense(self) -> torch.Tensor:
+        out = self.base.repeat(self.rows, 1)  # (B, V)
+        out.view(-1)[self.keys] = self.values
+        return out
+
+
+class SparseScorer:
+    """A baseline: called, (B, V) dense scores like any ScoreFn; `sparse()` gives them as SparseScores,
+    which `evaluate_all` ranks without the dense tensor. entries: (B, L) histories -> (row, item,
+    addition) triples on top of `base` (V,)."""
+
+    def __init__(
+        self, base: torch.Tensor, entries: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    ) -> None:
+        self.base = base.float().clone()
+        self.base[:N_SPECIAL] = -math.inf
+        self.sorted_base = self.base.sort().values
+        self.entries = entries
+
+    def sparse(self, seq: torch.Tensor) -> SparseScores:
+        return SparseScores.of(self.base, self.sorted_base, len(seq), self.entries(seq.cpu()))
+
+    def __call__(self, seq: torch.Tensor) -> torch.Tensor:
+        return self.sparse(seq).dense().to(seq.device)
+
+
+Scores = torch.Tensor | SparseScores
+
+
+def _at(scores: Scores, cols: torch.Tensor) -> torch.Tensor:
+    return scores.at(cols) if isinstance(scores, SparseScores) else scores.gather(1, cols)
+
+
+def _count_at_least(scores: Scores, t: torch.Tensor) -> torch.Tensor:
+    if isinstance(scores, SparseScores):
+        return scores.count_at_least(t)
+    # A sum in int32 runs at twice count_nonzero's speed over a (B, V) comparison; V < 2**31.
+    return (scores >= t[:, None]).sum(1, dtype=torch.int32).long()
+
+
+def _full_ranks(scores: Scores, targets: torch.Tensor, hist: torch.Tensor, *, exclude_seen: bool) -> torch.Tensor:
     """target_ranks over every item but the specials (and the row's distinct earlier items when
-    `exclude_seen`), without a (B, V) candidate mask: one (B, V) comparison, then what must not count
-    is subtracted. scores: (B, V); targets: (B,); hist: (B, S) padded histories."""
-    t = scores.gather(1, targets[:, None])  # (B, 1)
-    ranks = (scores >= t).count_nonzero(1) - (scores[:, :N_SPECIAL] >= t).count_nonzero(1) - 1  # the target itself
+    `exclude_seen`), without a (B, V) candidate mask: the items at or above the target's score are
+    counted once, then what must not count is subtracted. scores: (B, V) or sparse; targets: (B,);
+    hist: (B, S) padded histories."""
+    t = _at(scores, targets[:, None])  # (B, 1)
+    specials = torch.arange(N_SPECIAL).expand(len(targets), -1)
+    ranks = _count_at_least(scores, t[:, 0]) - (_at(scores, specials) >= t).count_nonzero(1) - 1  # the target itself
     if exclude_seen:
         srt = hist.sort(dim=1).values  # (B, S)
         counted = (srt >= N_SPECIAL) & (srt != targets[:, None])
         counted[:, 1:] &= srt[:, 1:] != srt[:, :-1]  # each distinct item once
-        ranks = ranks - ((scores.gather(1, srt) >= t) & counted).count_nonzero(1)
+        ranks = ranks - ((_at(scores, srt) >= t) & counted).count_nonzero(1)
     return ranks
 
 
@@ -189,12 +278,13 @@ def evaluate_all(
         drawn = {p: draw(data.interacted[done : done + bs], weights[p], p.n_negatives, gens[p]) for p in weights}
         for name, score_fn in scorers.items():
             with torch.inference_mode():
-                scores = score_fn(seq).float().cpu()  # (B, V)
+                scores: Scores  # a baseline: ranked from its sparse form
+                scores = score_fn.sparse(seq) if isinstance(score_fn, SparseScorer) else score_fn(seq).float().cpu()
             for p in protocols:
                 if p.negatives == "full":
                     r = _full_ranks(scores, targets, padded, exclude_seen=p.exclude_seen)
                 else:
-                    r = (scores.gather(1, drawn[p]) >= scores.gather(1, targets[:, None])).count_nonzero(1)
+                    r = (_at(scores, drawn[p]) >= _at(scores, targets[:, None])).count_nonzero(1)
                 ranks[name][p].append(r)
         done += len(hist)
         if deadline is not None and time.monotonic() >= deadline:
@@ -247,15 +337,14 @@ def _tie_break(counts: torch.Tensor) -> torch.Tensor:
     return (c / (c.max() + 1.0)).float()
 
 
-def popularity_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
+def popularity_scorer(known: list[list[int]], vocab_size: int) -> SparseScorer:
     """Every user gets each item's count in `known` (log-scaled)."""
-    base = torch.log1p(item_counts(known, vocab_size).float())
-    base[:N_SPECIAL] = -math.inf
+    return SparseScorer(torch.log1p(item_counts(known, vocab_size).float()), _no_entries)
 
-    def score(seq: torch.Tensor) -> torch.Tensor:
-        return base[None, :].expand(seq.size(0), -1).to(seq.device)
 
-    return score
+def _no_entries(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    empty = torch.zeros(0, dtype=torch.long)
+    return empty, empty, torch.zeros(0)
 
 
 def _sparse_rows(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, n: int, m: int) -> torch.Tensor:
@@ -280,21 +369,19 @@ class _Rows:
         return cls(crow, cols, coo.values(), coo.size(1))
 
 
-def _gather_rows(m: _Rows, rows: torch.Tensor) -> torch.Tensor:
-    """Dense (len(rows), width) copy of the given rows, without a loop over rows."""
+def _row_entries(m: _Rows, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The nonzero entries of the given rows, without a loop over rows: -> (index into `rows`, column,
+    value), by row then column."""
     crow, col, val = m.crow, m.col, m.val
     starts, lens = crow[rows], crow[rows + 1] - crow[rows]
-    out = torch.zeros(len(rows), m.width, dtype=val.dtype)
     total = int(lens.sum())
-    if total:
-        row_id = torch.repeat_interleave(torch.arange(len(rows)), lens)
-        offset = torch.arange(total) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-        pos = starts[row_id] + offset
-        out[row_id, col[pos]] = val[pos]
-    return out
+    row_id = torch.repeat_interleave(torch.arange(len(rows)), lens)
+    offset = torch.arange(total) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+    pos = starts[row_id] + offset
+    return row_id, col[pos], val[pos]
 
 
-def transitions_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
+def transitions_scorer(known: list[list[int]], vocab_size: int) -> SparseScorer:
     """First-order item transitions: for the history's last item, the items that followed it most
     often in `known`; popularity fills (and orders ties)."""
     a, b = transition_pairs(known)
@@ -305,15 +392,11 @@ def transitions_scorer(known: list[list[int]], vocab_size: int) -> ScoreFn:
     crow = torch.zeros(vocab_size + 1, dtype=torch.long)
     crow[1:] = torch.cumsum(torch.bincount(rows, minlength=vocab_size), 0)
     trans = _Rows(crow, keys % vocab_size, counts.float(), vocab_size)
-    fill = _tie_break(item_counts(known, vocab_size))
 
-    def score(seq: torch.Tensor) -> torch.Tensor:
-        last = seq.cpu().gather(1, last_valid_index(seq.cpu())[:, None]).squeeze(1)
-        s = _gather_rows(trans, last) + fill[None, :]
-        s[:, :N_SPECIAL] = -math.inf
-        return s.to(seq.device)
+    def entries(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _row_entries(trans, seq.gather(1, last_valid_index(seq)[:, None]).squeeze(1))
 
-    return score
+    return SparseScorer(_tie_break(item_counts(known, vocab_size)), entries)
 
 
 KNN_BLOCK_PAIRS = 20_000_000  # co-occurring (item, item) pairs formed at once: bounds item-kNN's memory
@@ -393,7 +476,7 @@ def _knn_neighbours(
     return torch.cat(out_i), torch.cat(out_j), torch.cat(out_s)
 
 
-def item_knn_scorer(known: list[list[int]], vocab_size: int, neighbours: int = 100) -> ScoreFn:
+def item_knn_scorer(known: list[list[int]], vocab_size: int, neighbours: int = 100) -> SparseScorer:
     """Item-to-item co-occurrence (item-kNN): each item keeps its `neighbours` most similar items by
     cosine over the users of `known`; a candidate scores its summed similarity to the history's items
     (popularity orders ties)."""
@@ -407,20 +490,16 @@ def item_knn_scorer(known: list[list[int]], vocab_size: int, neighbours: int = 1
         row = torch.repeat_interleave(torch.arange(vocab_size), table.crow[1:] - table.crow[:-1])
         pos = torch.arange(len(row)) - table.crow[row]
         nbr[row, pos], nsim[row, pos] = table.col, table.val
-    fill = _tie_break(item_counts(known, vocab_size)) * 1e-3
 
-    def score(seq: torch.Tensor) -> torch.Tensor:
-        s = seq.cpu()  # (B, L)
-        out = fill[None, :].repeat(len(s), 1)  # (B, V)
-        ids, sims = nbr[s], nsim[s] * (s != PAD)[..., None]  # (B, L, K)
-        out.scatter_add_(1, ids.flatten(1), sims.flatten(1))
-        out[:, :N_SPECIAL] = -math.inf
-        return out.to(seq.device)
+    def entries(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids, sims = nbr[seq], nsim[seq] * (seq != PAD)[..., None]  # (B, L, K)
+        rows = torch.arange(len(seq)).repeat_interleave(ids[0].numel())
+        return rows, ids.flatten(), sims.flatten()
 
-    return score
+    return SparseScorer(_tie_break(item_counts(known, vocab_size)) * 1e-3, entries)
 
 
-BASELINES: dict[str, Callable[[list[list[int]], int], ScoreFn]] = {
+BASELINES: dict[str, Callable[[list[list[int]], int], SparseScorer]] = {
     "popularity": popularity_scorer,
     "transitions": transitions_scorer,
     "item_knn": item_knn_scorer,
@@ -436,7 +515,7 @@ FIT_SECONDS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 def fit_baseline(
     name: str, known: list[list[int]], vocab_size: int, *, seconds: float | None = None, seed: int = 0
-) -> tuple[ScoreFn, int]:
+) -> tuple[SparseScorer, int]:
     """A baseline fitted on `known`, or, for one in FIT_SECONDS, on a seeded random sample of its users
     when fitting them all would take longer than `seconds` (None: all); -> (scorer, users fitted on)."""
     cost = FIT_SECONDS.get(name)

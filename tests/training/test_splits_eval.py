@@ -171,7 +171,7 @@ def test_a_large_catalog_is_scored_in_smaller_batches_with_the_same_results(monk
 
 
 def test_evaluate_all_gives_each_scorers_figures_on_the_same_users_and_stops_at_its_deadline() -> None:
-    from training.evaluate import evaluate_all
+    from training.evaluate import BASELINES, SparseScorer, evaluate_all
     from training.splits import EvalSet
 
     vocab, gen = 2 + 300, torch.Generator().manual_seed(0)
@@ -197,9 +197,16 @@ def test_evaluate_all_gives_each_scorers_figures_on_the_same_users_and_stops_at_
         s[:, :2] = float("-inf")
         return s
 
+    def stacked(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # +1 per history position onto a tied base: repeated items sum, many ties with the target.
+        rows = torch.arange(len(seq)).repeat_interleave(seq.size(1))
+        return rows, seq.flatten(), (seq != 0).flatten().float()
+
     protocols = [Protocol("full", batch_size=32), Protocol("full", exclude_seen=False, batch_size=32)]
     protocols += [Protocol(n, 50, batch_size=32) for n in ("uniform", "popularity")]
-    scorers = {"smooth": smooth, "ties": ties}
+    # Baselines are ranked from their sparse form (SparseScores), the reference from their dense scores.
+    scorers = {"smooth": smooth, "ties": ties, "sparse_ties": SparseScorer(tied, stacked)}
+    scorers |= {name: fit(hist, vocab) for name, fit in BASELINES.items()}
     got = evaluate_all(scorers, data, protocols=protocols, vocab_size=vocab, max_history=8, popularity=pop)
     assert got.users == got.of == users
     for name, fn in scorers.items():

@@ -290,7 +290,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         """The configured baselines fitted on `known`, within FIT_SHARE of the budget together: one
         whose fit grows faster than the log and would take longer than its part is fitted on a seeded
         sample of the users (`fit_baseline`); the cheap ones go first."""
-        fitted, left = {}, FIT_SHARE * self.clock.seconds
+        fitted: dict[str, ScoreFn] = {}
+        left = FIT_SHARE * self.clock.seconds
         names = sorted(self.cfg.eval.baselines, key=lambda name: name in FIT_SECONDS)
         for n, name in enumerate(names):
             t0 = time.monotonic()
