@@ -140,11 +140,16 @@ class SparseScores:
         sorted_base: torch.Tensor,
         rows: int,
         entries: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        *,
+        distinct: bool = False,
     ) -> SparseScores:
         """entries: (row, item, addition) triples, flat; additions to one cell are summed onto base in
-        the triples' order (the order a dense scatter_add_ adds them, so the same float sums)."""
+        the triples' order (the order a dense scatter_add_ adds them, so the same float sums).
+        distinct: the triples come one per cell, by row then item (no sort needed)."""
         row, item, add = entries
         v = len(base)
+        if distinct:
+            return cls(base, sorted_base, row * v + item, base[item] + add.float(), rows)
         keys, inverse = torch.unique(row * v + item, return_inverse=True)
         return cls(base, sorted_base, keys, base[keys % v].index_add(0, inverse, add.float()), rows)
 
@@ -177,18 +182,23 @@ class SparseScores:
 class SparseScorer:
     """A baseline: called, (B, V) dense scores like any ScoreFn; `sparse()` gives them as SparseScores,
     which `evaluate_all` ranks without the dense tensor. entries: (B, L) histories -> (row, item,
-    addition) triples on top of `base` (V,)."""
+    addition) triples on top of `base` (V,); `distinct` when they come one per cell, by row then item."""
 
     def __init__(
-        self, base: torch.Tensor, entries: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+        self,
+        base: torch.Tensor,
+        entries: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        *,
+        distinct: bool = False,
     ) -> None:
         self.base = base.float().clone()
         self.base[:N_SPECIAL] = -math.inf
         self.sorted_base = self.base.sort().values
-        self.entries = entries
+        self.entries, self.distinct = entries, distinct
 
     def sparse(self, seq: torch.Tensor) -> SparseScores:
-        return SparseScores.of(self.base, self.sorted_base, len(seq), self.entries(seq.cpu()))
+        entries = self.entries(seq.cpu())
+        return SparseScores.of(self.base, self.sorted_base, len(seq), entries, distinct=self.distinct)
 
     def __call__(self, seq: torch.Tensor) -> torch.Tensor:
         return self.sparse(seq).dense().to(seq.device)
@@ -396,7 +406,7 @@ def transitions_scorer(known: list[list[int]], vocab_size: int) -> SparseScorer:
     def entries(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return _row_entries(trans, seq.gather(1, last_valid_index(seq)[:, None]).squeeze(1))
 
-    return SparseScorer(_tie_break(item_counts(known, vocab_size)), entries)
+    return SparseScorer(_tie_break(item_counts(known, vocab_size)), entries, distinct=True)  # one row each
 
 
 KNN_BLOCK_PAIRS = 20_000_000  # co-occurring (item, item) pairs formed at once: bounds item-kNN's memory

@@ -121,6 +121,17 @@ def test_train_speed_times_the_jobs_loop_in_each_tree_and_compares_them(syntheti
     assert [r["windows"] for r in report["b"]["runs"]] == [12, 12]  # 3 batches of 4, two rounds
 
 
+def test_eval_cost_times_every_scorer_in_each_tree(tmp_path: Path) -> None:
+    out = tmp_path / "cost.json"
+    root = str(Path(__file__).resolve().parents[2])
+    args = ("--items", "3000", "--users", "300", "--scored", "50", "--rounds", "1", "--threads", "1")
+    _run("eval_cost.py", *args, "--variant", f"a:{root}", "--variant", f"b:{root}", "--out", str(out))
+    report = json.loads(out.read_text())["report"]
+    assert set(report["b"]) == {"network", "popularity", "transitions", "item_knn"}
+    assert all(m["ratio"] == 1.0 for m in report["a"].values())
+    assert all(m["median_ms_per_user"] > 0 for m in report["b"].values())
+
+
 def test_load_measures_the_ceiling_the_no_op_and_the_service(tiny_artifacts: Path, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     _run(

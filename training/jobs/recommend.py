@@ -453,6 +453,21 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         # Test time knows every interaction but the test items: so does the transition table.
         model.set_transitions(self.split.test.histories + short_sequences(self.split))
 
+    def test(self, model: SequentialRecommender) -> tuple[EvalSet, list[str], Evaluated, int]:
+        """The test phase: the baselines fitted on everything but the test items, then the model and
+        each of them under every protocol on a seeded sample of the test users, until the phase's
+        deadline. -> (the sample, the baselines' names, what was scored, the users they knew)."""
+        e = self.cfg.eval
+        test = subsample(self.split.test, e.test_users, self.cfg.train.seed)
+        # What is known at test time: every interaction but the held-out test items (of every user,
+        # sampled or not).
+        known = self.split.test.histories + short_sequences(self.split)
+        fitted = self._fit_baselines(known)
+        got = self._evaluate_all(
+            {"model": model.scores, **fitted}, test, e.protocols, deadline=self._deadline("export")
+        )
+        return test, list(fitted), got, len(known)
+
     def evaluate(self, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, SequentialRecommender)
         e = self.cfg.eval
@@ -468,14 +483,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         }
         if self.cfg.data.full_data:
             return out
-        test = subsample(self.split.test, e.test_users, self.cfg.train.seed)
-        # What is known at test time: every interaction but the held-out test items (of every user,
-        # sampled or not).
-        known = self.split.test.histories + short_sequences(self.split)
-        fitted = self._fit_baselines(known)
-        got = self._evaluate_all(
-            {"model": model.scores, **fitted}, test, e.protocols, deadline=self._deadline("export")
-        )
+        test, fitted, got, known_users = self.test(model)
         out["protocol"]["test_users"] = {
             "scored": got.users,
             "of": len(self.split.test.targets),
@@ -502,7 +510,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         out["protocol"]["baselines_fitted_users"] = {
             "valid": self.valid_baselines_fitted,
             "test": dict(self.costs.fitted_users),
-            "of": {"valid": len(self.split.train), "test": len(known)},
+            "of": {"valid": len(self.split.train), "test": known_users},
         }
         for proto, m in out["test"].items():
             rows = " | ".join(f"{n} {b[proto]['NDCG@10']:.4f}" for n, b in out["baselines_test"].items())
