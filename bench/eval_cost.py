@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from trees import run_in_tree
 
 
 def one(args: argparse.Namespace) -> dict[str, float]:
@@ -142,26 +141,21 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
     for r in range(args.rounds):
         for name, tree in variants:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--items", str(args.items)]
-            cmd += ["--users", str(args.users), "--scored", str(args.scored), "--threads", str(args.threads)]
-            env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-            got_run = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
-            if got_run.returncode:
-                sys.exit(f"{name} failed:\n{got_run.stderr[-3000:]}")
-            got = json.loads(got_run.stdout.strip().splitlines()[-1])
+            flags = ["--items", str(args.items), "--users", str(args.users), "--scored", str(args.scored)]
+            got = run_in_tree(__file__, name, tree, [*flags, "--threads", str(args.threads)])
             runs[name].append(got)
             print(f"round {r + 1} {name}: " + " | ".join(f"{s} {ms:.2f}" for s, ms in got.items()) + " ms a user")
     first = variants[0][0]
     report = {}
-    for name, got in runs.items():
+    for name, each in runs.items():
         report[name] = {
             scorer: {
-                "median_ms_per_user": round(statistics.median(x[scorer] for x in got), 3),
+                "median_ms_per_user": round(statistics.median(x[scorer] for x in each), 3),
                 "ratio": round(
-                    statistics.median(x[scorer] for x in got) / statistics.median(x[scorer] for x in runs[first]), 3
+                    statistics.median(x[scorer] for x in each) / statistics.median(x[scorer] for x in runs[first]), 3
                 ),
             }
-            for scorer in got[0]
+            for scorer in each[0]
         }
         parts = [f"{s} {m['median_ms_per_user']:.2f} ms ({m['ratio']:.2f}x {first})" for s, m in report[name].items()]
         print(f"{name}: " + " | ".join(parts))

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from trees import run_in_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,15 +79,9 @@ def main() -> None:
     data, config = str(Path(args.data).resolve()), str(Path(args.config).resolve())
     for r in range(args.rounds):
         for name, tree in variants:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--config", config, "--data", data]
-            cmd += ["--batches", str(args.batches), "--warmup", str(args.warmup), "--threads", str(args.threads)]
-            for s in args.set:
-                cmd += ["--set", s]
-            env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-            out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
-            if out.returncode:
-                sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
-            got = json.loads(out.stdout.strip().splitlines()[-1])
+            flags = ["--config", config, "--data", data, "--batches", str(args.batches), "--warmup", str(args.warmup)]
+            flags += ["--threads", str(args.threads), *[a for s in args.set for a in ("--set", s)]]
+            got = run_in_tree(__file__, name, tree, flags)
             runs[name].append(got)
             print(
                 f"round {r + 1} {name}: {got['windows_per_s']:.0f} windows/s "
