@@ -47,10 +47,14 @@ EVALSET_FIELDS = ("users", "histories", "targets", "interacted")
 # baselines on validation users before training, fitting them, a refit, writing the artifact, and at
 # most what all the phases after the training loop may keep.
 BASELINES_SHARE = 0.05
-FIT_SHARE = 0.05  # fitting the baselines, each of the two times (on the training part, then for the test)
+FIT_SHARE = 0.035  # fitting the baselines, each of the two times (on the training part, then for the test)
 REFIT_SHARE = 0.1
-EXPORT_SHARE = 0.03
+EXPORT_SHARE = 0.03  # at most: the plan keeps the artifact's bytes at EXPORT_BYTES_PER_S
 MAX_AFTER_SHARE = 0.3
+# Writing the artifact: its weights and about 13 bytes an interaction for the users' histories (840 MB
+# took 6 s at 50M rows); a slow disk's rate, so a plan errs on the side of the budget.
+EXPORT_BYTES_PER_S = 50e6
+EXPORT_HISTORY_BYTES = 16
 
 
 @dataclass
@@ -317,13 +321,17 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             "refit": REFIT_SHARE * self.clock.seconds if self.cfg.train.refit_epochs else 0.0,
             "test": min(sum(c.fit.values()), FIT_SHARE * self.clock.seconds)
             + n_test * (model_user + sum(v for k, v in c.per_user.items() if k != "model")),
-            "export": EXPORT_SHARE * self.clock.seconds,
+            "export": min(EXPORT_SHARE * self.clock.seconds, 2.0 + self._artifact_bytes(model) / EXPORT_BYTES_PER_S),
         }
         total = sum(plan.values())
         cap = MAX_AFTER_SHARE * self.clock.seconds
         self.plan = {k: v * min(1.0, cap / max(total, 1e-9)) for k, v in plan.items()}
         log.info("kept after training (s): %s", " | ".join(f"{k} {v:.0f}" for k, v in self.plan.items()))
         return min(total, cap)
+
+    def _artifact_bytes(self, model: nn.Module) -> float:
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        return weights + EXPORT_HISTORY_BYTES * self.data.n_interactions
 
     def _deadline(self, *after: str) -> float:
         """When a phase must end so that the planned phases `after` it still fit in the budget."""
