@@ -9,7 +9,7 @@ transitions, item-kNN), and times `training.evaluate.evaluate_all` on the first 
 one scorer at a time, under "full", "popularity" and "uniform" (100 negatives each): the network is
 stood in for by a seeded (items, 64) table scored by a dot product with the mean of the history's rows,
 which costs what SASRec's (B, V) scores do after its encoder. The report gives each run and, per
-scorer, each variant's median and its ratio to the first variant's.
+scorer (and per baseline's fit, in seconds), each variant's median and its ratio to the first variant's.
 
     .venv/bin/python bench/eval_cost.py --artifact runs/job50m/arts/sasrec-beauty/<version> \
         --config training/configs/sasrec_beauty.toml --data runs/log50m/parquet --set eval.test_users=20000 \
@@ -32,8 +32,8 @@ from pathlib import Path
 from trees import run_in_tree
 
 
-def one(args: argparse.Namespace) -> dict[str, float]:
-    """In the tree under test (cwd): milliseconds a scored user, per scorer."""
+def one(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """In the tree under test (cwd): milliseconds a scored user, per scorer; seconds each baseline's fit."""
     import torch
 
     from training.evaluate import BASELINES, Protocol, ScoreFn, evaluate_all, item_counts
@@ -58,15 +58,19 @@ def one(args: argparse.Namespace) -> dict[str, float]:
         return table[seq].mean(1) @ table.T  # (B, V)
 
     scorers: dict[str, ScoreFn] = {"network": network}
-    scorers |= {name: fit(known, v) for name, fit in BASELINES.items()}
+    fit_s = {}
+    for name, fit in BASELINES.items():
+        t0 = time.perf_counter()
+        scorers[name] = fit(known, v)
+        fit_s[name] = time.perf_counter() - t0
     protocols = [Protocol(p, seed=1) for p in ("full", "popularity", "uniform")]
     popularity = item_counts(known, v)
-    out = {}
+    ms = {}
     for name, fn in scorers.items():
         t0 = time.perf_counter()
         evaluate_all({name: fn}, data, protocols=protocols, vocab_size=v, max_history=50, popularity=popularity)
-        out[name] = 1000 * (time.perf_counter() - t0) / n
-    return out
+        ms[name] = 1000 * (time.perf_counter() - t0) / n
+    return {"ms_per_user": ms, "fit_s": fit_s}
 
 
 def test_phase(args: argparse.Namespace) -> None:
@@ -138,26 +142,40 @@ def main() -> None:
         print(json.dumps(one(args)))
         return
     variants = [v.split(":", 1) for v in (args.variant or ["now:."])]
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name, _ in variants}
     for r in range(args.rounds):
         for name, tree in variants:
             flags = ["--items", str(args.items), "--users", str(args.users), "--scored", str(args.scored)]
             got = run_in_tree(__file__, name, tree, [*flags, "--threads", str(args.threads)])
             runs[name].append(got)
-            print(f"round {r + 1} {name}: " + " | ".join(f"{s} {ms:.2f}" for s, ms in got.items()) + " ms a user")
+            print(
+                f"round {r + 1} {name}: "
+                + " | ".join(f"{s} {ms:.2f}" for s, ms in got["ms_per_user"].items())
+                + " ms a user; fits "
+                + " | ".join(f"{s} {sec:.1f}" for s, sec in got["fit_s"].items())
+                + " s"
+            )
     first = variants[0][0]
+
+    def median(name: str, part: str, key: str) -> float:
+        return statistics.median(x[part][key] for x in runs[name])
+
     report = {}
     for name, each in runs.items():
         report[name] = {
-            scorer: {
-                "median_ms_per_user": round(statistics.median(x[scorer] for x in each), 3),
-                "ratio": round(
-                    statistics.median(x[scorer] for x in each) / statistics.median(x[scorer] for x in runs[first]), 3
-                ),
+            part: {
+                key: {
+                    "median": round(median(name, part, key), 3),
+                    "ratio": round(median(name, part, key) / median(first, part, key), 3),
+                }
+                for key in each[0][part]
             }
-            for scorer in each[0]
+            for part in ("ms_per_user", "fit_s")
         }
-        parts = [f"{s} {m['median_ms_per_user']:.2f} ms ({m['ratio']:.2f}x {first})" for s, m in report[name].items()]
+        parts = [
+            f"{s} {m['median']:.2f} ms ({m['ratio']:.2f}x {first})" for s, m in report[name]["ms_per_user"].items()
+        ]
+        parts += [f"fit {s} {m['median']:.1f} s ({m['ratio']:.2f}x)" for s, m in report[name]["fit_s"].items()]
         print(f"{name}: " + " | ".join(parts))
     if args.out:
         args.out.write_text(json.dumps({"report": report, "runs": runs}, indent=2))

@@ -116,10 +116,11 @@ def test_a_training_run_draws_each_protocols_negatives_once(synthetic_dir, tmp_p
 
     monkeypatch.setattr(ev, "_draw_by_masking", counting)
     run_job(["model.kind='sasrec'", "name='once'", *TINY_REC, "eval.protocol='popularity'"], tmp_path, synthetic_dir)
-    # 40 users, one batch. Before training, the 3 baselines on validation users draw once, and the
-    # model's cost is timed once; each of the 3 epochs' validations draws once; after training,
-    # validation (every prior weight) and test (the model and 3 baselines) once per sampled protocol.
-    assert calls == [40] * (1 + 1 + 3 + 2 + 2)
+    # 40 users, one batch. Before training, the 3 baselines on validation users draw once, the
+    # model's cost is timed once and the test's (every scorer) once per sampled protocol; each of the
+    # 3 epochs' validations draws once; after training, validation (every prior weight) and test (the
+    # model and 3 baselines) once per sampled protocol.
+    assert calls == [40] * (1 + 1 + 2 + 3 + 2 + 2)
 
 
 def test_negatives_by_rejection_follow_the_masking_draw() -> None:
