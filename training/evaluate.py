@@ -413,6 +413,7 @@ KNN_BLOCK_PAIRS = 20_000_000  # (item, user, item) products per block of items: 
 
 
 def _csr(crow_counts: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """A CSR matrix from each row's count of entries and the entries' columns and values, by row."""
     crow = torch.zeros(len(crow_counts) + 1, dtype=torch.long)
     crow[1:] = torch.cumsum(crow_counts, 0)
     with warnings.catch_warnings():  # "sparse CSR support is in beta": item-kNN uses its product only
@@ -438,15 +439,14 @@ def _top_per_row(key: torch.Tensor, crow: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-def _knn_neighbours(
-    known: list[list[int]], vocab_size: int, neighbours: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each item's `neighbours` most similar items by cosine over users, as (item, neighbour, similarity).
+def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each item's `neighbours` most similar items by cosine over users: (V, width) neighbour ids, by
+    id, and their similarities; PAD and 0 where an item has fewer than the widest.
 
     The co-occurrence counts of a block of items are one sparse product (items x users) @ (users x
-    items); each block is cut to its rows' top neighbours before the next, so the whole (V, V)
-    co-occurrence (230 million pairs for 5M events, docs/BENCHMARKS.md, "How large a log can training
-    read?") never exists at once. Ties go to the lower item id.
+    items); each block is cut to its rows' top neighbours and written into the tables before the
+    next, so the whole (V, V) co-occurrence (230 million pairs for 5M events, docs/BENCHMARKS.md, "How
+    large a log can training read?") never exists at once. Ties go to the lower item id.
     """
     # Each user's distinct items: one unique over (user, item) keys for all users at once.
     n_users = len(known)
@@ -463,7 +463,9 @@ def _knn_neighbours(
     item_users, item_start = user_of[by_item], torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(n, 0)])
     products = torch.cumsum(torch.bincount(user_items, weights=sizes[user_of].double(), minlength=vocab_size), 0)
     nf = n.float()
-    out_i, out_j, out_s = [], [], []
+    nbr = torch.full((vocab_size, max(neighbours, 1)), PAD, dtype=torch.long)
+    nsim = torch.zeros(vocab_size, max(neighbours, 1))
+    width = 0
     lo = 0
     progress = _Progress(vocab_size)
     while lo < vocab_size:
@@ -486,30 +488,24 @@ def _knn_neighbours(
         key[i == j] = -1
         top = _top_per_row(key, crow, neighbours)
         top = top[key[top] >= 0]
-        out_i.append(i[top])
-        out_j.append(j[top])
-        out_s.append(sim[top])
+        top = top[torch.argsort((i[top] - lo) * vocab_size + j[top])]  # by row, then neighbour id
+        rows = i[top]
+        counts = torch.bincount(rows - lo, minlength=hi - lo)
+        start = torch.cumsum(counts, 0) - counts
+        pos = torch.arange(len(top)) - start[rows - lo]
+        nbr[rows, pos], nsim[rows, pos] = j[top], sim[top]
+        width = max(width, int(counts.max()) if len(counts) else 0)
         lo = hi
-    if not out_i:
-        empty = torch.zeros(0, dtype=torch.long)
-        return empty, empty, torch.zeros(0)
-    return torch.cat(out_i), torch.cat(out_j), torch.cat(out_s)
+    if width < nbr.size(1):  # a small catalog: fewer neighbours than asked for
+        nbr, nsim = nbr[:, : max(width, 1)].clone(), nsim[:, : max(width, 1)].clone()
+    return nbr, nsim
 
 
 def item_knn_scorer(known: list[list[int]], vocab_size: int, neighbours: int = 100) -> SparseScorer:
     """Item-to-item co-occurrence (item-kNN): each item keeps its `neighbours` most similar items by
     cosine over the users of `known`; a candidate scores its summed similarity to the history's items
     (popularity orders ties)."""
-    i, j, sim = _knn_neighbours(known, vocab_size, neighbours)
-    table = _Rows.of(_sparse_rows(i, j, sim, vocab_size, vocab_size))
-    width = int((table.crow[1:] - table.crow[:-1]).max()) if len(i) else 0
-    # Dense (V, width) neighbour ids and similarities (0 where an item has fewer neighbours).
-    nbr = torch.zeros(vocab_size, max(width, 1), dtype=torch.long)
-    nsim = torch.zeros(vocab_size, max(width, 1))
-    if width:
-        row = torch.repeat_interleave(torch.arange(vocab_size), table.crow[1:] - table.crow[:-1])
-        pos = torch.arange(len(row)) - table.crow[row]
-        nbr[row, pos], nsim[row, pos] = table.col, table.val
+    nbr, nsim = _knn_neighbours(known, vocab_size, neighbours)
 
     def entries(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ids = nbr[seq]  # (B, L, K)
