@@ -358,11 +358,6 @@ def _no_entries(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return empty, empty, torch.zeros(0)
 
 
-def _sparse_rows(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, n: int, m: int) -> torch.Tensor:
-    """A coalesced (n, m) COO matrix; duplicates summed."""
-    return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (n, m), check_invariants=False).coalesce()
-
-
 @dataclass(frozen=True)
 class _Rows:
     """A sparse matrix by rows (CSR arrays), for gathering whole rows at once."""
@@ -370,13 +365,6 @@ class _Rows:
     crow: torch.Tensor  # (n + 1,) start of each row
     col: torch.Tensor
     val: torch.Tensor
-
-    @classmethod
-    def of(cls, coo: torch.Tensor) -> _Rows:
-        rows, cols = coo.indices()  # coalesced: sorted by row, then column
-        crow = torch.zeros(coo.size(0) + 1, dtype=torch.long)
-        crow[1:] = torch.cumsum(torch.bincount(rows, minlength=coo.size(0)), 0)
-        return cls(crow, cols, coo.values())
 
 
 def _row_entries(m: _Rows, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
