@@ -295,6 +295,7 @@ def test_the_transition_prior_weight_is_chosen_on_validation_and_served(syntheti
 def test_the_plan_keeps_for_the_artifact_what_writing_its_bytes_takes(synthetic_dir: Path, tmp_path: Path) -> None:
     """A 30-minute budget on a small log keeps seconds for writing the artifact, not 3% of the budget
     (which at 50M rows held back 54 s for a 6-second write and cut the test short)."""
+    from training.job import JobClock
     from training.jobs import recommend as rec
 
     overrides = ["model.kind='sasrec'", "name='plan'", *TINY_REC, "train.max_minutes=30"]
@@ -308,3 +309,9 @@ def test_the_plan_keeps_for_the_artifact_what_writing_its_bytes_takes(synthetic_
     written = weights + rec.EXPORT_HISTORY_BYTES * job.data.n_interactions
     assert job.plan["export"] == pytest.approx(2.0 + written / rec.EXPORT_BYTES_PER_S)
     assert job.plan["export"] < rec.EXPORT_SHARE * 30 * 60 / 10
+    # Over the cap (a budget of seconds), the evaluations give way, not the artifact's write.
+    job.clock = JobClock(6.0)
+    job.costs.test_user = 1.0
+    job.after_reserve(model)
+    assert job.plan["export"] == pytest.approx(rec.EXPORT_SHARE * 6.0)
+    assert sum(job.plan.values()) == pytest.approx(rec.MAX_AFTER_SHARE * 6.0)

@@ -334,7 +334,10 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         }
         total = sum(plan.values())
         cap = MAX_AFTER_SHARE * self.clock.seconds
-        self.plan = {k: v * min(1.0, cap / max(total, 1e-9)) for k, v in plan.items()}
+        # Over the cap, the phases that can be cut (evaluations by their deadlines, the refit) give way;
+        # writing the artifact takes what it takes.
+        scale = min(1.0, max(cap - plan["export"], 0.0) / max(total - plan["export"], 1e-9))
+        self.plan = {k: v if k == "export" else v * scale for k, v in plan.items()}
         log.info("kept after training (s): %s", " | ".join(f"{k} {v:.0f}" for k, v in self.plan.items()))
         return min(total, cap)
 
