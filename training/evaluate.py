@@ -387,9 +387,7 @@ def transitions_scorer(known: list[list[int]], vocab_size: int) -> SparseScorer:
     # coalesced sparse matrix would be, 3x faster than coalescing on a 50M-row log.
     keys, counts = torch.unique(a * vocab_size + b, return_counts=True)
     rows = keys // vocab_size
-    crow = torch.zeros(vocab_size + 1, dtype=torch.long)
-    crow[1:] = torch.cumsum(torch.bincount(rows, minlength=vocab_size), 0)
-    trans = _Rows(crow, keys % vocab_size, counts.float())
+    trans = _Rows(_row_starts(torch.bincount(rows, minlength=vocab_size)), keys % vocab_size, counts.float())
 
     def entries(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return _row_entries(trans, seq.gather(1, last_valid_index(seq)[:, None]).squeeze(1))
@@ -400,10 +398,14 @@ def transitions_scorer(known: list[list[int]], vocab_size: int) -> SparseScorer:
 KNN_BLOCK_PAIRS = 20_000_000  # (item, user, item) products per block of items: bounds item-kNN's memory
 
 
-def _csr(crow_counts: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """A CSR matrix from each row's count of entries and the entries' columns and values, by row."""
-    crow = torch.zeros(len(crow_counts) + 1, dtype=torch.long)
-    crow[1:] = torch.cumsum(crow_counts, 0)
+def _row_starts(counts: torch.Tensor) -> torch.Tensor:
+    """(n + 1,) where each of n rows starts in a by-row list of entries, from each row's count."""
+    crow = torch.zeros(len(counts) + 1, dtype=torch.long)
+    crow[1:] = torch.cumsum(counts, 0)
+    return crow
+
+
+def _csr(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     with warnings.catch_warnings():  # "sparse CSR support is in beta": item-kNN uses its product only
         warnings.simplefilter("ignore", UserWarning)
         return torch.sparse_csr_tensor(crow, cols, vals, shape, check_invariants=False)
@@ -446,9 +448,9 @@ def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int) ->
     n = torch.bincount(user_items, minlength=vocab_size)
     # Counts are sums of ones: exact in float32 below 2**24 users.
     ones = torch.ones(len(keys), dtype=torch.float32 if n_users < 2**24 else torch.float64)
-    users_items = _csr(sizes, user_items, ones, (n_users, vocab_size))
+    users_items = _csr(_row_starts(sizes), user_items, ones, (n_users, vocab_size))
     by_item = torch.argsort(user_items, stable=True)
-    item_users, item_start = user_of[by_item], torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(n, 0)])
+    item_users, item_start = user_of[by_item], _row_starts(n)
     products = torch.cumsum(torch.bincount(user_items, weights=sizes[user_of].double(), minlength=vocab_size), 0)
     nf = n.float()
     nbr = torch.full((vocab_size, max(neighbours, 1)), PAD, dtype=torch.long)
@@ -465,7 +467,7 @@ def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int) ->
         hi = int(torch.searchsorted(products, before + KNN_BLOCK_PAIRS, right=True))
         hi = min(max(hi, lo + 1), vocab_size)
         a, b = int(item_start[lo]), int(item_start[hi])
-        block = _csr(n[lo:hi], item_users[a:b], ones[a:b], (hi - lo, n_users))
+        block = _csr(item_start[lo : hi + 1] - a, item_users[a:b], ones[a:b], (hi - lo, n_users))
         co = torch.sparse.mm(block, users_items)  # (hi - lo, V) CSR: co-occurrence counts
         crow, j = co.crow_indices(), co.col_indices()
         i = torch.repeat_interleave(torch.arange(lo, hi), crow[1:] - crow[:-1])
