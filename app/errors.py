@@ -78,3 +78,9 @@ class NoTrial(DomainError):
     """A candidate call that needs a trial in the state it is not in (none running, or the live version)."""
 
     status, code = 409, "no_trial"
+
+
+class BrokenVersion(DomainError):
+    """A version asked to serve (pin, rollback, candidate) does not load: nothing was changed."""
+
+    status, code = 409, "broken_version"

@@ -17,12 +17,14 @@ import argparse
 import csv
 import math
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.settings import Settings
 from app.store import open_store
 from models.artifact import ArtifactError, latest_versions, read_manifest
 from models.engine import EngineOptions, Timeline, optional_time
+from models.ids import trainable
 from models.social import is_incoming
 from models.tasks import TASKS, Task
 from models.tasks.recommend import UserQueryEngine
@@ -54,15 +56,30 @@ def newest_engine(artifacts: Path, namespace: str) -> UserQueryEngine | None:
     return None
 
 
-def _rows(timeline: Timeline, *, with_actions: bool) -> list[list[str]]:
+@dataclass
+class Skipped:
+    """Rows left out because training would refuse them (an id of only whitespace), per column."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def keep(self, user: str, item: str, action: str | None, *, with_actions: bool) -> bool:
+        for col, raw in (("user_id", user), ("item_id", item), ("action", action if with_actions else "x")):
+            if raw is None or not trainable(raw):
+                self.counts[col] = self.counts.get(col, 0) + 1
+                return False
+        return True
+
+
+def _rows(user: str, timeline: Timeline, *, with_actions: bool, skipped: Skipped) -> list[list[str]]:
     return [
         [
+            user,
             item,
             "" if math.isnan(t) else (f"{t:.0f}" if t == int(t) else repr(t)),
             *([action or ""] if with_actions else []),
         ]
         for item, t, action in timeline
-        if not is_incoming(action)
+        if not is_incoming(action) and skipped.keep(user, item, action, with_actions=with_actions)
     ]
 
 
@@ -93,22 +110,26 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with_actions = engine is not None and engine.action_ids is not None
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    n, users = 0, set[str]()
+    n, users, skipped = 0, set[str](), Skipped()
     with args.out.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["user_id", "item_id", "timestamp", *(["action"] if with_actions else [])])
         # Base rows first, live rows after: the loader keeps file order within a user (a stable sort).
-        for user in engine.stored_users() if engine is not None else ():
-            rows = _rows(engine.stored_timeline(user), with_actions=with_actions) if engine else []
-            w.writerows([user, *r] for r in rows)
+        base = ((u, engine.stored_timeline(u)) for u in engine.stored_users()) if engine is not None else iter(())
+        for user, timeline in base:
+            rows = _rows(user, timeline, with_actions=with_actions, skipped=skipped)
+            w.writerows(rows)
             n, users = n + len(rows), users | ({user} if rows else set())
         for user, tl in live.items():
             # Events the artifact already holds (the service drops them from the store when it loads it) count once.
             held = engine.stored_events(user) if engine is not None else set()
-            rows = _rows([e for e in tl if (e[0], optional_time(e[1])) not in held], with_actions=with_actions)
-            w.writerows([user, *r] for r in rows)
+            fresh = [e for e in tl if (e[0], optional_time(e[1])) not in held]
+            rows = _rows(user, fresh, with_actions=with_actions, skipped=skipped)
+            w.writerows(rows)
             n, users = n + len(rows), users | ({user} if rows else set())
     print(f"wrote {n} interactions of {len(users)} users to {args.out}", file=sys.stderr)
+    for col, count in sorted(skipped.counts.items()):
+        print(f"skipped {count} interaction(s) with a blank {col}: training would refuse them", file=sys.stderr)
     return 0
 
 

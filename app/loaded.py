@@ -20,7 +20,7 @@ from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -28,11 +28,13 @@ from app.batcher import MicroBatcher
 from app.errors import ModelUnavailable, UnknownModel
 from app.limits import BatchPolicy
 from app.store import Candidate, HistoryStore, StoreError
-from models.artifact import ArtifactError, artifact_names, check_regular_tree, read_manifest
+from models.artifact import ArtifactError, artifact_names, check_regular_tree, read_manifest, version_key
 from models.engine import Engine, EngineOptions, RecentActivity, UserHistories
 from models.tasks import TASKS, Task
 
 log = logging.getLogger(__name__)
+PIN_GONE = "pinned version not on disk"
+T = TypeVar("T")
 
 
 def _freeze_heap() -> None:
@@ -156,12 +158,33 @@ class LoadedModels:
         """Load every artifact name from its pinned version, else its newest that loads; failures are
         recorded, never fatal (a pinned version that fails gives way to the newest that loads)."""
         for name, folders in artifact_names(root).items():
-            pinned = [f for f in folders if f.name == self.pins.get(name)]
-            served = self._first_loadable(name, pinned + [f for f in folders if f not in pinned])
+            served = self._first_loadable(name, self._choices(name, folders))
             if served is not None:
                 self._install(served)
             self._load_trial(name, folders)
         _freeze_heap()
+
+    def _choices(self, name: str, folders: list[Path]) -> list[Path]:
+        """The versions `name` may serve, in the order to try them: every one, newest first; with a pin,
+        the pinned one and then only older ones. A pin moved the model away from what is newer (a
+        rollback, a bad release), so a pinned version that fails or is gone never hands it back to them."""
+        pin = self.pins.get(name)
+        if pin is None:
+            return folders
+        self._note_pin_folder(name, pin, folders, serving=False)
+        return [f for f in folders if f.name == pin] + [f for f in folders if version_key(f) < version_key(Path(pin))]
+
+    def _note_pin_folder(self, name: str, pin: str, folders: list[Path], *, serving: bool) -> None:
+        """Say (readiness, /versions, the log) when the pinned version's folder is gone; forget it once back."""
+        key = f"{name}/{pin}"
+        if any(f.name == pin for f in folders):
+            if self.broken.get(key, "").startswith(PIN_GONE):
+                del self.broken[key]
+            return
+        reason = PIN_GONE + ("; its loaded copy keeps serving" if serving else "; an older version serves")
+        if self.broken.get(key) != reason:
+            log.error("pinned version %s is not on disk%s", key, reason.removeprefix(PIN_GONE))
+        self.broken[key] = reason
 
     async def reload(self, root: Path) -> dict[str, dict[str, str]]:
         """Load every newer version beside the serving one, warm it, then swap it in.
@@ -175,9 +198,12 @@ class LoadedModels:
             for name, folders in every.items():
                 current = self.models.get(name)
                 newer = folders[: folders.index(current.folder)] if current and current.folder in folders else folders
-                pinned = [f for f in folders if f.name == self.pins.get(name)]
-                if pinned:  # the pinned version, older or newer, unless it serves already
-                    newer = [] if current is not None and current.folder == pinned[0] else pinned
+                pin = self.pins.get(name)
+                if pin is not None and current is not None and current.version == pin:
+                    newer = []  # it serves already: its loaded copy goes on even if its folder is gone
+                    self._note_pin_folder(name, pin, folders, serving=True)
+                elif pin is not None:  # the pinned version, older or newer, else one older than it
+                    newer = self._choices(name, folders)
                 if not newer:
                     report["unchanged"][name] = current.version if current else ""
                     continue
@@ -235,8 +261,9 @@ class LoadedModels:
         log.info("trying %s version %s as %s", name, wanted.version, wanted.mode)
 
     def prune(self, root: Path, keep: int, *, in_use: AbstractSet[str] = frozenset()) -> list[str]:
-        """Delete the version folders of each name beyond its newest `keep`, never the pinned one, the one
-        serving here, nor any "name/version" in `in_use` (what other workers serve); -> each deleted.
+        """Delete the version folders of each name but its newest `keep` good ones (broken ones do not count),
+        never the pinned one, the one serving here, the candidate, nor any "name/version" in `in_use` (what
+        other workers serve); -> each deleted.
         A folder that cannot be deleted (a read-only mount) is left, and logged."""
         removed = []
         for name, folders in artifact_names(root).items():
@@ -245,8 +272,10 @@ class LoadedModels:
                 self.models[name].version if name in self.models else None,
                 self.candidates[name].version if name in self.candidates else None,
             }
-            for folder in folders[keep:]:
-                if folder.name in spare or f"{name}/{folder.name}" in in_use:
+            # The newest `keep` that are not known broken: a broken version never takes a good one's place.
+            good = [f for f in folders if f"{name}/{f.name}" not in self.broken][:keep]
+            for folder in folders:
+                if folder in good or folder.name in spare or f"{name}/{folder.name}" in in_use:
                     continue
                 try:
                     shutil.rmtree(folder)
@@ -310,16 +339,37 @@ class LoadedModels:
             return served
         return None
 
+    def verify(self, name: str, folder: Path) -> str | None:
+        """Whether `folder` loads as a version of `name` (the one serving or on trial does): None, else why,
+        recorded broken. The engine is let go once checked. For a version asked to serve (a pin, a
+        rollback, a candidate), so that a choice is refused rather than kept and failing at a restart."""
+        key = f"{name}/{folder.name}"
+        if any(s.folder == folder for s in (self.models.get(name), self.trials.get(name)) if s is not None):
+            return None
+        try:
+            self._within_deadline(name, lambda: self._open(name, folder))
+        except Exception as exc:  # any defect of the artifact: the choice is refused
+            self.broken[key] = public_reason(exc)
+            log.error(
+                "artifact %s (%s) does not load: %s", key, folder, exc, exc_info=not isinstance(exc, ArtifactError)
+            )
+            return self.broken[key]
+        self.broken.pop(key, None)
+        return None
+
     def _load_within_deadline(self, name: str, folder: Path, batcher_name: str, drop_trained: bool) -> Served:
-        """`_load` in a thread of its own, given up after `load_timeout_s`: a read that never returns
+        return self._within_deadline(name, lambda: self._load(name, folder, batcher_name, drop_trained))
+
+    def _within_deadline(self, name: str, load: Callable[[], T]) -> T:
+        """`load()` in a thread of its own, given up after `load_timeout_s`: a read that never returns
         (a hung network mount, a file swapped for a FIFO after the check) cannot hold the reload lock
         or keep a fresh start from listening. The abandoned thread is a daemon and touches no shared state."""
-        outcome: list[Served | BaseException] = []
+        outcome: list[T | BaseException] = []
         done = threading.Event()
 
         def work() -> None:
             try:
-                outcome.append(self._load(name, folder, batcher_name, drop_trained))
+                outcome.append(load())
             except BaseException as exc:  # handed to the caller below
                 outcome.append(exc)
             finally:
@@ -328,13 +378,13 @@ class LoadedModels:
         threading.Thread(target=work, name=f"load-{name}", daemon=True).start()
         if not done.wait(self.load_timeout_s):
             raise ArtifactError("version", f"not loaded within {self.load_timeout_s:g} s (SEQSERVE_LOAD_TIMEOUT_S)")
-        if isinstance(outcome[0], BaseException):
-            raise outcome[0]
-        return outcome[0]
+        got = outcome[0]
+        if isinstance(got, BaseException):
+            raise got
+        return got
 
-    def _load(self, name: str, folder: Path, batcher_name: str, drop_trained: bool) -> Served:
-        """Load and warm one version and drop the live events it was trained on (touches no shared state:
-        safe in a thread)."""
+    def _open(self, name: str, folder: Path) -> tuple[Task, Engine[Any, Any, Any]]:
+        """Check, open and warm one version's engine (touches no shared state: safe in a thread)."""
         check_regular_tree(folder)
         manifest = read_manifest(folder)
         task = TASKS.get(manifest.task)
@@ -344,6 +394,12 @@ class LoadedModels:
             raise ArtifactError("manifest.json", f"kind {manifest.kind!r} does not belong to task {task.name!r}")
         engine = task.open(folder, self.options)
         engine.warm_up()
+        return task, engine
+
+    def _load(self, name: str, folder: Path, batcher_name: str, drop_trained: bool) -> Served:
+        """Load and warm one version and drop the live events it was trained on (touches no shared state:
+        safe in a thread)."""
+        task, engine = self._open(name, folder)
         horizon = self.store.recent_horizon_s if self.store is not None else None
         if isinstance(engine, RecentActivity) and horizon is not None and engine.recent_reach_s > horizon:
             log.warning(

@@ -7,7 +7,8 @@ store's arrivals (own events in the order they were stored, whichever worker or 
 an arrival scores, per model and variant, the newest list served to its user before it and within
 the window, and the older lists of that model and variant are dropped unscored ("superseded"): a
 user who reloads a page ten times before acting is one scored list, not ten. Scores: hit@10,
-NDCG@10 and reciprocal rank of the event's item in the list (0 when absent). The sums go to the
+NDCG@10 and reciprocal rank of the event's item in the top 10 (MRR@10; 0 when absent): a worker holds
+each list's top 10 only, whatever k was asked. The sums go to the
 store per time bucket, where every worker and host adds its own (docs/decisions/online-evaluation.md).
 """
 

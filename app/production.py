@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from app.loaded import LoadedModels
@@ -99,6 +100,7 @@ class ProductionLoop:
                 got[1] += pair[1]
         store, names = self.store, self.loaded.names
         try:
+            await asyncio.to_thread(partial(store.expire, now=time.time()))
             if self._unsent:
                 await asyncio.to_thread(store.add_online, self._unsent)
                 self._unsent = {}  # only once taken: while the store is away they wait for the next tick
@@ -170,6 +172,9 @@ class ProductionLoop:
                 continue
             if last is not None and published(newest.name) <= last.since:  # there when the last trial began
                 continue
+            if await asyncio.to_thread(self.loaded.verify, name, newest) is not None:
+                log.error("new version %s/%s does not load: not started as %s", name, newest.name, mode)
+                continue  # recorded broken: not tried again
             cand = Candidate(newest.name, mode, self.settings.canary_share if mode == "canary" else 1.0, time.time())
             await self.start(name, cand, live_version=live.version, reason="new version")
             self.loaded.pins[name] = live.version

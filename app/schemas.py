@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
+from fastapi import Path
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -28,7 +29,7 @@ from pydantic.json_schema import WithJsonSchema
 from app.bodies import token_budget
 from app.limits import Limits
 from models.engine import FIELD_NAME
-from models.ids import encodable
+from models.ids import encodable, trainable
 
 if TYPE_CHECKING:
     from app.store import Candidate
@@ -42,6 +43,19 @@ def _utf8(s: str) -> str:
 
 
 RawId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_utf8)]
+
+
+def _trainable(s: str) -> str:
+    if not trainable(s):
+        raise ValueError("must not be blank: a training log cannot hold an id of only whitespace")
+    return s
+
+
+# An id an event stores: exported into the next training log, so one training would refuse never gets in.
+StoredId = Annotated[RawId, AfterValidator(_trainable)]
+# A model name in a path: an artifact folder's name, so at most a file name's 255 bytes (ASCII here), and
+# never "." or ".." (artifact folders starting with a dot are not models).
+ModelNamePath = Annotated[str, Path(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")]
 UnixTime = Annotated[float, Field(ge=0, le=1e11, description="unix seconds")]
 FieldName = Annotated[str, Field(min_length=1, max_length=64, pattern=FIELD_NAME)]
 
@@ -92,10 +106,10 @@ class EventIn(Strict):
             "service's (422)"
         )
     )
-    user_id: RawId
-    item_id: RawId = Field(description="the item; for a social model, the target user")
+    user_id: StoredId
+    item_id: StoredId = Field(description="the item; for a social model, the target user")
     timestamp: UnixTime
-    action: RawId | None = Field(
+    action: StoredId | None = Field(
         None,
         description=(
             "the action: required by a social model, one it lists that the user performed (not a '<-' form: the "
@@ -186,7 +200,7 @@ class OnlineFigures(BaseModel):
     ndcg10_ci: list[float] = Field(
         description="95% interval (normal, lists as the unit; the promotion rule's takes users as the unit)"
     )
-    mrr: float
+    mrr: float = Field(description="mean reciprocal rank within each list's top 10 (MRR@10)")
 
 
 class CandidateInfo(BaseModel):

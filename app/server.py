@@ -7,9 +7,12 @@ with three limits, each a setting (docs/decisions/connection-limits.md):
   - a header larger than SEQSERVE_MAX_HEADER_BYTES: 431, closed;
   - a request (headers and body) not received within SEQSERVE_REQUEST_READ_TIMEOUT_S of its first byte
     (of the connection, for its first request): 408, closed;
-  - more than SEQSERVE_MAX_CONNECTIONS open connections in one process: the new one gets 503, closed,
-    unless it asks for /healthz or /readyz within 2 s (a reserve of HEALTH_RESERVE connections);
-  - more than SEQSERVE_MAX_CONNECTIONS_PER_CLIENT open connections from one peer address: 503, closed.
+  - more than SEQSERVE_MAX_CONNECTIONS open connections in one process, or more than
+    SEQSERVE_MAX_CONNECTIONS_PER_CLIENT from one peer address: the new one is let in for /healthz and
+    /readyz alone (the reserve): anything else gets 503 as soon as its path is read, and it must send
+    its request within RESERVE_READ_TIMEOUT_S. While HEALTH_RESERVE reserve connections wait for their
+    request, a new one closes the oldest waiting: a probe sends its request at once, so what an
+    attacker parks there cannot keep a probe out, from any number of addresses or from the probe's own.
 Idle keep-alive connections are closed after SEQSERVE_KEEP_ALIVE_S, as before.
 """
 
@@ -38,11 +41,13 @@ LINGER_S = 1.0  # how long a refused connection's remaining input is read and dr
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
-# Past the connection cap, this many more connections are let in for the health endpoints alone, with
-# a short deadline for their request: a full server still answers its orchestrator's probes.
-HEALTH_RESERVE = 16
+# Past the connection caps, connections are let in for the health endpoints alone: at most this many
+# waiting for their request at once (the oldest waiting one is closed for a new one), and at most twice
+# as many in all (the others are being answered, then closed): a full server still answers its
+# orchestrator's probes (docs/decisions/connection-limits.md).
+HEALTH_RESERVE = 256
 HEALTH_PATHS = frozenset({b"/healthz", b"/readyz"})
-RESERVE_READ_TIMEOUT_S = 2.0
+RESERVE_READ_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,12 @@ class ConnectionLimits:
     max_connections_per_client: int = 256  # open connections from one peer address
 
 
-# Open connections per peer address, per process (one event loop per process).
+# Open connections per peer address, per process (one event loop per process); reserve connections
+# are not counted here.
 _PER_CLIENT: Counter[str] = Counter()
+# The process's reserve connections, and of them those still waiting for their request, oldest first.
+_RESERVED: set[GuardedHttpTools] = set()
+_WAITING: dict[GuardedHttpTools, None] = {}
 
 
 class GuardedHttpTools(HttpToolsProtocol):
@@ -76,23 +85,22 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._in_head = True  # receiving a request's start line and headers
         self.since: float | None = None  # when the request being received began (loop time)
         self._peer: str | None = None  # counted in _PER_CLIENT under this address
-        self._health_only = False  # let in past the cap: only /healthz and /readyz are answered
+        self._health_only = False  # let in past a cap: only /healthz and /readyz are answered
+        self._refusal = ""  # what a reserve connection asking for anything else is told
         self._read_timeout_s = limits.read_timeout_s
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         peer = self.client[0] if self.client else ""
         if _PER_CLIENT[peer] >= self.limits.max_connections_per_client:
-            self._refuse_at_connect("too many open connections from this address; retry shortly")
+            self._reserve("too many open connections from this address; retry shortly")
+        elif len(self.connections) - len(_RESERVED) > self.limits.max_connections:
+            self._reserve("too many open connections; retry shortly")
+        else:
+            _PER_CLIENT[peer] += 1
+            self._peer = peer
+        if self.transport.is_closing():
             return
-        _PER_CLIENT[peer] += 1
-        self._peer = peer
-        if len(self.connections) > self.limits.max_connections:
-            if len(self.connections) > self.limits.max_connections + HEALTH_RESERVE:
-                self._refuse_at_connect("too many open connections; retry shortly")
-                return
-            self._health_only = True
-            self._read_timeout_s = min(self._read_timeout_s, RESERVE_READ_TIMEOUT_S)
         self.since = self.loop.time()  # an idle new connection is a request that has not arrived in time
         if self.loop not in _SWEPT:
             _SWEPT.add(self.loop)
@@ -123,6 +131,25 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._refused = False
         self.scope["extensions"] = {CONNECTION_CLOSED: self.transport.is_closing}  # type: ignore[dict-item]
 
+    def _reserve(self, message: str) -> None:
+        """Let this connection in for the health endpoints alone (`message`: why anything else is refused)."""
+        if len(_WAITING) >= HEALTH_RESERVE:
+            oldest = next(iter(_WAITING))
+            oldest._leave_reserve()
+            oldest.transport.abort()  # it sent nothing in all this time: no answer owed
+        if len(_RESERVED) >= 2 * HEALTH_RESERVE:  # the rest are being answered: closed within moments
+            self._refuse_at_connect(message)
+            return
+        self._health_only, self._refusal = True, message
+        self._read_timeout_s = min(self._read_timeout_s, RESERVE_READ_TIMEOUT_S)
+        _RESERVED.add(self)
+        _WAITING[self] = None
+
+    def _leave_reserve(self) -> None:
+        _WAITING.pop(self, None)
+        _RESERVED.discard(self)
+        self.connections.discard(self)
+
     def _refuse_at_connect(self, message: str) -> None:
         # Refused connections linger a second to deliver the 503; they hold no slot meanwhile, or a
         # client reconnecting fast would fill the cap with its own refusals.
@@ -139,14 +166,21 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._release_peer()
+        self._leave_reserve()
         super().connection_lost(exc)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._heads += 1
-        if self._health_only and self.url.split(b"?", 1)[0] not in HEALTH_PATHS:
-            self._refused = True
-            self._refuse(503, "overloaded", "too many open connections; retry shortly", retry=True)
+        if self._health_only:
+            _WAITING.pop(self, None)
+            if self.url.split(b"?", 1)[0] not in HEALTH_PATHS:
+                self._refused = True
+                self._leave_reserve()
+                self._refuse(503, "overloaded", self._refusal, retry=True)
+                return
+            super().on_headers_complete()
+            self.cycle.keep_alive = False  # answered, then closed: a reserve slot is not kept alive
             return
         # A block that ended in this chunk was not counted above; it can only be too large if the
         # chunk (with what came before it) is, and then it is counted exactly.
@@ -198,6 +232,7 @@ class GuardedHttpTools(HttpToolsProtocol):
             head.append(b"retry-after: 1\r\n")
         self.transport.write(b"".join([*head, b"\r\n", body]))
         self.since = None
+        self._leave_reserve()  # a refused connection holds no reserve slot while it lingers
         # A lingering close: closing with the client's unread bytes in our buffer sends a reset, which
         # can destroy the answer before the client reads it. Stop writing, drop what still comes, then close.
         self._lingering = True

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from app.batcher import AbandonedError
 from app.errors import EventConflict, InvalidEvents, InvalidQuery, StoreUnavailable, UnknownUser
 from app.loaded import Served, held
-from app.online import ServedLists, in_canary
+from app.online import CUT, ServedLists, in_canary
 from app.schemas import EventIn
 from app.store import Event, HistoryStore
 from models.engine import (
@@ -202,7 +202,9 @@ def record(
     for q, r in zip(queries, results, strict=True):
         user = engine.subject(q)
         if user is not None:
-            lists.record(namespace, user, (served.name, served.version, variant, tuple(engine.ranked(r)), now, trial))
+            # Only the top CUT: what the figures score; a list of k = 1000 held whole was 8-11 KB a user.
+            top = tuple(engine.ranked(r))[:CUT]
+            lists.record(namespace, user, (served.name, served.version, variant, top, now, trial))
 
 
 async def answer_with_trial(

@@ -163,6 +163,17 @@ class Settings(BaseSettings):
             raise ValueError("SEQSERVE_MAX_BODY_BYTES_IN_FLIGHT must be at least SEQSERVE_MAX_BODY_BYTES")
         return self
 
+    @model_validator(mode="after")
+    def _rule_counts_authenticated_events(self) -> Settings:
+        # The rule promotes or retires on the online figures, which /events writes: with /events open,
+        # anyone could post the hits and misses that decide a trial (docs/decisions/online-evaluation.md).
+        if self.promote_min_events and self.events_api_key is None:
+            raise ValueError(
+                "SEQSERVE_PROMOTE_MIN_EVENTS needs SEQSERVE_EVENTS_API_KEY: the promotion rule acts only on "
+                "events posted with a key"
+            )
+        return self
+
     @field_validator("admin_api_key", "events_api_key", "read_api_key", "redis_password")
     @classmethod
     def _blank_key_is_no_key(cls, v: SecretStr | None) -> SecretStr | None:
@@ -176,6 +187,11 @@ class Settings(BaseSettings):
             return None
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         return max(1, cores // self.workers - 1)
+
+    @property
+    def any_keys(self) -> tuple[SecretStr, ...]:
+        """Every key set (admin, events, read); empty: an open deployment."""
+        return tuple(k for k in (self.admin_api_key, self.events_api_key, self.read_api_key) if k is not None)
 
     @property
     def history_keys(self) -> tuple[SecretStr, ...]:

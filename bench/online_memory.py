@@ -1,6 +1,12 @@
 """Bytes a worker holds per active user for online evaluation, and the cost of recording and scoring.
 
     .venv/bin/python bench/online_memory.py --users 100000 --k 10
+    .venv/bin/python bench/online_memory.py --service artifacts --model sasrec-ml100k --users 25000 --k 1000 \
+        --variant before:/tmp/before --variant now:.
+
+The second form asks a real server (one worker, from each code tree in turn: a `git worktree` of another
+commit) for `--users` fresh users' top `--k`, each user once with a one-item history, and reports the
+server's resident memory before and after: what the lists it holds for online evaluation cost at that k.
 
 Each user gets one served list of `k` ids taken from a catalog of strings (as the engine's id map hands
 them out: shared, not copied), then one arrival scores it. tracemalloc counts what the lists hold.
@@ -20,12 +26,56 @@ from app.online import ServedList, ServedLists
 from app.store import Arrival
 
 
+def through_service(args: argparse.Namespace) -> None:
+    """RSS of a real server before and after it answered `args.users` fresh users once each at `args.k`."""
+    import httpx2 as httpx
+    from load import rss_mb, start_server, stop
+
+    from models.artifact import latest_versions
+    from models.ids import IdMap
+
+    items = IdMap.load(latest_versions(args.service)[args.model] / "items.json").raws()
+    out = {}
+    for spec in args.variant:
+        name, tree = spec.split(":", 1)
+        proc = start_server(args.service, 8791, {"SEQSERVE_MAX_K": str(max(args.k, 100))}, root=Path(tree).resolve())
+        try:
+            url = "http://127.0.0.1:8791/recommend"
+            with httpx.Client(timeout=60) as client:
+                for n in range(200):  # warm: allocator pools and caches settle before the baseline
+                    client.post(url, json={"model": args.model, "queries": [{"history": [items[n]], "k": args.k}]})
+                before = rss_mb(proc.pid)
+                for start in range(0, args.users, 32):
+                    queries = [
+                        {"user_id": f"fresh-{u:07d}", "history": [items[u % len(items)]], "k": args.k}
+                        for u in range(start, min(args.users, start + 32))
+                    ]
+                    r = client.post(url, json={"model": args.model, "queries": queries})
+                    r.raise_for_status()
+                after = rss_mb(proc.pid)
+        finally:
+            stop(proc)
+        out[name] = {
+            "rss_before_mb": round(before, 1),
+            "rss_after_mb": round(after, 1),
+            "bytes_per_user": round((after - before) * 2**20 / args.users),
+        }
+        print(name, out[name], file=sys.stderr)
+    print(json.dumps({"users": args.users, "k": args.k, "variants": out}, indent=2))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--users", type=int, default=100_000)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--catalog", type=int, default=1682)
+    p.add_argument("--service", type=Path, help="an artifacts folder: measure a real server instead")
+    p.add_argument("--model", default="sasrec-ml100k")
+    p.add_argument("--variant", action="append", default=[], help="NAME:TREE, a code tree to serve from")
     args = p.parse_args()
+    if args.service is not None:
+        through_service(args)
+        return
     catalog = [str(1000 + n) for n in range(args.catalog)]
 
     def fill(lists: ServedLists, now: float) -> None:

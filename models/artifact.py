@@ -60,17 +60,19 @@ class ArtifactError(ValueError):
         self.file, self.problem = file, problem
 
 
-def _version_key(folder: Path) -> tuple[str, int]:
+def version_key(folder: Path) -> tuple[str, int]:
+    """Orders version folders by when they were written (their name's UTC time, then its "-N")."""
     base, _, suffix = folder.name.partition("-")
     return base, int(suffix or 1)
 
 
 def versions(named: Path) -> list[Path]:
     """Complete version folders of one artifact name, newest first."""
-    if not named.is_dir():
+    try:  # a name the file system refuses (too long, not a folder) has no versions
+        found = [v for v in named.iterdir() if VERSION_NAME.match(v.name) and v.is_dir()]
+    except OSError:
         return []
-    found = [v for v in named.iterdir() if v.is_dir() and VERSION_NAME.match(v.name)]
-    return sorted(found, key=_version_key, reverse=True)
+    return sorted(found, key=version_key, reverse=True)
 
 
 def artifact_names(root: Path) -> dict[str, list[Path]]:

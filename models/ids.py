@@ -85,3 +85,9 @@ def encodable(raw: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def trainable(raw: str) -> bool:
+    """Whether a log may hold `raw` as a user, item or action id: training refuses one that is only
+    whitespace (training.data.tables.require_ids), so the service refuses to store one."""
+    return bool(raw.strip())

@@ -29,3 +29,7 @@ litserve_api = object()
 litserve_api.decode_request
 litserve_api.predict
 litserve_api.encode_response
+
+# uvicorn's RequestResponseCycle reads it after the response (app/server.py: a reserve answer closes).
+request_cycle = object()
+request_cycle.keep_alive

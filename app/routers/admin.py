@@ -7,20 +7,18 @@ import asyncio
 import time
 from functools import partial
 from pathlib import Path as FsPath
-from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter
 
 from app.deps import AdminKey, CandidateBody, PinBody, Services, ServicesDep
-from app.errors import NoOlderVersion, NoTrial, StoreUnavailable, UnknownModel
+from app.errors import BrokenVersion, NoOlderVersion, NoTrial, StoreUnavailable, UnknownModel
 from app.production import ProductionLoop
 from app.routers.docs import body_doc, errors
-from app.schemas import CandidateInfo, ReloadReport, TrialMove, VersionMove
+from app.schemas import CandidateInfo, ModelNamePath, ReloadReport, TrialMove, VersionMove
 from app.store import Candidate, StoreError
 from models.artifact import versions as version_folders
 
 router = APIRouter(tags=["admin"])
-ModelName = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$")]
 
 
 @router.post("/admin/reload", response_model=ReloadReport, responses=errors(401, 403), dependencies=[AdminKey])
@@ -56,14 +54,15 @@ async def _reload_everywhere(services: Services) -> ReloadReport:
     responses=errors(401, 403, 404, 409, 422, 503),
     dependencies=[AdminKey],
 )
-async def start_trial(services: ServicesDep, name: ModelName, body: CandidateBody) -> TrialMove:
+async def start_trial(services: ServicesDep, name: ModelNamePath, body: CandidateBody) -> TrialMove:
     """Try `version` beside the live version of `name` on live traffic, as a canary (a sticky share of the
     users get its answers) or a shadow (it scores the same by-user queries; its answers are never
     returned). The live version is pinned, so it keeps serving everyone else. Replaces a running trial."""
-    _folders(services, name, want=body.version)
+    folders = _folders(services, name, want=body.version)
     live = services.loaded.models.get(name)
     if live is not None and live.version == body.version:
         raise NoTrial(f"version {body.version!r} is the live version of {name!r}", ["body", "version"])
+    await _loads(services, name, next(f for f in folders if f.name == body.version))
     share = (body.share or services.settings.canary_share) if body.mode == "canary" else 1.0
     production = _production(services)
     try:
@@ -84,7 +83,7 @@ async def start_trial(services: ServicesDep, name: ModelName, body: CandidateBod
     responses=errors(401, 403, 404, 409, 503),
     dependencies=[AdminKey],
 )
-async def promote(services: ServicesDep, name: ModelName) -> TrialMove:
+async def promote(services: ServicesDep, name: ModelNamePath) -> TrialMove:
     """Serve the running candidate of `name` to everyone (it becomes the pinned version)."""
     return await _settle(services, name, promote=True)
 
@@ -95,7 +94,7 @@ async def promote(services: ServicesDep, name: ModelName) -> TrialMove:
     responses=errors(401, 403, 404, 409, 503),
     dependencies=[AdminKey],
 )
-async def retire(services: ServicesDep, name: ModelName) -> TrialMove:
+async def retire(services: ServicesDep, name: ModelNamePath) -> TrialMove:
     """End the running trial of `name`; the live version goes on serving everyone."""
     return await _settle(services, name, promote=False)
 
@@ -145,13 +144,14 @@ async def _after_trial(services: Services, name: str, action: str, reason: str) 
     "/admin/models/{name}/pin",
     response_model=VersionMove,
     openapi_extra=body_doc("PinRequest"),
-    responses=errors(401, 403, 404, 422, 503),
+    responses=errors(401, 403, 404, 409, 422, 503),
     dependencies=[AdminKey],
 )
-async def pin(services: ServicesDep, name: ModelName, body: PinBody) -> VersionMove:
+async def pin(services: ServicesDep, name: ModelNamePath, body: PinBody) -> VersionMove:
     """Serve `version` of `name` on every worker and every host sharing the history store, until unpinned;
     the choice is kept in the store, so it survives restarts."""
-    _folders(services, name, want=body.version)
+    folders = _folders(services, name, want=body.version)
+    await _loads(services, name, next(f for f in folders if f.name == body.version))
     return await _move(services, name, body.version)
 
 
@@ -161,7 +161,7 @@ async def pin(services: ServicesDep, name: ModelName, body: PinBody) -> VersionM
     responses=errors(401, 403, 404, 503),
     dependencies=[AdminKey],
 )
-async def unpin(services: ServicesDep, name: ModelName) -> VersionMove:
+async def unpin(services: ServicesDep, name: ModelNamePath) -> VersionMove:
     """Back to the newest version of `name` that loads."""
     _folders(services, name)
     return await _move(services, name, None)
@@ -173,16 +173,25 @@ async def unpin(services: ServicesDep, name: ModelName) -> VersionMove:
     responses=errors(401, 403, 404, 409, 503),
     dependencies=[AdminKey],
 )
-async def rollback(services: ServicesDep, name: ModelName) -> VersionMove:
-    """Pin the version before the one serving here (the next older on disk that is not known broken)."""
+async def rollback(services: ServicesDep, name: ModelNamePath) -> VersionMove:
+    """Pin the version before the one serving here: the next older on disk that loads (each checked first)."""
     folders = _folders(services, name)
     served = services.loaded.models.get(name)
     names = [f.name for f in folders]
     start = names.index(served.version) + 1 if served is not None and served.version in names else len(names)
-    older = [v for v in names[start:] if f"{name}/{v}" not in services.loaded.broken]
-    if not older:
-        raise NoOlderVersion(f"no version of {name!r} older than the one serving to roll back to", ["path", "name"])
-    return await _move(services, name, older[0])
+    for folder in folders[start:]:  # the newest older version that loads: checked here, never pinned broken
+        if f"{name}/{folder.name}" in services.loaded.broken:
+            continue
+        if await asyncio.to_thread(services.loaded.verify, name, folder) is None:
+            return await _move(services, name, folder.name)
+    raise NoOlderVersion(f"no version of {name!r} older than the one serving loads to roll back to", ["path", "name"])
+
+
+async def _loads(services: Services, name: str, folder: FsPath) -> None:
+    """Refuse (409) a version that does not load before any choice names it."""
+    reason = await asyncio.to_thread(services.loaded.verify, name, folder)
+    if reason is not None:
+        raise BrokenVersion(f"version {folder.name!r} of {name!r} does not load: {reason}", ["body", "version"])
 
 
 def _folders(services: Services, name: str, *, want: str | None = None) -> list[FsPath]:

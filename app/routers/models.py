@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter
 
 from app.deps import Services, ServicesDep
 from app.errors import UnknownModel
@@ -11,6 +11,7 @@ from app.routers.docs import errors
 from app.schemas import (
     CandidateInfo,
     ModelInfo,
+    ModelNamePath,
     ModelsResponse,
     OnlineFigures,
     OnlineResponse,
@@ -22,7 +23,6 @@ from models.artifact import versions as version_folders
 from models.engine import Actions, ItemDisplay, UserHistories
 
 router = APIRouter(tags=["models"])
-ModelNamePath = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$")]
 
 
 # The test figures, and whether the model beats the best simple baseline of its own run.

@@ -99,7 +99,11 @@ class NextLocationResult(BaseModel):
     unknown_locations: list[str]
     unknown_user: bool
     history_truncated: bool
-    version: str = Field(description="the version that answered this query: a canary's for users in its share")
+    version: str | None = Field(
+        default=None,
+        description="the version that answered this query (a canary's for users in its share); only for a caller "
+        "with a key (admin, events or read) where any is set, so nobody else learns which side a user is on",
+    )
 
 
 class NextLocationResponse(BaseModel):

@@ -97,7 +97,11 @@ class RecommendResult(BaseModel):
     unknown_items: list[str]
     excluded: Excluded
     history_truncated: bool = Field(description="longer than the model reads: its most recent part was used")
-    version: str = Field(description="the version that answered this query: a canary's for users in its share")
+    version: str | None = Field(
+        default=None,
+        description="the version that answered this query (a canary's for users in its share); only for a caller "
+        "with a key (admin, events or read) where any is set, so nobody else learns which side a user is on",
+    )
 
 
 class RecommendResponse(BaseModel):

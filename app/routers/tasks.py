@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app import serving
-from app.deps import check_history_reader, parse_body, services_of
+from app.deps import check_history_reader, holds_key, parse_body, services_of
 from app.handlers import json_response
 from app.limits import Limits
 from app.routers.docs import body_doc, errors
@@ -81,10 +81,15 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
                     lists=services.lists,
                     shadows=services.shadows,
                 )
+            # Which side of a trial answered a user is for key holders only: with it, anyone could post
+            # the events that favour one side (docs/decisions/online-evaluation.md).
+            keys = services.settings.any_keys
+            reveal = not keys or holds_key(keys, request.headers.get("x-api-key"))
             out = []
             for r, v in zip(results, versions, strict=True):
                 answer = spec.result(r)
-                answer["version"] = v
+                if reveal:
+                    answer["version"] = v
                 out.append(answer)
             return json_response({"model": served.name, "version": served.version, "results": out})
 

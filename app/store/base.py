@@ -270,6 +270,10 @@ class HistoryStore(ABC):
         the name pinned to it. False (nothing written) when that trial is not running."""
 
     @abstractmethod
+    def expire(self, *, now: float) -> None:
+        """Drop what is past its keep time; every housekeeping tick calls it, with or without events."""
+
+    @abstractmethod
     def ping(self) -> None:
         """Raise StoreError when the store cannot be used."""
 

@@ -395,6 +395,9 @@ class RedisStore(HistoryStore):
         ended = dataclasses.replace(Candidate.from_json(str(spec)), outcome="promoted" if promote else "retired")
         return bool(self._call(lambda: self._settle(keys=keys, args=[name, version, int(promote), ended.to_json()])))
 
+    def expire(self, *, now: float) -> None:
+        """Nothing: the append script caps the arrivals stream (ARRIVALS_MAX) and the recent set on each write."""
+
     def ping(self) -> None:
         self._call(self.r.ping)
 

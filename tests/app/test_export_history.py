@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from app.export_history import main as export
 from app.main import create_app
 from app.settings import Settings
+from app.store import Event, SQLiteStore
 from models.artifact import latest_versions
 from models.tasks.recommend import load_artifact as load_rec_artifact
 from tests.conftest import item_lists, stored, stored_users
@@ -70,6 +71,34 @@ def test_hostile_ids_round_trip_exactly(tiny_artifacts: Path, tmp_path: Path) ->
     lists = item_lists(data)
     got = {(u, i) for u, items in zip(data.users, lists, strict=True) for i in items if u.startswith("user ")}
     assert got == {(e["user_id"], e["item_id"]) for e in events}
+
+
+def test_rows_training_would_refuse_are_skipped_and_counted(
+    tiny_artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training.data import load_interactions
+
+    state = tmp_path / "state"
+    settings = Settings(artifacts_dir=tiny_artifacts, device="cpu", history_path=state / "h.sqlite3")
+    with TestClient(create_app(settings)) as c:  # the namespace's trained events settled
+        assert c.get("/readyz").status_code == 200
+    store = SQLiteStore(state / "h.sqlite3")  # blank ids written before the service refused them
+    store.append(
+        "sasrec-tiny",
+        [Event("x1", "   ", "12", 1.6e9), Event("x2", "u1", " ", 1.6e9), Event("x3", "u1", "13", 1.6e9 + 1)],
+    )
+    store.close()
+    out = tmp_path / "log.csv"
+    env = {"SEQSERVE_HISTORY_PATH": str(state / "h.sqlite3")}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        assert export(["--namespace", "sasrec-tiny", "--out", str(out), "--artifacts", str(tiny_artifacts)]) == 0
+    err = capsys.readouterr().err
+    assert "skipped 1 interaction(s) with a blank item_id" in err and "with a blank user_id" in err
+    data = load_interactions(out)  # training takes the log: the blank rows did not block it
+    base = load_rec_artifact(latest_versions(tiny_artifacts)["sasrec-tiny"])
+    assert data.n_interactions == len(base.histories.items) + 1
 
 
 def test_a_social_namespace_exports_each_event_once_and_retrains(tiny_social_artifact: Path, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
+from app.server import HEALTH_RESERVE
 from tests.servers import start_api, stop, wait_until
 
 SOAK_SECONDS = float(os.environ.get("SEQSERVE_SOAK_SECONDS", "8"))
@@ -206,6 +207,7 @@ def _request(sock: socket.socket, raw: bytes) -> tuple[int, bytes]:
 
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+HEALTH = HEALTHZ.replace(b"Connection: close", b"Connection: keep-alive")  # a reserve answer closes it anyway
 RECOMMEND = (
     b"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
     b'Content-Length: 40\r\n\r\n{"queries":[{"user_id":"u1","k":1}]}    '
@@ -224,14 +226,14 @@ def test_past_the_cap_only_health_checks_get_in(guarded) -> None:  # type: ignor
             with _connect(url) as s:
                 status, _ = _request(s, HEALTHZ.replace(b"/healthz", path))
             assert status == 200, path
-        reserve = [_connect(url) for _ in range(16)]  # the reserve full of idle connections
+        parked = [_connect(url) for _ in range(HEALTH_RESERVE + 8)]  # more idle ones than the reserve holds
         try:
-            wait_until(lambda: _open_connections(url) >= 22)
-            with _connect(url) as s:
-                status, _ = _answer(s)  # refused at once, whatever it would ask
-            assert status == 503
+            wait_until(lambda: _open_connections(url) >= 6 + HEALTH_RESERVE)
+            with _connect(url) as s:  # a probe still gets in: the oldest parked connection made room
+                assert _request(s, HEALTH)[0] == 200
+            assert _answer(parked[0])[0] == 0  # closed without an answer: it never asked anything
         finally:
-            for s in reserve:
+            for s in parked:
                 s.close()
     finally:
         for s in held:
@@ -245,15 +247,51 @@ def test_one_address_cannot_take_every_connection(tiny_artifacts: Path) -> None:
     try:
         hog = [_connect_from(url, "127.0.0.2") for _ in range(5)]
         wait_until(lambda: _open_connections(url) >= 5)
-        with _connect_from(url, "127.0.0.2") as s:  # its sixth
-            status, data = _answer(s)
+        with _connect_from(url, "127.0.0.2") as s:  # its sixth: for a health check only
+            status, data = _request(s, RECOMMEND)
         assert status == 503 and b"from this address" in data
+        assert _status_from(url, "127.0.0.2", HEALTHZ) == 200  # a probe beside the hog (a proxy, a NAT) gets in
         with _connect_from(url, "127.0.0.1") as s:  # anyone else is served
             assert _request(s, RECOMMEND)[0] == 200
         for s in hog:
             s.close()
         wait_until(lambda: _status_from(url, "127.0.0.2", RECOMMEND) == 200)  # its share back once closed
     finally:
+        stop(proc)
+
+
+def test_the_reserve_answers_probes_whatever_five_addresses_park_there(tiny_artifacts: Path) -> None:
+    import threading
+
+    limits = {**LIMITS, "SEQSERVE_MAX_CONNECTIONS": "20", "SEQSERVE_MAX_CONNECTIONS_PER_CLIENT": "8"}
+    proc, url = start_api(tiny_artifacts, limits)
+    done = threading.Event()
+    deadline = time.monotonic() + 20  # bounded whatever happens to the test
+
+    def park(source: str) -> None:  # half-open connections, reconnecting as the server closes them
+        held: list[socket.socket] = []
+        while not done.is_set() and time.monotonic() < deadline:
+            try:
+                held.append(_connect_from(url, source))
+            except OSError:
+                continue
+            if len(held) > 120:
+                held.pop(0).close()
+        for s in held:
+            s.close()
+
+    attackers = [threading.Thread(target=park, args=(f"127.0.0.{n}",)) for n in range(2, 7)]
+    try:
+        for t in attackers:
+            t.start()
+        wait_until(lambda: _open_connections(url) >= 20 + HEALTH_RESERVE)
+        for source in ("127.0.0.1", "127.0.0.2"):  # a probe from elsewhere, and from a parking address
+            for _ in range(10):
+                assert _status_from(url, source, HEALTHZ) == 200, source
+    finally:
+        done.set()
+        for t in attackers:
+            t.join()
         stop(proc)
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from app.store import Event, HistoryStore, RedisStore, SQLiteStore, StoredEvents, StoreError, open_store, redact
+from app.store.base import ARRIVALS_KEEP_S
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -339,3 +341,51 @@ def test_a_trials_user_sums_add_up_and_go_with_the_next_trial(store: HistoryStor
     assert store.user_sums("m", 100.0) == {("v2", "canary"): [(2.0, 0.75)], ("v1", "live"): [(2.0, 1.0)]}
     store.set_candidate("m", Candidate("v3", "canary", 0.5, 200.0))  # a new trial: the old one's sums go
     assert store.user_sums("m", 100.0) == {} and store.user_sums("other", 100.0) != {}
+
+
+def _vm_steps(s: SQLiteStore, call: Callable[[], object]) -> int:
+    """SQLite virtual-machine steps `call` takes on this thread's connection: a cost that does not vary
+    with the machine's speed."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    conn = s._conn()
+    conn.set_progress_handler(count, 1)
+    try:
+        call()
+    finally:
+        conn.set_progress_handler(None, 1)
+    return steps
+
+
+def test_a_sqlite_by_user_read_costs_the_same_whatever_other_users_hold(tmp_path: Path) -> None:
+    s = SQLiteStore(tmp_path / "h.sqlite3", keep=50)
+    s.append("ml", [Event("me1", "me", "a", 1.0), Event("me2", "me", "b", 2.0)])
+    heavy = [Event(f"h{n}", "heavy", f"i{n}", float(n)) for n in range(200)]
+    s.append("ml", heavy)
+    read = _vm_steps(s, lambda: s.events("ml", ["me"]))
+    read_heavy = _vm_steps(s, lambda: s.events("ml", ["heavy"]))
+    trim = _vm_steps(s, lambda: s.append("ml", [Event("me3", "me", "c", 3.0)]))
+    for start in range(0, 5_000, 500):  # 5,000 events of 1,000 other users, the same namespace, newer times
+        s.append("ml", [Event(f"o{n}", f"other{n % 1000}", f"i{n}", 10.0 + n) for n in range(start, start + 500)])
+    assert s.events("ml", ["me"]) == {"me": [("a", 1.0, None), ("b", 2.0, None), ("c", 3.0, None)]}
+    assert _vm_steps(s, lambda: s.events("ml", ["me3"])) <= read  # no such user: nothing walked
+    assert _vm_steps(s, lambda: s.events("ml", ["me"])) <= read * 1.5  # one row more than before
+    assert _vm_steps(s, lambda: s.events("ml", ["heavy"])) <= read_heavy  # only its newest `keep`
+    assert _vm_steps(s, lambda: s.append("ml", [Event("me4", "me", "d", 4.0)])) <= trim * 1.5
+    s.close()
+
+
+def test_sqlite_arrivals_past_their_keep_are_dropped_on_expire(tmp_path: Path) -> None:
+    s = SQLiteStore(tmp_path / "h.sqlite3")
+    s.append("ml", [Event("e1", "u1", "x", 1.0), Event("e2", "u2", "y", 2.0)])
+    cursor, _ = s.arrivals(None)
+    s.expire(now=time.time())  # nothing is old yet
+    assert len(s.arrivals("0")[1]) == 2
+    s.expire(now=time.time() + ARRIVALS_KEEP_S + 1)  # no event arrives, the housekeeping tick trims
+    assert s.arrivals("0")[1] == [] and s.arrivals(cursor) == (cursor, [])
+    s.close()

@@ -15,11 +15,12 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.online import ServedList, in_canary
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 from app.store import SQLiteStore
 from tests.servers import NEWER, wait_until
 
 ADMIN = {"X-API-Key": "admin-key"}
+EVENTS = {"X-API-Key": "events-key"}  # stored histories are private once the events key is set
 USERS = [f"u{n}" for n in range(40)]
 
 
@@ -31,16 +32,16 @@ def _settings(root: Path, state: Path, **kw: Any) -> Settings:
     return Settings(
         artifacts_dir=root,
         device="cpu",
-        admin_api_key="admin-key",
         history_path=state / "h.sqlite3",
         state_dir=state,
         housekeeping_s=0.05,
-        **kw,
+        **({"admin_api_key": "admin-key"} | kw),
     )
 
 
-def _ask(c: TestClient, users: list[str], k: int = 10) -> dict[str, Any]:
-    r = c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": u, "k": k} for u in users]})
+def _ask(c: TestClient, users: list[str], k: int = 10, headers: dict[str, str] = ADMIN) -> dict[str, Any]:
+    body = {"model": "sasrec-tiny", "queries": [{"user_id": u, "k": k} for u in users]}
+    r = c.post("/recommend", json=body, headers=headers)
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -70,6 +71,26 @@ def test_canary_split_is_sticky_by_user_and_says_who_answered(root: Path, tmp_pa
     # A second worker (here: a restart with the same store) splits the same way.
     with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:
         assert {r["user_id"]: r["version"] for r in _ask(c, USERS)["results"]} == expected
+
+
+def test_only_a_key_holder_learns_which_side_answered_a_user(root: Path, tmp_path: Path) -> None:
+    first = _first(root)
+    with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:  # the admin key only: /recommend is open
+        _start(c, first, "canary", 0.5)
+        keyless = _ask(c, USERS, headers={})
+        assert keyless["version"] == NEWER  # the live version is no secret
+        assert all("version" not in r for r in keyless["results"])
+        assert all("version" not in r for r in _ask(c, USERS, headers={"X-API-Key": "nope"})["results"])
+        shown = {r["user_id"]: r["version"] for r in _ask(c, USERS)["results"]}
+        assert shown == {u: first if in_canary("sasrec-tiny", u, 0.5) else NEWER for u in USERS}
+    with TestClient(create_app(_settings(root, tmp_path / "t", admin_api_key=None))) as c:  # no key at all
+        assert all(r["version"] == NEWER for r in _ask(c, USERS[:3], headers={})["results"])
+
+
+def test_the_rule_refuses_to_start_while_anyone_may_post_events(root: Path, tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="SEQSERVE_EVENTS_API_KEY"):
+        _settings(root, tmp_path / "s", promote_min_events=20, read_api_key="read-key")
+    assert _settings(root, tmp_path / "s", promote_min_events=20, events_api_key="k").promote_min_events == 20
 
 
 def test_a_shadow_never_changes_or_holds_up_the_live_answer(
@@ -154,7 +175,7 @@ def test_online_scores_equal_a_hand_computation(root: Path, tmp_path: Path) -> N
 def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> None:
     first = _first(root)
     state = tmp_path / "s"
-    with TestClient(create_app(_settings(root, state, promote_min_events=100))) as c:
+    with TestClient(create_app(_settings(root, state, promote_min_events=100, events_api_key="events-key"))) as c:
         _start(c, first, "canary", 0.5)
         since = c.app.state.services.loaded.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
         store = SQLiteStore(state / "h.sqlite3")
@@ -167,7 +188,8 @@ def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> Non
         def pinned() -> str | None:
             return c.get("/models/sasrec-tiny/versions").json()["pinned"]  # type: ignore[no-any-return]
 
-        wait_until(lambda: _ask(c, ["u1"])["version"] == first, timeout=10)  # every worker follows within a tick
+        # every worker follows within a tick
+        wait_until(lambda: _ask(c, ["u1"], headers=EVENTS)["version"] == first, timeout=10)
         assert pinned() == first
         assert 'seqserve_candidate_changes_total{action="promoted",model="sasrec-tiny"} 1.0' in c.get("/metrics").text
         # The newer version on trial now, far worse: retired, the promoted one keeps serving.
@@ -177,7 +199,7 @@ def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> Non
             {("sasrec-tiny", since, first, "live", f"u{n}"): (5, 1.5 + (n % 3) * 0.1) for n in range(30)}
             | {("sasrec-tiny", since, NEWER, "canary", f"w{n}"): (5, 0.2 + (n % 3) * 0.1) for n in range(30)}
         )
-        wait_until(lambda: all(r["version"] == first for r in _ask(c, USERS)["results"]), timeout=10)
+        wait_until(lambda: all(r["version"] == first for r in _ask(c, USERS, headers=EVENTS)["results"]), timeout=10)
         assert pinned() == first and c.get("/models/sasrec-tiny/versions").json()["candidate"] is None
         assert store.candidates()["sasrec-tiny"].outcome == "retired"
         store.close()
@@ -268,9 +290,46 @@ def test_canary_is_sticky_across_worker_processes(root: Path, tmp_path: Path) ->
         assert r.status_code == 200 and r.json()["reload"]["all_workers"], r.text
         for user in USERS[:4]:
             ask = {"model": "sasrec-tiny", "queries": [{"user_id": user, "k": 1}]}
-            seen = {httpx.post(f"{url}/recommend", json=ask).json()["results"][0]["version"] for _ in range(20)}
+            seen = {
+                httpx.post(f"{url}/recommend", json=ask, headers=ADMIN).json()["results"][0]["version"]
+                for _ in range(20)
+            }
             assert seen == {first if in_canary("sasrec-tiny", user, 0.5) else NEWER}, user
         pids = {int(p) for p in r.json()["reload"]["workers"]}
         assert len(pids) == 2
     finally:
         stop(proc)
+
+
+def test_the_housekeeping_tick_drops_old_arrivals_while_no_event_comes(root: Path, tmp_path: Path) -> None:
+    import sqlite3
+
+    from app.store.base import ARRIVALS_KEEP_S
+
+    state = tmp_path / "s"
+    with TestClient(create_app(_settings(root, state))) as c:
+        assert c.get("/readyz").status_code == 200
+        with sqlite3.connect(state / "h.sqlite3") as conn:  # what an hour of events left behind
+            conn.executemany(
+                "INSERT INTO arrivals (ns, user, item, at) VALUES ('sasrec-tiny', ?, 'x', ?)",
+                [(f"u{n}", time.time() - ARRIVALS_KEEP_S - 60) for n in range(50)],
+            )
+
+        def left() -> int:
+            with sqlite3.connect(state / "h.sqlite3") as conn:
+                return int(conn.execute("SELECT COUNT(*) FROM arrivals").fetchone()[0])
+
+        wait_until(lambda: left() == 0, timeout=10)
+
+
+def test_a_worker_holds_only_the_top_ten_of_a_long_list(root: Path, tmp_path: Path) -> None:
+    with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:
+        items = [i["item_id"] for i in _ask(c, ["u1"], k=40)["results"][0]["items"]]
+        assert len(items) > 10  # every item the tiny catalog has left for u1
+        services = c.app.state.services  # type: ignore[attr-defined]
+        (kept,) = services.lists._lists[("sasrec-tiny", "u1")]
+        assert ServedList(*kept).items == tuple(items[:10])
+        event = {"event_id": "far", "user_id": "u1", "item_id": items[10], "timestamp": 1e9}  # rank 11
+        assert c.post("/events", json={"model": "sasrec-tiny", "events": [event]}).status_code == 200
+        wait_until(lambda: c.get("/models/sasrec-tiny/online").json()["totals"].get(f"{NEWER}/live", {}).get("n") == 1)
+        assert c.get("/models/sasrec-tiny/online").json()["totals"][f"{NEWER}/live"]["mrr"] == 0.0  # MRR@10

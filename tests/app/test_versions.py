@@ -75,16 +75,101 @@ def test_version_calls_check_what_they_are_given(root: Path, tmp_path: Path) -> 
         assert c.get("/models/..%2F..%2Fetc/versions").status_code in (404, 422)
 
 
-def test_a_broken_pinned_version_leaves_the_serving_one(root: Path, tmp_path: Path) -> None:
+def test_a_broken_version_is_refused_as_a_pin(root: Path, tmp_path: Path) -> None:
     old = latest_versions(root)["sasrec-tiny"].parent
     first = sorted(p.name for p in old.iterdir())[0]
     (old / first / "items.json").write_text("[]")
     with TestClient(create_app(_settings(root, tmp_path / "state"))) as c:
         r = c.post("/admin/models/sasrec-tiny/pin", json={"version": first}, headers=ADMIN)
-        assert r.status_code == 200 and f"sasrec-tiny/{first}" in r.json()["reload"]["failed"]
+        assert r.status_code == 409 and r.json()["error"]["code"] == "broken_version", r.text
+        assert r.json()["error"]["details"][0]["loc"] == ["body", "version"]
         assert _served(c) == NEWER
+        listed = c.get("/models/sasrec-tiny/versions").json()
+        assert {v["version"]: v["state"] for v in listed["versions"]} == {NEWER: "serving", first: "broken"}
+        assert listed["pinned"] is None  # nothing was kept
+
+
+def _truncate(folder: Path) -> None:
+    weights = folder / "model.pt"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def test_a_rollback_checks_its_target_and_skips_a_broken_one(root: Path, tmp_path: Path) -> None:
+    named = latest_versions(root)["sasrec-tiny"].parent
+    first = sorted(p.name for p in named.iterdir())[0]
+    mid = "20991231T235958Z"
+    shutil.copytree(named / NEWER, named / mid)
+    _truncate(named / mid)  # never loaded by this process: the newest serves
+    with TestClient(create_app(_settings(root, tmp_path / "state"))) as c:
+        assert _served(c) == NEWER
+        r = c.post("/admin/models/sasrec-tiny/rollback", headers=ADMIN)
+        assert r.status_code == 200 and r.json()["pinned"] == first and _served(c) == first, r.text
         states = {v["version"]: v["state"] for v in c.get("/models/sasrec-tiny/versions").json()["versions"]}
-        assert states == {NEWER: "serving", first: "broken"}
+        assert states[mid] == "broken"
+    shutil.rmtree(named / first)  # now nothing older than the newest loads: refused, the pin unchanged
+    with TestClient(create_app(_settings(root, tmp_path / "other"))) as c:
+        r = c.post("/admin/models/sasrec-tiny/rollback", headers=ADMIN)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "no_older_version"
+        assert c.get("/models/sasrec-tiny/versions").json()["pinned"] is None and _served(c) == NEWER
+
+
+def test_a_pin_that_fails_at_a_restart_never_hands_the_model_to_a_newer_version(root: Path, tmp_path: Path) -> None:
+    named = latest_versions(root)["sasrec-tiny"].parent
+    first = sorted(p.name for p in named.iterdir())[0]
+    mid = "20991231T235958Z"
+    shutil.copytree(named / NEWER, named / mid)
+    state = tmp_path / "state"
+    with TestClient(create_app(_settings(root, state))) as c:
+        assert c.post("/admin/models/sasrec-tiny/pin", json={"version": mid}, headers=ADMIN).status_code == 200
+        assert _served(c) == mid
+    _truncate(named / mid)  # broken between two starts
+    with TestClient(create_app(_settings(root, state))) as c:
+        assert _served(c) == first  # the newest older than the pin, not the newest
+        assert c.get("/readyz").json()["broken"][f"sasrec-tiny/{mid}"]
+
+
+def test_a_pinned_version_whose_folder_goes_keeps_serving_and_says_so(root: Path, tmp_path: Path) -> None:
+    named = latest_versions(root)["sasrec-tiny"].parent
+    first = sorted(p.name for p in named.iterdir())[0]
+    with TestClient(create_app(_settings(root, tmp_path / "state"))) as c:
+        assert c.post("/admin/models/sasrec-tiny/pin", json={"version": first}, headers=ADMIN).status_code == 200
+        shutil.rmtree(named / first)
+        r = c.post("/admin/reload", headers=ADMIN)
+        assert r.status_code == 200 and _served(c) == first  # the loaded copy, not the newest
+        reason = c.get("/readyz").json()["broken"][f"sasrec-tiny/{first}"]
+        assert "not on disk" in reason and "keeps serving" in reason
+        assert c.get("/models/sasrec-tiny/versions").json()["pinned"] == first
+
+
+def test_a_broken_candidate_is_refused_and_never_runs(root: Path, tmp_path: Path) -> None:
+    named = latest_versions(root)["sasrec-tiny"].parent
+    first = sorted(p.name for p in named.iterdir())[0]
+    (named / first / "manifest.json").write_text("{")
+    with TestClient(create_app(_settings(root, tmp_path / "state"))) as c:
+        body = {"version": first, "mode": "canary", "share": 0.5}
+        r = c.post("/admin/models/sasrec-tiny/candidate", json=body, headers=ADMIN)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "broken_version", r.text
+        listed = c.get("/models/sasrec-tiny/versions").json()
+        assert listed["candidate"] is None and listed["pinned"] is None
+    settings = _settings(root, tmp_path / "canary").model_copy(update={"new_versions": "canary"})
+    with TestClient(create_app(settings)) as c:
+        newest = "29990101T000000Z"  # a new release that does not load, with new versions tried as canaries
+        shutil.copytree(named / NEWER, named / newest)
+        (named / newest / "model.pt").unlink()
+        assert c.post("/admin/reload", headers=ADMIN).status_code == 200
+        listed = c.get("/models/sasrec-tiny/versions").json()
+        assert listed["candidate"] is None and _served(c) == NEWER
+        assert {v["version"]: v["state"] for v in listed["versions"]}[newest] == "broken"
+
+
+def test_a_model_name_the_file_system_refuses_is_a_404(root: Path, tmp_path: Path) -> None:
+    with TestClient(create_app(_settings(root, tmp_path / "state"))) as c:
+        for name in ("a" * 255, "b" * 200):
+            assert c.get(f"/models/{name}/versions").status_code == 404
+            assert c.post(f"/admin/models/{name}/rollback", headers=ADMIN).status_code == 404
+        for name in ("a" * 256, ".hidden", "..."):
+            r = c.get(f"/models/{name}/versions")
+            assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["path", "name"], name
 
 
 def test_one_pin_moves_every_worker(root: Path, tmp_path: Path) -> None:
@@ -131,3 +216,18 @@ def test_retention_keeps_the_newest_and_what_is_pinned(root: Path, tmp_path: Pat
         assert r.json()["reload"]["deleted"] == [f"sasrec-tiny/{first}"] and _served(c) == NEWER
     with TestClient(create_app(_settings(root, tmp_path / "state2"))) as c:  # 0: everything is kept
         assert c.post("/admin/reload", headers=ADMIN).json()["deleted"] == []
+
+
+def test_retention_never_keeps_a_broken_version_in_a_good_ones_place(root: Path, tmp_path: Path) -> None:
+    named = latest_versions(root)["sasrec-tiny"].parent
+    first = sorted(p.name for p in named.iterdir())[0]
+    mid = "20991231T235958Z"  # good, never loaded
+    shutil.copytree(named / NEWER, named / mid)
+    (named / NEWER / "items.json").write_text("[]")  # the newest is broken
+    settings = _settings(root, tmp_path / "state").model_copy(update={"keep_versions": 1})
+    with TestClient(create_app(settings)) as c:
+        assert _served(c) == mid
+        r = c.post("/admin/models/sasrec-tiny/pin", json={"version": first}, headers=ADMIN)
+        assert r.status_code == 200 and _served(c) == first
+        assert r.json()["reload"]["deleted"] == [f"sasrec-tiny/{NEWER}"]
+        assert sorted(p.name for p in named.iterdir()) == sorted([first, mid])
