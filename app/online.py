@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from app.store import Arrival, OnlineKey, Sums, UserKey
+from app.store import Arrival, OnlineKey, Sums, UserKey, UserStats
 
 CUT = 10  # the online figures' K: HR@10, NDCG@10
 BUCKET_S = 60.0  # online sums are kept per minute (the console's time axis)
@@ -228,35 +228,36 @@ class Verdict:
     reason: str
 
 
-def clustered(users: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
+def clustered(side: UserStats) -> tuple[float, float, float]:
     """(lists, mean NDCG@10, variance of that mean) with the user as the unit: a user's lists are not
     independent (a burst of ratings is many lists of one user), so the variance is the ratio
-    estimator's over users, (U / (U - 1)) * sum((S_u - m N_u)^2) / N^2."""
-    n = sum(u[0] for u in users)
-    if n == 0:
+    estimator's over users, (U / (U - 1)) * sum((S_u - m N_u)^2) / N^2, the sum expanded over the
+    running sums (UserStats) as sum(S^2) - 2 m sum(N S) + m^2 sum(N^2)."""
+    n = side.n
+    if n <= 0:
         return 0.0, 0.0, math.inf
-    mean = sum(u[1] for u in users) / n
-    if len(users) < 2:
+    mean = side.s / n
+    if side.users < 2:
         return n, mean, math.inf
-    spread = sum((s - mean * k) ** 2 for k, s in users)
-    return n, mean, len(users) / (len(users) - 1) * spread / (n * n)
+    spread = max(0.0, side.ss - 2 * mean * side.ns + mean * mean * side.nn)
+    return n, mean, side.users / (side.users - 1) * spread / (n * n)
 
 
-def judge(candidate: Sequence[tuple[float, float]], live: Sequence[tuple[float, float]], *, min_events: int) -> Verdict:
-    """The promotion rule, on per-user (lists, NDCG@10 sum) pairs of each side since the trial began:
+def judge(candidate: UserStats, live: UserStats, *, min_events: int) -> Verdict:
+    """The promotion rule, on each side's per-user (lists, NDCG@10 sum) since the trial began:
     once both have `min_events` scored lists from at least MIN_USERS users, promote the candidate
     unless its NDCG@10 is below the live version's by more than the 95% interval of the difference
     (users as the unit); retire it when it is."""
     (nc, mc, vc), (nl, ml, vl) = clustered(candidate), clustered(live)
-    if nc < min_events or nl < min_events or min(len(candidate), len(live)) < MIN_USERS:
+    if nc < min_events or nl < min_events or min(candidate.users, live.users) < MIN_USERS:
         return Verdict(
             "wait",
-            f"{int(nc)} and {int(nl)} scored lists of {len(candidate)} and {len(live)} users;"
+            f"{int(nc)} and {int(nl)} scored lists of {candidate.users} and {live.users} users;"
             f" {min_events} lists and {MIN_USERS} users needed on each side",
         )
     diff, half = mc - ml, Z95 * math.sqrt(vc + vl)
     text = (
         f"NDCG@10 difference {diff:+.4f}, interval half-width {half:.4f} (users as the unit), "
-        f"lists {int(nc)} vs {int(nl)}, users {len(candidate)} vs {len(live)}"
+        f"lists {int(nc)} vs {int(nl)}, users {candidate.users} vs {live.users}"
     )
     return Verdict("promote" if diff >= -half else "retire", text)

@@ -21,7 +21,7 @@ from app.loaded import LoadedModels
 from app.observability import Metrics
 from app.online import ServedLists, judge
 from app.settings import Settings
-from app.store import Candidate, HistoryStore, OnlineKey, StoreError, Sums, UserKey
+from app.store import Candidate, HistoryStore, OnlineKey, StoreError, Sums, UserKey, UserStats
 from models.artifact import artifact_names
 
 log = logging.getLogger(__name__)
@@ -124,12 +124,14 @@ class ProductionLoop:
                 continue
             store = self.store
             try:
-                per_user = await asyncio.to_thread(store.user_sums, name, cand.since)
+                sides = await asyncio.to_thread(store.trial_stats, name, cand.since)
             except StoreError as exc:
                 log.warning("the promotion rule waits for the store: %s", exc)
                 return
             verdict = judge(
-                per_user.get((cand.version, cand.mode), []), per_user.get((live.version, "live"), []), min_events=need
+                sides.get((cand.version, cand.mode), UserStats()),
+                sides.get((live.version, "live"), UserStats()),
+                min_events=need,
             )
             if verdict.action != "wait":
                 await self.settle(

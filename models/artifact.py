@@ -44,6 +44,9 @@ METRICS = "metrics.json"
 RUN_CONFIG = "run_config.json"
 CURVES = "curves.png"
 TMP_PREFIX = ".tmp-"
+# Versions a warm retrain held back (its test figure fell below its parent's bound): under the artifacts
+# folder, as <HELD>/<name>/<version>; a folder starting with "." is never a model, so nothing serves them.
+HELD = ".held"
 VERSION_NAME = re.compile(r"^\d{8}T\d{6}Z(-\d+)?$")
 T = TypeVar("T")
 

@@ -26,6 +26,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 import torch
 from torch import nn
 
+from models import artifact
+from models.artifact import read_manifest
 from models.manifest import Manifest
 from training.config import LoopConfig, RunConfig, parse
 from training.distributed import Dist, resolve_device
@@ -72,6 +74,17 @@ class JobClock:
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - t0
 
 
+def vs_best_baseline(metrics: dict[str, Any]) -> float | None:
+    """The test figure as a ratio to the best baseline of the same run (a task's own ratio where it
+    writes one, else NDCG@10 of the whole test set), None where the run has no baselines."""
+    if "full_ndcg10_vs_best_baseline" in metrics:
+        return float(metrics["full_ndcg10_vs_best_baseline"]["ratio"])
+    ours = metrics.get("test", {}).get("all", {}).get("NDCG@10")
+    theirs = [b.get("all", {}).get("NDCG@10") for b in metrics.get("baselines_test", {}).values()]
+    best = max((t for t in theirs if t is not None), default=None)
+    return None if ours is None or not best else float(ours) / float(best)
+
+
 # The share of the budget the phases after the training loop get when a job makes no estimate of its own.
 AFTER_SHARE = 0.1
 
@@ -96,9 +109,13 @@ class Job(ABC, Generic[D, T, E]):
         dist: Dist | None = None,
         shared_data: Path | None = None,
         warm_from: Path | None = None,
+        warm_gate: float = 0.0,
     ) -> None:
         self.cfg = cfg
         self.warm_from = warm_from  # a version folder whose weights the model starts from
+        # A warm version whose test figure against the best baseline is under this share of its parent's
+        # is held back (models.artifact.HELD), never published: 0 publishes whatever it reaches.
+        self.warm_gate = warm_gate
         self.out_root = out_root or self.default_out
         self.data_path = data_path
         self.shared_data = shared_data  # the ../shared/data folder, for data sets looked up by name
@@ -165,6 +182,18 @@ class Job(ABC, Generic[D, T, E]):
         return path
 
     # --- the skeleton ------------------------------------------------------------------------------
+
+    def held_back(self, metrics: dict[str, Any]) -> str | None:
+        """Why this warm version must not be published (its figure against the best baseline under
+        `warm_gate` times its parent's), else None."""
+        assert self.warm_from is not None
+        ours, parent = vs_best_baseline(metrics), vs_best_baseline(read_manifest(self.warm_from).metrics)
+        if not self.warm_gate or ours is None or parent is None or ours >= self.warm_gate * parent:
+            return None
+        return (
+            f"test NDCG@10 {ours:.2f}x the best baseline, under {self.warm_gate:g} x the {parent:.2f}x of the"
+            f" version it started from ({self.warm_from.name})"
+        )
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
@@ -242,6 +271,11 @@ class Job(ABC, Generic[D, T, E]):
             "val": history.val,
             "seconds": history.seconds,
         }
+        out_root = self.out_root
+        if self.warm_from is not None and (reason := self.held_back(metrics)) is not None:
+            metrics["held_back"] = reason
+            out_root = self.out_root / artifact.HELD
+            log.error("warm retrain held back, not published: %s", reason)
         with clock.phase("export_files"):
             pieces = self.export(model)
         # Each phase on its own clock. The budget (train.max_minutes) covers every one but the data;
@@ -271,7 +305,7 @@ class Job(ABC, Generic[D, T, E]):
             extra=pieces.extra,
         )
         return export_artifact(
-            self.out_root,
+            out_root,
             manifest=manifest,
             model=model,
             files=pieces.files,

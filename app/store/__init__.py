@@ -33,6 +33,7 @@ from app.store.base import (
     StoreError,
     Sums,
     UserKey,
+    UserStats,
     Variant,
     redact,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "StoredEvents",
     "Sums",
     "UserKey",
+    "UserStats",
     "Variant",
     "open_store",
     "redact",

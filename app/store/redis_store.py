@@ -24,6 +24,7 @@ from app.store.base import (
     StoreError,
     Sums,
     UserKey,
+    UserStats,
     event_key,
     json_ts,
     nan_ts,
@@ -108,6 +109,41 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 if ARGV[3] == '1' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
 return 1
 """
+# Adds per-user sums of one trial (KEYS: its per-user hash, its sides' hash; ARGV: version, variant, the
+# user's two field names, lists, NDCG@10 sum, repeated) and moves each side's running sums (UserStats,
+# fields "<version>\0<variant>\0<stat>") in the same call. A trial whose per-user hash predates the
+# sides' hash has them rebuilt from it first.
+_USER_SUMS_LUA = """
+local function move(side, old_n, old_s, new_n, new_s)
+  if old_n == nil then redis.call('HINCRBYFLOAT', KEYS[2], side .. 'users', 1); old_n, old_s = 0, 0 end
+  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'n', new_n - old_n)
+  redis.call('HINCRBYFLOAT', KEYS[2], side .. 's', new_s - old_s)
+  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'nn', new_n * new_n - old_n * old_n)
+  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'ss', new_s * new_s - old_s * old_s)
+  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'ns', new_n * new_s - old_n * old_s)
+end
+if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('EXISTS', KEYS[1]) == 1 then
+  local users = {}
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    local f = cjson.decode(all[i])
+    local side = f[1] .. '\0' .. f[2] .. '\0'
+    local u = users[side .. f[3]] or {side, 0, 0}
+    if f[4] == 'n' then u[2] = tonumber(all[i + 1]) else u[3] = tonumber(all[i + 1]) end
+    users[side .. f[3]] = u
+  end
+  for _, u in pairs(users) do move(u[1], nil, nil, u[2], u[3]) end
+end
+for i = 1, #ARGV, 6 do
+  local side, fn, fs = ARGV[i] .. '\0' .. ARGV[i + 1] .. '\0', ARGV[i + 2], ARGV[i + 3]
+  local old_n, old_s = redis.call('HGET', KEYS[1], fn), redis.call('HGET', KEYS[1], fs)
+  if old_n then old_n, old_s = tonumber(old_n), tonumber(old_s or '0') else old_n, old_s = nil, nil end
+  local new_n = tonumber(redis.call('HINCRBYFLOAT', KEYS[1], fn, ARGV[i + 4]))
+  local new_s = tonumber(redis.call('HINCRBYFLOAT', KEYS[1], fs, ARGV[i + 5]))
+  move(side, old_n, old_s, new_n, new_s)
+end
+return 1
+"""
 # Entries the arrivals stream keeps, about: minutes of a busy service (each worker reads it every
 # SEQSERVE_ONLINE_SCORE_S), about 20 MB of Redis memory.
 ARRIVALS_MAX = 200_000
@@ -156,6 +192,7 @@ class RedisStore(HistoryStore):
         self.prefix = prefix
         self._append = self.r.register_script(_APPEND_LUA)
         self._settle = self.r.register_script(_SETTLE_LUA)
+        self._user_sums = self.r.register_script(_USER_SUMS_LUA)
 
     def _k(self, namespace: str, what: str) -> str:
         return f"{self.prefix}{namespace}:{what}"
@@ -344,29 +381,30 @@ class RedisStore(HistoryStore):
         return out
 
     def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:
-        if not sums:
-            return
+        per_trial: dict[tuple[str, float], list[str | float]] = {}
+        for (name, trial, version, variant, user), (n, ndcg) in sums.items():
+            fields = [json.dumps([version, variant, user, metric]) for metric in ("n", "ndcg")]
+            per_trial.setdefault((name, trial), []).extend([version, variant, *fields, float(n), float(ndcg)])
 
         def do() -> None:
-            pipe = self.r.pipeline(transaction=True)
-            for (name, trial, version, variant, user), (n, ndcg) in sums.items():
-                key = f"{self.prefix}trial:{name}:{trial!r}"
-                pipe.hincrbyfloat(key, json.dumps([version, variant, user, "n"]), float(n))
-                pipe.hincrbyfloat(key, json.dumps([version, variant, user, "ndcg"]), float(ndcg))
-            pipe.execute()
+            for (name, trial), args in per_trial.items():
+                self._user_sums(keys=[self._trial(name, trial), self._trial(name, trial, "sides")], args=args)
 
-        self._call(do)
+        if sums:
+            self._call(do)
 
-    def user_sums(self, name: str, trial: float) -> dict[tuple[str, str], list[tuple[float, float]]]:
-        found = self._call(lambda: self.r.hgetall(f"{self.prefix}trial:{name}:{trial!r}"))
-        per: dict[tuple[str, str, str], list[float]] = {}
+    def trial_stats(self, name: str, trial: float) -> dict[tuple[str, str], UserStats]:
+        found = self._call(lambda: self.r.hgetall(self._trial(name, trial, "sides")))
+        out: dict[tuple[str, str], UserStats] = {}
         for field_name, value in found.items():
-            version, variant, user, metric = json.loads(field_name)
-            per.setdefault((version, variant, user), [0.0, 0.0])[0 if metric == "n" else 1] = float(value)
-        out: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        for (version, variant, _), (n, ndcg) in per.items():
-            out.setdefault((version, variant), []).append((n, ndcg))
+            version, variant, stat = str(field_name).split("\0")
+            got = out.setdefault((version, variant), UserStats())
+            setattr(got, stat, round(float(value)) if stat == "users" else float(value))
         return out
+
+    def _trial(self, name: str, trial: float, what: str = "") -> str:
+        """A trial's per-user hash (its sides' running sums: `what` = "sides")."""
+        return f"{self.prefix}trial{what}:{name}:{trial!r}"
 
     def candidates(self) -> dict[str, Candidate]:
         found = self._call(lambda: self.r.hgetall(f"{self.prefix}candidates"))
@@ -374,12 +412,13 @@ class RedisStore(HistoryStore):
 
     def set_candidate(self, name: str, candidate: Candidate | None) -> None:
         key = f"{self.prefix}candidates"
-        keep = f"{self.prefix}trial:{name}:{candidate.since!r}" if candidate is not None else None
+        keep = {self._trial(name, candidate.since), self._trial(name, candidate.since, "sides")} if candidate else set()
 
         def do() -> None:
-            for old in self.r.scan_iter(f"{self.prefix}trial:{name}:*", count=100):
-                if old != keep:
-                    self.r.unlink(old)
+            for pattern in (f"{self.prefix}trial:{name}:*", f"{self.prefix}trialsides:{name}:*"):
+                for old in self.r.scan_iter(pattern, count=100):
+                    if old not in keep:
+                        self.r.unlink(old)
             if candidate is None:
                 self.r.hdel(key, name)
             else:

@@ -25,6 +25,7 @@ from app.store.base import (
     StoreError,
     Sums,
     UserKey,
+    UserStats,
     json_ts,
     nan_ts,
 )
@@ -81,6 +82,10 @@ class SQLiteStore(HistoryStore):
     CREATE TABLE IF NOT EXISTS trial_users (name TEXT NOT NULL, trial REAL NOT NULL, version TEXT NOT NULL,
         variant TEXT NOT NULL, user TEXT NOT NULL, n REAL NOT NULL, ndcg REAL NOT NULL,
         PRIMARY KEY (name, trial, version, variant, user)) WITHOUT ROWID;
+    -- Each side's running sums over those users (UserStats), moved in the same write as trial_users.
+    CREATE TABLE IF NOT EXISTS trial_stats (name TEXT NOT NULL, trial REAL NOT NULL, version TEXT NOT NULL,
+        variant TEXT NOT NULL, users REAL NOT NULL, n REAL NOT NULL, s REAL NOT NULL, nn REAL NOT NULL,
+        ss REAL NOT NULL, ns REAL NOT NULL, PRIMARY KEY (name, trial, version, variant)) WITHOUT ROWID;
     """
 
     def __init__(self, path: Path, keep: int = LIVE_EVENTS) -> None:
@@ -126,6 +131,12 @@ class SQLiteStore(HistoryStore):
             for statement in self._SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
+            # Trials running across the upgrade: their sides' sums from their users (version 8 added them).
+            conn.execute("DELETE FROM trial_stats")
+            conn.execute(
+                "INSERT INTO trial_stats SELECT name, trial, version, variant, COUNT(*), SUM(n), SUM(ndcg), SUM(n * n),"
+                " SUM(ndcg * ndcg), SUM(n * ndcg) FROM trial_users GROUP BY name, trial, version, variant"
+            )
             rows = conn.execute("SELECT ns, event_id, user, item, ts, action FROM events").fetchall()
             conn.executemany(
                 "INSERT OR IGNORE INTO event_ids (ns, event_id, digest) VALUES (?, ?, ?)",
@@ -351,26 +362,40 @@ class SQLiteStore(HistoryStore):
 
     def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:
         def do(conn: sqlite3.Connection) -> None:
+            moved: dict[tuple[str, float, str, str], UserStats] = {}
+            for (name, trial, version, variant, user), (dn, ds) in sums.items():
+                row = conn.execute(
+                    "SELECT n, ndcg FROM trial_users WHERE name = ? AND trial = ? AND version = ? AND variant = ?"
+                    " AND user = ?",
+                    (name, trial, version, variant, user),
+                ).fetchone()
+                old = (float(row[0]), float(row[1])) if row is not None else None
+                new = (float(dn) + (old[0] if old else 0.0), float(ds) + (old[1] if old else 0.0))
+                conn.execute(
+                    "INSERT OR REPLACE INTO trial_users (name, trial, version, variant, user, n, ndcg)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (name, trial, version, variant, user, *new),
+                )
+                moved.setdefault((name, trial, version, variant), UserStats()).move(old, new)
             conn.executemany(
-                "INSERT INTO trial_users (name, trial, version, variant, user, n, ndcg) VALUES (?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (name, trial, version, variant, user) DO UPDATE SET n = n + excluded.n,"
-                " ndcg = ndcg + excluded.ndcg",
-                ((*key, float(v[0]), float(v[1])) for key, v in sums.items()),
+                "INSERT INTO trial_stats (name, trial, version, variant, users, n, s, nn, ss, ns)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name, trial, version, variant) DO UPDATE SET"
+                " users = users + excluded.users, n = n + excluded.n, s = s + excluded.s, nn = nn + excluded.nn,"
+                " ss = ss + excluded.ss, ns = ns + excluded.ns",
+                ((*key, *delta.values()) for key, delta in moved.items()),
             )
 
         if sums:
             self._write(do)
 
-    def user_sums(self, name: str, trial: float) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    def trial_stats(self, name: str, trial: float) -> dict[tuple[str, str], UserStats]:
         rows = self._read(
             lambda c: c.execute(
-                "SELECT version, variant, n, ndcg FROM trial_users WHERE name = ? AND trial = ?", (name, trial)
+                "SELECT version, variant, users, n, s, nn, ss, ns FROM trial_stats WHERE name = ? AND trial = ?",
+                (name, trial),
             ).fetchall()
         )
-        out: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        for version, variant, n, ndcg in rows:
-            out.setdefault((version, variant), []).append((float(n), float(ndcg)))
-        return out
+        return {(v, var): UserStats(int(u), *map(float, rest)) for v, var, u, *rest in rows}
 
     def candidates(self) -> dict[str, Candidate]:
         rows = self._read(lambda c: c.execute("SELECT name, spec FROM candidates").fetchall())
@@ -378,10 +403,11 @@ class SQLiteStore(HistoryStore):
 
     def set_candidate(self, name: str, candidate: Candidate | None) -> None:
         def do(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "DELETE FROM trial_users WHERE name = ? AND trial != ?",
-                (name, candidate.since if candidate is not None else -1.0),
-            )
+            for table in ("trial_users", "trial_stats"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE name = ? AND trial != ?",
+                    (name, candidate.since if candidate is not None else -1.0),
+                )
             if candidate is None:
                 conn.execute("DELETE FROM candidates WHERE name = ?", (name,))
             else:

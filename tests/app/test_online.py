@@ -7,7 +7,7 @@ import math
 import pytest
 
 from app.online import LISTS_PER_USER, ServedList, ServedLists, clustered, figures, in_canary, judge, score, totals
-from app.store import Arrival, Sums
+from app.store import Arrival, Sums, UserStats
 
 
 def served(items: str, at: float, *, model: str = "m", variant: str = "live", version: str = "v1") -> ServedList:
@@ -83,9 +83,9 @@ def test_the_rule_waits_then_promotes_a_peer_and_retires_a_worse_one() -> None:
     live = [(10.0, 2.0 + (u % 3) * 0.5) for u in range(40)]  # 40 users, 10 lists each, NDCG@10 about 0.25
     peer = [(10.0, 2.0 + ((u + 1) % 3) * 0.5) for u in range(40)]
     worse = [(10.0, 0.2 + (u % 3) * 0.1) for u in range(40)]
-    assert judge(peer[:5], live, min_events=100).action == "wait"
-    assert judge(peer, live, min_events=100).action == "promote"
-    assert judge(worse, live, min_events=100).action == "retire"
+    assert judge(UserStats.of(peer[:5]), UserStats.of(live), min_events=100).action == "wait"
+    assert judge(UserStats.of(peer), UserStats.of(live), min_events=100).action == "promote"
+    assert judge(UserStats.of(worse), UserStats.of(live), min_events=100).action == "retire"
 
 
 def test_the_rule_counts_users_not_lists() -> None:
@@ -93,13 +93,25 @@ def test_the_rule_counts_users_not_lists() -> None:
     rests on them is within the interval; the same gap spread over every user is not."""
     live = [(10.0, 2.5)] * 40 + [(200.0, 40.0), (200.0, 60.0)]
     cand = [(10.0, 2.5)] * 40 + [(200.0, 32.0), (200.0, 32.0)]
-    n, mean, _ = clustered(cand)
+    n, mean, _ = clustered(UserStats.of(cand))
     assert n == 800 and mean == pytest.approx(0.205)
-    assert judge(cand, live, min_events=100).action == "promote"
+    assert judge(UserStats.of(cand), UserStats.of(live), min_events=100).action == "promote"
     everyone = [(10.0, 2.05 + (u % 2) * 0.1) for u in range(40)] + [(200.0, 41.0), (200.0, 41.0)]
-    assert judge(everyone, live, min_events=100).action == "retire"
-    assert clustered([(5.0, 1.0)])[2] == math.inf  # one user: no interval, the rule waits
-    assert judge([(500.0, 100.0)], live, min_events=100).action == "wait"
+    assert judge(UserStats.of(everyone), UserStats.of(live), min_events=100).action == "retire"
+
+
+def test_running_sums_give_the_variance_of_the_per_user_definition() -> None:
+    pairs = [(1.0 + u % 7, 0.3 * (u % 5) + 0.01 * u) for u in range(50)]
+    n = sum(k for k, _ in pairs)
+    mean = sum(s for _, s in pairs) / n
+    by_hand = len(pairs) / (len(pairs) - 1) * sum((s - mean * k) ** 2 for k, s in pairs) / n**2
+    assert clustered(UserStats.of(pairs)) == pytest.approx((n, mean, by_hand))
+    grown = UserStats.of([*pairs[:-1], (1.0, 0.5)])  # the last user's sums grow from (1, 0.5) to its pair
+    grown.move((1.0, 0.5), pairs[-1])
+    assert grown.values() == pytest.approx(UserStats.of(pairs).values())
+    assert clustered(UserStats.of([(5.0, 1.0)]))[2] == math.inf  # one user: no interval, the rule waits
+    live = UserStats.of([(10.0, 2.5)] * 40)
+    assert judge(UserStats.of([(500.0, 100.0)]), live, min_events=100).action == "wait"
 
 
 def test_lists_no_arrival_can_score_any_more_go_when_the_next_comes() -> None:

@@ -11,7 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from app.store import Event, HistoryStore, RedisStore, SQLiteStore, StoredEvents, StoreError, open_store, redact
+from app.store import (
+    Event,
+    HistoryStore,
+    RedisStore,
+    SQLiteStore,
+    StoredEvents,
+    StoreError,
+    UserStats,
+    open_store,
+    redact,
+)
 from app.store.base import ARRIVALS_KEEP_S
 
 
@@ -338,9 +348,35 @@ def test_a_trials_user_sums_add_up_and_go_with_the_next_trial(store: HistoryStor
     store.set_candidate("m", Candidate("v2", "canary", 0.5, 100.0))
     store.add_user_sums({("m", 100.0, "v2", "canary", "u1"): (1, 0.5), ("m", 100.0, "v1", "live", "u2"): (2, 1.0)})
     store.add_user_sums({("m", 100.0, "v2", "canary", "u1"): (1, 0.25), ("other", 100.0, "v1", "live", "u2"): (9, 9)})
-    assert store.user_sums("m", 100.0) == {("v2", "canary"): [(2.0, 0.75)], ("v1", "live"): [(2.0, 1.0)]}
+    assert store.trial_stats("m", 100.0) == {
+        ("v2", "canary"): UserStats.of([(2.0, 0.75)]),
+        ("v1", "live"): UserStats.of([(2.0, 1.0)]),
+    }
     store.set_candidate("m", Candidate("v3", "canary", 0.5, 200.0))  # a new trial: the old one's sums go
-    assert store.user_sums("m", 100.0) == {} and store.user_sums("other", 100.0) != {}
+    assert store.trial_stats("m", 100.0) == {} and store.trial_stats("other", 100.0) != {}
+
+
+def test_a_trials_running_sums_equal_its_users_whatever_order_they_came_in(store: HistoryStore) -> None:
+    import random
+
+    rng = random.Random(3)
+    users: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for _ in range(6):  # several ticks, each adding to some users of both sides, new and known
+        tick = {}
+        for _ in range(40):
+            side = rng.choice([("v1", "live"), ("v2", "canary")])
+            user, k, s = f"u{rng.randrange(25)}", float(rng.randrange(1, 4)), rng.random()
+            got = users.setdefault(side, {}).setdefault(user, [0.0, 0.0])
+            got[0] += k
+            got[1] += s
+            key = ("m", 7.0, *side, user)
+            tick[key] = [a + b for a, b in zip(tick.get(key, [0.0, 0.0]), (k, s), strict=True)]
+        store.add_user_sums(tick)
+    stats = store.trial_stats("m", 7.0)
+    for side, per_user in users.items():
+        expected = UserStats.of([(k, s) for k, s in per_user.values()])
+        assert stats[side].users == expected.users
+        assert stats[side].values() == pytest.approx(expected.values())
 
 
 def _vm_steps(s: SQLiteStore, call: Callable[[], object]) -> int:
@@ -388,4 +424,15 @@ def test_sqlite_arrivals_past_their_keep_are_dropped_on_expire(tmp_path: Path) -
     assert len(s.arrivals("0")[1]) == 2
     s.expire(now=time.time() + ARRIVALS_KEEP_S + 1)  # no event arrives, the housekeeping tick trims
     assert s.arrivals("0")[1] == [] and s.arrivals(cursor) == (cursor, [])
+    s.close()
+
+
+def test_a_redis_trial_from_before_the_running_sums_gets_them_from_its_users(redis_server: object) -> None:
+    s = RedisStore(redis_server.url, prefix="old-trial:")  # type: ignore[attr-defined]
+    key = "old-trial:trial:m:5.0"  # the per-user hash as the previous version wrote it, no sides' sums
+    s.r.hset(key, mapping={json.dumps(["v1", "live", "a", "n"]): 2, json.dumps(["v1", "live", "a", "ndcg"]): 0.5})
+    s.add_user_sums({("m", 5.0, "v1", "live", "b"): (1, 0.25), ("m", 5.0, "v1", "live", "a"): (1, 0.5)})
+    assert s.trial_stats("m", 5.0)[("v1", "live")].values() == pytest.approx(
+        UserStats.of([(3.0, 1.0), (1.0, 0.25)]).values()
+    )
     s.close()

@@ -44,3 +44,22 @@ def test_warm_retrain_refuses_another_kind(tiny_artifacts: Path, tmp_path: Path)
 @pytest.mark.parametrize("missing", ["nothing-here"])
 def test_warm_retrain_needs_a_version(tmp_path: Path, missing: str) -> None:
     assert main(["warm", "--artifact", str(tmp_path / missing), "--data", str(tmp_path / "x.csv")]) == 2
+
+
+def test_a_warm_retrain_under_its_parents_bound_is_held_back(tiny_artifacts: Path, tmp_path: Path) -> None:
+    from models.artifact import HELD, read_manifest, versions
+
+    base = latest_versions(tiny_artifacts)["sasrec-tiny"]
+    parent = read_manifest(base).metrics["full_ndcg10_vs_best_baseline"]["ratio"]
+    log = tmp_path / "log.csv"
+    with log.open("w", newline="") as f:
+        csv.writer(f).writerows([("user_id", "item_id", "timestamp"), *synthetic_log()])
+    out = tmp_path / "arts"
+    # A bound no retrain reaches (100x its parent's figure): written aside, exit 3, nothing published.
+    args = ["warm", "--artifact", str(base), "--data", str(log), "--minutes", "0.05", "--out", str(out)]
+    assert main([*args, "--gate", "100"]) == 3
+    assert "sasrec-tiny" not in latest_versions(out)
+    (held,) = versions(out / HELD / "sasrec-tiny")
+    reason = read_manifest(held).metrics["held_back"]
+    assert f"{parent:.2f}x of the version it started from ({base.name})" in reason
+    assert main([*args, "--gate", "0"]) == 0 and "sasrec-tiny" in latest_versions(out)  # 0: never held
