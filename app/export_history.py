@@ -5,7 +5,9 @@
 Uses the same SEQSERVE_* settings as the service (artifacts folder, store kind, SQLite path, Redis URL);
 the base is the newest version, among the artifacts of that namespace, that keeps user histories. The log is a
 CSV with a header, quoted by the csv module so that any id (spaces, commas, quotes, newlines) reads
-back exactly: `user_id,item_id,timestamp[,action]`, the timestamp empty when the data has none (e.g.
+back exactly, and an id a spreadsheet would run as a formula (`=...`) behind a leading apostrophe, which
+training's readers take off (models.ids.to_csv_cell): `user_id,item_id,timestamp[,action]`, the
+timestamp empty when the data has none (e.g.
 Amazon Beauty, whose order is kept). `python -m training train --data ...` reads it, so items first
 seen in events become part of the catalog at the next training run. A social model's incoming steps
 ("<-a2q" on the target's timeline) are left out: each is the actor's event again, which the log holds.
@@ -24,7 +26,7 @@ from app.settings import Settings
 from app.store import open_store
 from models.artifact import ArtifactError, latest_versions, read_manifest
 from models.engine import EngineOptions, Timeline, optional_time
-from models.ids import trainable
+from models.ids import to_csv_cell, trainable
 from models.social import is_incoming
 from models.tasks import TASKS, Task
 from models.tasks.recommend import UserQueryEngine
@@ -73,10 +75,10 @@ class Skipped:
 def _rows(user: str, timeline: Timeline, *, with_actions: bool, skipped: Skipped) -> list[list[str]]:
     return [
         [
-            user,
-            item,
+            to_csv_cell(user),
+            to_csv_cell(item),
             "" if math.isnan(t) else (f"{t:.0f}" if t == int(t) else repr(t)),
-            *([action or ""] if with_actions else []),
+            *([to_csv_cell(action or "")] if with_actions else []),
         ]
         for item, t, action in timeline
         if not is_incoming(action) and skipped.keep(user, item, action, with_actions=with_actions)

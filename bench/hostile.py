@@ -18,6 +18,9 @@ longest stall. Resident memory of the server is sampled every 50 ms (peak during
   bodies-in-flight  150 connections from one client, each a 16 MB body but its last byte (--bodies)
   half-open  1,024 half-sent headers from 127.0.0.2, then what new connections from 127.0.0.1 and from
              127.0.0.2 get for /healthz, /readyz and /recommend (--half-open)
+  reserve    five addresses (127.0.0.2-6) each keep --reserve-per half-sent headers open, reconnecting as
+             the server closes them (past the 1,024 cap); meanwhile 20 health checks on new connections
+             from 127.0.0.1 and 20 from 127.0.0.2: how many got 200
   abandoned  two 1,024-query /next-location requests whose clients leave halfway through the first one's
              model time, then a small request:
              how long it waits, and how many of the 2,048 queries the model still computed
@@ -388,6 +391,44 @@ def half_open(port: int, n: int) -> dict[str, Any]:
     return out
 
 
+def reserve(port: int, per_address: int, seconds: float = 8.0) -> dict[str, Any]:
+    """Five addresses park half-sent headers past the connection cap, reconnecting, for `seconds`; new
+    connections from another address and from one of the five ask for /healthz meanwhile."""
+    stop_at = time.monotonic() + seconds
+    opened = [0]
+
+    def park(source: str) -> None:
+        held: list[socket.socket] = []
+        while time.monotonic() < stop_at:
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                held.append(s)
+                opened[0] += 1
+            except OSError:
+                time.sleep(0.01)
+            if len(held) > per_address:
+                held.pop(0).close()
+        for s in held:
+            s.close()
+
+    threads = [threading.Thread(target=park, args=(f"127.0.0.{n}",), daemon=True) for n in range(2, 7)]
+    for t in threads:
+        t.start()
+    time.sleep(2)  # the attack at full size
+    get = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    out: dict[str, Any] = {}
+    for who, source in (("other_client", "127.0.0.1"), ("same_client", "127.0.0.2")):
+        got = []
+        for _ in range(20):
+            got.append(_status(port, get, source))
+            time.sleep(0.1)
+        out[who] = {"healthz_200": sum(g == 200 for g in got), "of": len(got), "statuses": sorted(set(got))}
+    for t in threads:
+        t.join()
+    return out | {"connections_opened": opened[0]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
@@ -398,6 +439,7 @@ def main() -> None:
     p.add_argument("--many", type=int, default=3000)
     p.add_argument("--bodies", type=int, default=150, help="connections of the bodies-in-flight attack")
     p.add_argument("--half-open", type=int, default=1024, help="connections of the half-open attack")
+    p.add_argument("--reserve-per", type=int, default=230, help="half-open connections per address (reserve)")
     p.add_argument("--port", type=int, default=8950)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "hostile.json")
     args = p.parse_args()
@@ -434,6 +476,8 @@ def main() -> None:
                     out = bodies_in_flight(args.port, args.bodies)
                 elif attack == "half-open":
                     out = half_open(args.port, args.half_open)
+                elif attack == "reserve":
+                    out = reserve(args.port, args.reserve_per)
                 else:
                     out = many(args.port, proc.pid, args.many, args.slow_s)
                 time.sleep(0.3)

@@ -38,16 +38,19 @@ def through_service(args: argparse.Namespace) -> None:
     out = {}
     for spec in args.variant:
         name, tree = spec.split(":", 1)
-        proc = start_server(args.service, 8791, {"SEQSERVE_MAX_K": str(max(args.k, 100))}, root=Path(tree).resolve())
+        limits = {"SEQSERVE_MAX_K": str(max(args.k, 100)), "SEQSERVE_MAX_TOTAL_K": str(32 * max(args.k, 100))}
+        proc = start_server(args.service.resolve(), 8791, limits, root=Path(tree).resolve())
         try:
             url = "http://127.0.0.1:8791/recommend"
             with httpx.Client(timeout=60) as client:
                 for n in range(200):  # warm: allocator pools and caches settle before the baseline
-                    client.post(url, json={"model": args.model, "queries": [{"history": [items[n]], "k": args.k}]})
+                    client.post(
+                        url, json={"model": args.model, "queries": [{"history": [{"item_id": items[n]}], "k": args.k}]}
+                    )
                 before = rss_mb(proc.pid)
                 for start in range(0, args.users, 32):
                     queries = [
-                        {"user_id": f"fresh-{u:07d}", "history": [items[u % len(items)]], "k": args.k}
+                        {"user_id": f"fresh-{u:07d}", "history": [{"item_id": items[u % len(items)]}], "k": args.k}
                         for u in range(start, min(args.users, start + 32))
                     ]
                     r = client.post(url, json={"model": args.model, "queries": queries})

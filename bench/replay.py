@@ -46,6 +46,9 @@ from load import _output, start_server, stop  # noqa: E402
 NAME = "sasrec-ml100k"
 TENTH = "20000101T000000Z"  # the tenth-of-the-data version's name: older than any, so never "new"
 ADMIN = "replay-admin-key"
+# The promotion rule needs /events behind a key (it acts only on authenticated events); the same key
+# reads stored histories and shows which version answered each user.
+EVENTS = "replay-events-key"
 PY = str(ROOT / ".venv/bin/python")
 
 
@@ -117,7 +120,7 @@ class Replayer:
         for n, u, i, t in events[["user_id", "item_id", "timestamp"]].itertuples():  # n: the row's place in the log
             by_shard[hash(u) % self.shards].append((u, i, t, n))
         t0 = time.perf_counter()
-        async with httpx.AsyncClient(base_url=self.url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=self.url, timeout=30, headers={"X-API-Key": EVENTS}) as client:
             await asyncio.gather(*(self._shard(client, rows) for rows in by_shard.values()))
         return time.perf_counter() - t0
 
@@ -222,6 +225,7 @@ def main() -> None:
         "SEQSERVE_HISTORY_PATH": env["SEQSERVE_HISTORY_PATH"],
         "SEQSERVE_STATE_DIR": env["SEQSERVE_STATE_DIR"],
         "SEQSERVE_ADMIN_API_KEY": ADMIN,
+        "SEQSERVE_EVENTS_API_KEY": EVENTS,
         "SEQSERVE_NEW_VERSIONS": "canary",
         "SEQSERVE_CANARY_SHARE": "0.5",
         "SEQSERVE_PROMOTE_MIN_EVENTS": str(args.min_events),

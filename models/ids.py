@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -91,3 +92,21 @@ def trainable(raw: str) -> bool:
     """Whether a log may hold `raw` as a user, item or action id: training refuses one that is only
     whitespace (training.data.tables.require_ids), so the service refuses to store one."""
     return bool(raw.strip())
+
+
+# A CSV cell a spreadsheet would run as a formula starts with one of these. The service's log export
+# writes such an id behind a leading apostrophe (the spreadsheets' own text marker), and an id that
+# itself starts with an apostrophe behind one more; training's CSV readers take exactly one off
+# (escaped_in_csv / from_csv_cell), so every id reads back as it was stored.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_ESCAPED = re.compile(r"^'[=+\-@\t\r']")
+
+
+def to_csv_cell(raw: str) -> str:
+    """`raw` as a CSV cell no spreadsheet runs (the apostrophe rule above)."""
+    return "'" + raw if raw.startswith((*FORMULA_START, "'")) else raw
+
+
+def from_csv_cell(cell: str) -> str:
+    """The id a `to_csv_cell` cell holds."""
+    return cell[1:] if _ESCAPED.match(cell) else cell

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,8 @@ def test_exported_log_holds_base_and_events(
 
 
 HOSTILE = ["a b", "c,d", 'say "hi"', "two\nlines", "tab\there", "cr\r\nlf", "ünï €", "#hash", " lead", "=1+2"]
+# Cells a spreadsheet would run, and ids that look like their escaped form: exported inert, read back exact.
+FORMULAS = ["=cmd|' /C calc'!A0", "+1", "-2+3", "@SUM(A1)", "'=already", "'plain", "'"]
 
 
 def test_hostile_ids_round_trip_exactly(tiny_artifacts: Path, tmp_path: Path) -> None:
@@ -58,7 +61,7 @@ def test_hostile_ids_round_trip_exactly(tiny_artifacts: Path, tmp_path: Path) ->
 
     events = [
         {"event_id": f"h{n}", "user_id": f"user {u}", "item_id": item, "timestamp": 1.6e9 + n}
-        for n, (u, item) in enumerate((u, i) for u in HOSTILE[:3] for i in HOSTILE)
+        for n, (u, item) in enumerate((u, i) for u in HOSTILE[:3] for i in HOSTILE + FORMULAS)
     ]
     with TestClient(create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu"))) as c:
         r = c.post("/events", json={"model": "sasrec-tiny", "events": events[:20]})
@@ -71,6 +74,10 @@ def test_hostile_ids_round_trip_exactly(tiny_artifacts: Path, tmp_path: Path) ->
     lists = item_lists(data)
     got = {(u, i) for u, items in zip(data.users, lists, strict=True) for i in items if u.startswith("user ")}
     assert got == {(e["user_id"], e["item_id"]) for e in events}
+    with out.open(newline="", encoding="utf-8") as f:  # no cell a spreadsheet would run as a formula
+        cells = [c for row in csv.reader(f) for c in row]
+    assert not [c for c in cells if c.startswith(("=", "+", "-", "@"))]
+    assert "'=cmd|' /C calc'!A0" in cells and "''=already" in cells
 
 
 def test_rows_training_would_refuse_are_skipped_and_counted(

@@ -22,9 +22,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from models.ids import from_csv_cell
 from training.data.tables import (
     MISSING,
     DataFormatError,
+    is_csv,
     numbers,
     parquet_parts,
     pick,
@@ -145,13 +147,15 @@ def group(users: pd.Series, items: pd.Series, times: np.ndarray, *, source: str)
 class _Codes:
     """Raw ids -> dense codes across the chunks of a table, in order of first appearance."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, csv: bool = False) -> None:
         self.index: dict[str, int] = {}
+        self.csv = csv  # ids read from CSV cells: a spreadsheet-escaped one is taken back (models.ids)
 
     def encode(self, values: pd.Series) -> np.ndarray:
         codes, uniques = pd.factorize(values)
         index = self.index
-        known = np.fromiter((index.setdefault(u, len(index)) for u in uniques), dtype=np.int32, count=len(uniques))
+        raws = (from_csv_cell(u) for u in uniques) if self.csv else uniques
+        known = np.fromiter((index.setdefault(u, len(index)) for u in raws), dtype=np.int32, count=len(uniques))
         return known[codes]
 
     def ids(self) -> list[str]:
@@ -346,7 +350,8 @@ def load_user_item_lines(path: Path) -> Interactions:
 def load_table(path: Path, item_table: Path | None = None) -> Interactions:
     """A CSV or Parquet log read in chunks: each chunk's ids become integer codes before the next is
     read, so memory holds the codes and times of the whole log and the strings of one chunk."""
-    users, items = _Codes(), _Codes()
+    csv = is_csv(path)
+    users, items = _Codes(csv=csv), _Codes(csv=csv)
     user_parts, item_parts, time_parts = [], [], []
     first_missing: int | None = None  # line of the first row without a timestamp
     for df in table_chunks(path):

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from training.data.tables import DataFormatError, read_table, require_ids, sha256, unix_times
+from models.ids import from_csv_cell
+from training.data.tables import DataFormatError, is_csv, read_table, require_ids, sha256, unix_times
 
 COLUMNS = ("src", "dst", "action", "timestamp")
 
@@ -48,6 +49,8 @@ def load_social(path: Path, *, drop_self_loops: bool = True) -> SocialLog:
         raise DataFormatError(path, 2, "no events")
     for col in ("src", "dst", "action"):
         df[col] = df[col].str.strip()
+        if is_csv(path):  # a spreadsheet-escaped id is taken back (models.ids.to_csv_cell)
+            df[col] = df[col].map(from_csv_cell)
     require_ids(df, ["src", "dst", "action"], path)
     df["time"] = unix_times(df, "timestamp", path, what="timestamp")
     n = len(df)

@@ -182,7 +182,12 @@ def table_chunks(path: Path, rows: int | None = None) -> Iterator[pd.DataFrame]:
         return _parquet_chunks(path, rows)
     if not path.is_file():
         raise DataFormatError(path, None, "no such file")
-    return _parquet_chunks(path, rows) if path.suffix == ".parquet" else _csv_chunks(path, rows)
+    return _csv_chunks(path, rows) if is_csv(path) else _parquet_chunks(path, rows)
+
+
+def is_csv(path: Path) -> bool:
+    """Whether table_chunks reads `path` as CSV text (else Parquet)."""
+    return not (path.is_dir() or path.suffix == ".parquet")
 
 
 def read_table(path: Path) -> pd.DataFrame:
