@@ -146,9 +146,10 @@ class GuardedHttpTools(HttpToolsProtocol):
         _WAITING[self] = None
 
     def _leave_reserve(self) -> None:
-        _WAITING.pop(self, None)
-        _RESERVED.discard(self)
-        self.connections.discard(self)
+        if self._health_only:
+            _WAITING.pop(self, None)
+            _RESERVED.discard(self)
+            self.connections.discard(self)
 
     def _refuse_at_connect(self, message: str) -> None:
         # Refused connections linger a second to deliver the 503; they hold no slot meanwhile, or a
