@@ -64,12 +64,11 @@ class Skipped:
 
     counts: dict[str, int] = field(default_factory=dict)
 
-    def keep(self, user: str, item: str, action: str | None, *, with_actions: bool) -> bool:
-        for col, raw in (("user_id", user), ("item_id", item), ("action", action if with_actions else "x")):
-            if raw is None or not trainable(raw):
-                self.counts[col] = self.counts.get(col, 0) + 1
-                return False
-        return True
+    def keep(self, ids: dict[str, str]) -> bool:
+        blank = next((col for col, raw in ids.items() if not trainable(raw)), None)
+        if blank is not None:
+            self.counts[blank] = self.counts.get(blank, 0) + 1
+        return blank is None
 
 
 def _rows(user: str, timeline: Timeline, *, with_actions: bool, skipped: Skipped) -> list[list[str]]:
@@ -81,7 +80,8 @@ def _rows(user: str, timeline: Timeline, *, with_actions: bool, skipped: Skipped
             *([to_csv_cell(action or "")] if with_actions else []),
         ]
         for item, t, action in timeline
-        if not is_incoming(action) and skipped.keep(user, item, action, with_actions=with_actions)
+        if not is_incoming(action)
+        and skipped.keep({"user_id": user, "item_id": item, **({"action": action or ""} if with_actions else {})})
     ]
 
 

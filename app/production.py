@@ -176,6 +176,7 @@ class ProductionLoop:
                 continue
             if await asyncio.to_thread(self.loaded.verify, name, newest) is not None:
                 log.error("new version %s/%s does not load: not started as %s", name, newest.name, mode)
+                self.metrics.count_trial_change(name, "refused_broken")
                 continue  # recorded broken: not tried again
             cand = Candidate(newest.name, mode, self.settings.canary_share if mode == "canary" else 1.0, time.time())
             await self.start(name, cand, live_version=live.version, reason="new version")

@@ -160,6 +160,8 @@ def test_a_broken_candidate_is_refused_and_never_runs(root: Path, tmp_path: Path
         listed = c.get("/models/sasrec-tiny/versions").json()
         assert listed["candidate"] is None and _served(c) == NEWER
         assert {v["version"]: v["state"] for v in listed["versions"]}[newest] == "broken"
+        refused = 'seqserve_candidate_changes_total{action="refused_broken",model="sasrec-tiny"} 1.0'
+        assert refused in c.get("/metrics").text  # a decision made by itself is counted
 
 
 def test_a_model_name_the_file_system_refuses_is_a_404(root: Path, tmp_path: Path) -> None:
