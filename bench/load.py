@@ -30,6 +30,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -71,6 +72,12 @@ def _uvicorn(
     )
 
 
+def python_of(root: Path) -> str:
+    """The interpreter that serves a checkout: its .venv's, else this one (a GPU machine's own Python)."""
+    venv = root / ".venv/bin/python"
+    return str(venv) if venv.exists() else sys.executable
+
+
 def start_server(
     artifacts: Path,
     port: int,
@@ -98,7 +105,7 @@ def start_server(
         env.update({"SEQSERVE_HOST": "127.0.0.1", "SEQSERVE_PORT": str(port), "SEQSERVE_WORKERS": str(workers)})
         command = [str(root / "bench" / "noop.py")] if own_noop else ["-m", "app.server"]
         proc = subprocess.Popen(
-            [str(root / ".venv/bin/python"), *command],
+            [python_of(root), *command],
             cwd=root,
             env=env,
             stdout=subprocess.DEVNULL,

@@ -413,8 +413,11 @@ def shared_negatives_loss(
 
     The same value as the cross-entropy of cat([pos_logit, neg_logit masked with -inf]), computed
     without the (N, 1 + K) copy, the (N, K) comparison and the masked copies: collisions are few
-    (a sorted search), and the sum and log-sum-exp are taken over the (N, K) logits in place.
+    (a sorted search), and the sum and log-sum-exp are taken over the (N, K) logits in place. Under
+    bf16 autocast the (N, K) product arrives in bfloat16 and the row sums in float32: both are taken
+    in float32 here, as autocast itself takes a cross-entropy.
     """
+    pos_logit, neg_logit = pos_logit.float(), neg_logit.float()
     order = torch.argsort(neg)
     lo = torch.searchsorted(neg[order], pos)  # (N,)
     hits = torch.searchsorted(neg[order], pos, right=True) - lo  # (N,) copies of each target among neg

@@ -183,9 +183,11 @@ def train(
         epoch_loss, seen, cut = _one_epoch(
             model, step, batches, epoch=epoch, opt=opt, sched=sched, ema=ema, cfg=cfg, budget=budget, device=device
         )
+        trained_s = time.monotonic() - te  # the steps alone: a GPU validates a large share of an epoch
         kept = model if ema is None else cast(M, ema.module)  # the weights validated and kept
         kept.eval()
         val = validate(kept) if validate and dist.is_main else {}
+        validated_s = time.monotonic() - te - trained_s
         hist.epoch.append(epoch)
         hist.loss.append(epoch_loss)
         hist.val.append(val)
@@ -193,12 +195,13 @@ def train(
         score, elapsed = dist.from_main(_score(val, key_metric, epoch_loss), budget.elapsed())
         hist.seconds.append(elapsed)
         log.info(
-            "epoch %d loss %.4f %s (%.0fs, %.0f rows/s)",
+            "epoch %d loss %.4f %s (%.0fs, %.0f rows/s training, validation %.1fs)",
             epoch,
             epoch_loss,
             " ".join(f"{k} {v:.4f}" for k, v in val.items() if k != "n"),
             hist.seconds[-1],
-            seen / (time.monotonic() - te),
+            seen / max(trained_s, 1e-9),
+            validated_s,
         )
         if score > best_score:
             best_score, bad, hist.best_epoch = score, 0, epoch

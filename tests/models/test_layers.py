@@ -209,6 +209,21 @@ def test_shared_negatives_loss_drops_a_rows_own_target_from_its_negatives(smooth
     assert torch.allclose(got, want, atol=1e-6) and torch.allclose(g_got, g_want, atol=1e-6)
 
 
+def test_shared_negatives_loss_takes_the_logits_bf16_autocast_gives_it() -> None:
+    """Under bf16 autocast (CUDA training) the (N, K) product is bfloat16 and the row sums float32."""
+    torch.manual_seed(0)
+    pos, neg = torch.tensor([5, 7, 9, 5]), torch.tensor([5, 3, 7, 8, 20])
+    h, table = torch.randn(4, 8, requires_grad=True), torch.randn(30, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pos_logit, neg_logit = (h * table[pos]).sum(-1), h @ table[neg].T
+    assert (pos_logit.dtype, neg_logit.dtype) == (torch.float32, torch.bfloat16)
+    got = shared_negatives_loss(pos_logit, neg_logit, pos, neg, smoothing=0.1)
+    want = shared_negatives_loss(pos_logit, neg_logit.float(), pos, neg, smoothing=0.1)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    got.backward()
+    assert h.grad is not None and torch.isfinite(h.grad).all()
+
+
 @pytest.mark.parametrize("loss", ["softmax", "sampled_softmax"])
 def test_label_smoothing_changes_the_training_loss_and_stays_finite(loss: str) -> None:
     cfg = {"vocab_size": V, "max_len": 8, "d_model": 8, "n_heads": 1, "n_layers": 1, "d_ff": 16, "loss": loss}

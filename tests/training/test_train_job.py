@@ -1,5 +1,6 @@
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,14 @@ def test_the_plan_keeps_for_the_artifact_what_writing_its_bytes_takes(synthetic_
     job.after_reserve(model)
     assert job.plan["export"] == pytest.approx(rec.EXPORT_SHARE * 6.0)
     assert sum(job.plan.values()) == pytest.approx(rec.MAX_AFTER_SHARE * 6.0)
+
+
+@pytest.mark.parametrize("loss", ["sampled_softmax", "softmax"])
+def test_bf16_autocast_trains_on_the_cpu_as_it_does_on_cuda(loss: str, synthetic_dir: Path, tmp_path: Path) -> None:
+    """train.precision='bf16' on the CPU runs the mixed-precision path CUDA training takes by default,
+    so a dtype mismatch in a loss shows up where CI runs, not first on a GPU machine."""
+    overrides = [*TINY_REC, "model.kind='sasrec'", f"model.loss='{loss}'", "model.n_negatives=8", "train.epochs=2"]
+    overrides.append("train.precision='bf16'")
+    folder = run_job([*overrides, f"name='bf16-{loss}'"], tmp_path, synthetic_dir)
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["device"] == "cpu" and all(math.isfinite(x) for x in metrics["history"]["loss"])
