@@ -28,7 +28,7 @@ from app.production import ProductionLoop
 from app.schemas import CandidateRequest, EventsRequest, PinRequest, RequestModels, bounded
 from app.serving import ShadowWork, off_loop
 from app.settings import Settings
-from app.store import HistoryStore
+from app.store import HistoryStore, ProductionState
 from app.workers import Coordinator
 
 M = TypeVar("M", bound=BaseModel)
@@ -44,7 +44,8 @@ class Services:
     schemas: RequestModels = field(init=False)  # the task routes' bodies: set by the app factory
     route_paths: dict[str, str] = field(default_factory=dict)  # route name -> its path
     events_route: str | None = None  # the route whose models' histories POST /events writes
-    store: HistoryStore | None = None
+    histories: HistoryStore | None = None  # live events: what /events writes and by-user queries read
+    state: ProductionState | None = None  # pins, candidates, trials, arrivals, online sums
     coordinator: Coordinator | None = None  # reloads across this host's workers; None: this process alone
     lists: ServedLists | None = None  # what this worker served by user, for online evaluation; None: off
     shadows: ShadowWork | None = None  # shadow candidates' work off the response path

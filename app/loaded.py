@@ -104,7 +104,7 @@ def held(served: Served) -> Iterator[Served]:
 class LoadedModels:
     options: EngineOptions = field(default_factory=EngineOptions)
     policy: BatchPolicy = field(default_factory=BatchPolicy)
-    store: HistoryStore | None = None  # live events; dropped when an artifact trained on them loads
+    histories: HistoryStore | None = None  # live events; dropped when an artifact trained on them loads
     on_batch: Callable[[str], Callable[[int, float], None]] | None = None  # model name -> batch observer
     models: dict[str, Served] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # "name/version" (or "name") -> public reason
@@ -400,7 +400,7 @@ class LoadedModels:
         """Load and warm one version and drop the live events it was trained on (touches no shared state:
         safe in a thread)."""
         task, engine = self._open(name, folder)
-        horizon = self.store.recent_horizon_s if self.store is not None else None
+        horizon = self.histories.recent_horizon_s if self.histories is not None else None
         if isinstance(engine, RecentActivity) and horizon is not None and engine.recent_reach_s > horizon:
             log.warning(
                 "%s: recent activity reaches %.0f s back, the store keeps %.0f s (SEQSERVE_RECENT_KEEP_S):"
@@ -419,11 +419,13 @@ class LoadedModels:
         """Drop the live events this artifact was trained on (once per data hash; walks the users with
         live events, never the artifact's). A store fault is logged, not fatal: the model still serves,
         and requests that need the store answer 503."""
-        if self.store is None or not isinstance(engine, UserHistories):
+        if self.histories is None or not isinstance(engine, UserHistories):
             return
         try:
             t0 = time.perf_counter()
-            dropped = self.store.drop_trained_events(engine.namespace, engine.manifest.data_hash, engine.stored_events)
+            dropped = self.histories.drop_trained_events(
+                engine.namespace, engine.manifest.data_hash, engine.stored_events
+            )
             if dropped:  # None: this data hash was handled before; 0: no live event was in it
                 log.info(
                     "history store namespace %s: %d live events the artifact was trained on dropped in %.1f s",

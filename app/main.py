@@ -26,7 +26,7 @@ from app.routers.tasks import TaskRoute, live_route, plain_router, task_routes
 from app.schemas import bounded, components
 from app.serving import ShadowWork
 from app.settings import Settings, get_settings
-from app.store import Candidate, HistoryStore, StoreError, open_store
+from app.store import Candidate, ProductionState, RedisStore, SQLiteStore, StoreError, distinct, open_store
 from app.workers import Coordinator, WorkerSync
 from models.engine import EngineOptions
 
@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        services.store = _open_store(settings)
+        services.histories = services.state = _open_store(settings)  # one backend serves both
         services.loaded = _loaded_models(settings, services)
         await _start_production(settings, services)
         services.loaded.load_all(settings.artifacts_dir)
@@ -97,7 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def _open_store(settings: Settings) -> HistoryStore | None:
+def _open_store(settings: Settings) -> SQLiteStore | RedisStore | None:
     try:
         return open_store(**settings.store_args())
     except (StoreError, OSError, ValueError) as exc:
@@ -122,7 +122,7 @@ def _loaded_models(settings: Settings, services: Services) -> LoadedModels:
             coarse_from=settings.coarse_ranking_from or None,
         ),
         policy=settings.batch_policy(device.type),
-        store=services.store,
+        histories=services.histories,
         on_batch=services.metrics.on_batch,
         load_timeout_s=settings.load_timeout_s,
     )
@@ -137,12 +137,12 @@ async def _start_production(settings: Settings, services: Services) -> None:
     services.production = ProductionLoop(
         settings=settings,
         loaded=services.loaded,
-        store=services.store,
+        state=services.state,
         metrics=services.metrics,
         lists=services.lists,
     )
     await asyncio.to_thread(services.production.begin)
-    choices = _stored_choices(services.store)
+    choices = _stored_choices(services.state)
     if choices is not None:
         services.production.choices(*choices)
 
@@ -166,8 +166,8 @@ async def _shut_down(services: Services, periodic: list[asyncio.Task[None]]) -> 
     if services.shadows is not None:
         await services.shadows.drain()
     await services.loaded.close()
-    if services.store is not None:
-        services.store.close()
+    for store in distinct(services.histories, services.state):
+        store.close()
 
 
 def _mount_routes(app: FastAPI, settings: Settings, services: Services, routes: list[TaskRoute]) -> list[PlainRouter]:
@@ -205,7 +205,7 @@ async def _housekeeping(services: Services) -> None:
                 services.metrics.count_shadow(*services.shadows.take())
             # Pins and candidates are read first, so a reload another worker asked for serves them; those
             # set through another host (a shared Redis), or by the promotion rule, reach this worker here too.
-            choices = await asyncio.to_thread(_stored_choices, services.store)
+            choices = await asyncio.to_thread(_stored_choices, services.state)
             changed = choices is not None and production.choices(*choices)
             followed = services.coordinator is not None and await services.coordinator.follow()
             if changed and not followed:
@@ -231,7 +231,7 @@ async def _scoring(services: Services) -> None:
             log.exception("online scoring failed; trying again")
 
 
-def _stored_choices(store: HistoryStore | None) -> tuple[dict[str, str], dict[str, Candidate]] | None:
+def _stored_choices(store: ProductionState | None) -> tuple[dict[str, str], dict[str, Candidate]] | None:
     """The pinned versions and the candidates the shared store holds; None while it cannot be read
     (what serves stays)."""
     if store is None:

@@ -21,7 +21,7 @@ from app.loaded import LoadedModels
 from app.observability import Metrics
 from app.online import ServedLists, judge
 from app.settings import Settings
-from app.store import Candidate, HistoryStore, OnlineKey, StoreError, Sums, UserKey, UserStats
+from app.store import Candidate, OnlineKey, ProductionState, StoreError, Sums, UserKey, UserStats
 from models.artifact import artifact_names
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,11 @@ class ProductionLoop:
         *,
         settings: Settings,
         loaded: LoadedModels,
-        store: HistoryStore | None,
+        state: ProductionState | None,
         metrics: Metrics,
         lists: ServedLists | None,
     ) -> None:
-        self.settings, self.loaded, self.store, self.metrics, self.lists = settings, loaded, store, metrics, lists
+        self.settings, self.loaded, self.state, self.metrics, self.lists = settings, loaded, state, metrics, lists
         self.cursor: str | None = None
         self.online: dict[str, dict[OnlineKey, Sums]] = {}  # model name -> the shared totals, as last read
         self.trials: dict[str, Candidate] = {}  # model name -> its last candidate, running or ended (the store's)
@@ -55,9 +55,9 @@ class ProductionLoop:
 
     def begin(self) -> None:
         """Start reading arrivals from now: lists served from here on are scored by events from here on."""
-        if self.store is not None and self.lists is not None:
+        if self.state is not None and self.lists is not None:
             try:
-                self.cursor, _ = self.store.arrivals(None)
+                self.cursor, _ = self.state.arrivals(None)
             except StoreError as exc:
                 log.warning("online evaluation starts when the store is back: %s", exc)
 
@@ -65,14 +65,14 @@ class ProductionLoop:
         """Score the lists this worker holds against the arrivals since its cursor (every
         SEQSERVE_ONLINE_SCORE_S). The store is read in a thread; the lists are touched on the event loop
         only, where requests record them."""
-        if self.store is None or self.lists is None:
+        if self.state is None or self.lists is None:
             return
         started = time.time()
         try:
             if self.cursor is None:
-                self.cursor, _ = await asyncio.to_thread(self.store.arrivals, None)
+                self.cursor, _ = await asyncio.to_thread(self.state.arrivals, None)
             while True:
-                self.cursor, arrivals = await asyncio.to_thread(self.store.arrivals, self.cursor, 2_000)
+                self.cursor, arrivals = await asyncio.to_thread(self.state.arrivals, self.cursor, 2_000)
                 if not arrivals:
                     break
                 for served, scored in self.lists.score(arrivals):
@@ -86,7 +86,7 @@ class ProductionLoop:
     async def share(self) -> None:
         """Every housekeeping tick: expire lists, add this worker's sums to the store's, read the shared
         figures back, and judge the candidates."""
-        if self.store is None:
+        if self.state is None:
             return
         if self.lists is not None:
             self.lists.expire()
@@ -98,16 +98,16 @@ class ProductionLoop:
                 got = self._unsent_users.setdefault(ukey, [0.0, 0.0])
                 got[0] += pair[0]
                 got[1] += pair[1]
-        store, names = self.store, self.loaded.names
+        state, names = self.state, self.loaded.names
         try:
-            await asyncio.to_thread(partial(store.expire, now=time.time()))
+            await asyncio.to_thread(partial(state.expire, now=time.time()))
             if self._unsent:
-                await asyncio.to_thread(store.add_online, self._unsent)
+                await asyncio.to_thread(state.add_online, self._unsent)
                 self._unsent = {}  # only once taken: while the store is away they wait for the next tick
             if self._unsent_users:
-                await asyncio.to_thread(store.add_user_sums, self._unsent_users)
+                await asyncio.to_thread(state.add_user_sums, self._unsent_users)
                 self._unsent_users = {}
-            self.online = await asyncio.to_thread(lambda: {name: store.online(name) for name in names})
+            self.online = await asyncio.to_thread(lambda: {name: state.online(name) for name in names})
         except StoreError as exc:
             log.warning("online figures not shared: %s", exc)
             return
@@ -116,15 +116,15 @@ class ProductionLoop:
     async def judge(self) -> None:
         """The promotion rule (SEQSERVE_PROMOTE_MIN_EVENTS) on each candidate, from the shared figures."""
         need = self.settings.promote_min_events
-        if not need or self.store is None:
+        if not need or self.state is None:
             return
         for name, cand in list(self.loaded.candidates.items()):
             live = self.loaded.models.get(name)
             if live is None or cand.version == live.version:
                 continue
-            store = self.store
+            state = self.state
             try:
-                sides = await asyncio.to_thread(store.trial_stats, name, cand.since)
+                sides = await asyncio.to_thread(state.trial_stats, name, cand.since)
             except StoreError as exc:
                 log.warning("the promotion rule waits for the store: %s", exc)
                 return
@@ -140,8 +140,8 @@ class ProductionLoop:
 
     async def settle(self, name: str, version: str, *, promote: bool, reason: str) -> bool:
         """Promote (pin) or retire the candidate `version` of `name`; False when it no longer was the candidate."""
-        assert self.store is not None
-        done = await asyncio.to_thread(self.store.settle, name, version, promote=promote)
+        assert self.state is not None
+        done = await asyncio.to_thread(self.state.settle, name, version, promote=promote)
         if done:
             action = "promoted" if promote else "retired"
             log.warning("candidate %s/%s %s (%s)", name, version, action, reason)
@@ -150,10 +150,10 @@ class ProductionLoop:
 
     async def start(self, name: str, candidate: Candidate, *, live_version: str | None, reason: str) -> None:
         """Make `candidate` the trial of `name`, pinning the live version so it keeps serving the rest."""
-        assert self.store is not None
+        assert self.state is not None
         if live_version is not None and self.loaded.pins.get(name) != live_version:
-            await asyncio.to_thread(self.store.set_pin, name, live_version)
-        await asyncio.to_thread(self.store.set_candidate, name, candidate)
+            await asyncio.to_thread(self.state.set_pin, name, live_version)
+        await asyncio.to_thread(self.state.set_candidate, name, candidate)
         log.warning("candidate %s/%s started as %s (%s)", name, candidate.version, candidate.mode, reason)
         self.metrics.count_trial_change(name, "started")
 
@@ -162,7 +162,7 @@ class ProductionLoop:
         published after the last trial began (so neither a retired version nor one an admin passed
         over comes back), becomes the candidate instead of replacing the live one."""
         mode = self.settings.new_versions
-        if mode == "serve" or self.store is None:
+        if mode == "serve" or self.state is None:
             return
         for name, folders in (await asyncio.to_thread(artifact_names, root)).items():
             live = self.loaded.models.get(name)
@@ -185,9 +185,9 @@ class ProductionLoop:
 
     async def read_choices(self) -> bool:
         """Take the store's pins and candidates now (StoreError when it cannot be read)."""
-        store = self.store
-        assert store is not None
-        pins, trials = await asyncio.to_thread(lambda: (store.pins(), store.candidates()))
+        state = self.state
+        assert state is not None
+        pins, trials = await asyncio.to_thread(lambda: (state.pins(), state.candidates()))
         return self.choices(pins, trials)
 
     def choices(self, pins: dict[str, str], trials: dict[str, Candidate]) -> bool:

@@ -11,7 +11,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.limits import CPU_MAX_BATCH, BatchPolicy, Limits
-from app.store.base import RECENT_KEEP_S
+from app.store.histories import RECENT_KEEP_S
 from models.engine import COARSE_FROM, LIVE_EVENTS
 
 _BATCH = BatchPolicy()

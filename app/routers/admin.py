@@ -100,7 +100,7 @@ async def retire(services: ServicesDep, name: ModelNamePath) -> TrialMove:
 
 
 def _production(services: Services) -> ProductionLoop:
-    if services.store is None or services.production is None:
+    if services.state is None or services.production is None:
         raise StoreUnavailable("history store unavailable: a version choice could not be kept; retry shortly")
     return services.production
 
@@ -204,11 +204,11 @@ def _folders(services: Services, name: str, *, want: str | None = None) -> list[
 
 
 async def _move(services: Services, name: str, version: str | None) -> VersionMove:
-    if services.store is None:
+    if services.state is None:
         raise StoreUnavailable("history store unavailable: a version choice could not be kept; retry shortly")
     try:
-        await asyncio.to_thread(services.store.set_pin, name, version)
-        services.loaded.pins = await asyncio.to_thread(services.store.pins)
+        await asyncio.to_thread(services.state.set_pin, name, version)
+        services.loaded.pins = await asyncio.to_thread(services.state.pins)
     except StoreError:
         raise StoreUnavailable("history store unavailable: a version choice could not be kept; retry shortly") from None
     report = await _reload_everywhere(services)

@@ -35,7 +35,7 @@ async def post_events(body: EventsBody, services: ServicesDep, request: Request)
     with services.loaded.lease(body.model, services.events_route, services.settings.default_model) as served:
         request.state.model = served.name
         out = await serving.post_events(
-            served, body.events, store=services.store, skew_s=services.settings.event_skew_s
+            served, body.events, store=services.histories, skew_s=services.settings.event_skew_s
         )
         return json_response(
             {

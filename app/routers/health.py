@@ -8,7 +8,7 @@ from starlette.responses import Response
 from app.deps import ServicesDep
 from app.handlers import json_response
 from app.schemas import Readiness
-from app.store import StoreError
+from app.store import StoreError, distinct
 
 router = APIRouter(tags=["health"])
 
@@ -23,9 +23,9 @@ async def healthz() -> dict[str, str]:
 async def readyz(services: ServicesDep) -> Response:
     """Ready when at least one model serves with a healthy batcher and the history store answers.
     Names every artifact version that failed to load, and why (no paths, no exception text)."""
-    reg, store = services.loaded, services.store
-    ok = store is not None
-    if store is not None:
+    reg = services.loaded
+    ok = services.histories is not None and services.state is not None
+    for store in distinct(services.histories, services.state):
         try:
             await asyncio.to_thread(store.ping)
         except StoreError:

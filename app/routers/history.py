@@ -46,6 +46,6 @@ async def get_history(
     ) as served:
         request.state.model = served.name
         events = await serving.user_history(
-            served, user_id, store=services.store, limit=limit, fields=fields or [], steps=steps
+            served, user_id, store=services.histories, limit=limit, fields=fields or [], steps=steps
         )
         return json_response({"model": served.name, "user_id": user_id, "events": events})

@@ -75,7 +75,7 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
                     served,
                     trial,
                     queries,
-                    store=services.store,
+                    store=services.histories,
                     timeout_s=services.settings.request_timeout_s,
                     abandoned=closed_connection(request),
                     lists=services.lists,

@@ -1,9 +1,13 @@
 """Where live user events live: what POST /events appends after an artifact's final histories.
 
 The artifacts' own histories stay in their memory-mapped tables (models/histories.py); the store holds
-live events only, so a service start copies nothing into it. One interface, two stores: embedded
-SQLite (the default; WAL, fsync on commit) and Redis (for several service instances; durable when the
-server runs with append-only persistence). Events are kept per namespace, the data set a model was
+live events only, so a service start copies nothing into it. Two interfaces: `HistoryStore`
+(app/store/histories.py: the events, read by user and by span, and the users that have any) and
+`ProductionState` (app/store/state.py: pins, candidates and trials, the arrivals log, online sums),
+each implemented by both backends, in a module each: embedded SQLite (the default; WAL, fsync on
+commit) and Redis (for several service instances; durable when the server runs with append-only
+persistence). The backend is one connection serving both, so an appended event and its arrival are
+one write. Events are kept per namespace, the data set a model was
 trained on, so every model of one data set sees the same events.
 
 - `append` returns only after the events are durably stored. An event id is remembered with a digest
@@ -20,25 +24,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.store.base import (
-    RECENT_KEEP_S,
-    Arrival,
-    Candidate,
-    Event,
-    HistoryStore,
-    Mode,
-    OnlineKey,
-    Outcome,
-    StoredEvents,
-    StoreError,
-    Sums,
-    UserKey,
-    UserStats,
-    Variant,
-    redact,
-)
+from app.store.base import Store, StoreError, redact
+from app.store.histories import RECENT_KEEP_S, Event, HistoryStore, Outcome, StoredEvents
 from app.store.redis_store import RedisStore
 from app.store.sqlite_store import SQLiteStore
+from app.store.state import Arrival, Candidate, Mode, OnlineKey, ProductionState, Sums, UserKey, UserStats, Variant
 from models.engine import LIVE_EVENTS
 
 __all__ = [
@@ -50,14 +40,17 @@ __all__ = [
     "Mode",
     "OnlineKey",
     "Outcome",
+    "ProductionState",
     "RedisStore",
     "SQLiteStore",
+    "Store",
     "StoreError",
     "StoredEvents",
     "Sums",
     "UserKey",
     "UserStats",
     "Variant",
+    "distinct",
     "open_store",
     "redact",
 ]
@@ -72,10 +65,20 @@ def open_store(
     keep: int = LIVE_EVENTS,
     redis_password: str | None = None,
     recent_keep_s: float = RECENT_KEEP_S,
-) -> HistoryStore:
+) -> SQLiteStore | RedisStore:
+    """The store `kind` names; each backend serves both interfaces, histories and production state."""
     if kind == "sqlite":
         return SQLiteStore(sqlite_path, keep=keep)
     if kind == "redis":
         # Not pinged here: the client reconnects by itself, and /readyz reports while Redis is away.
         return RedisStore(redis_url, redis_prefix, keep=keep, password=redis_password, recent_keep_s=recent_keep_s)
     raise ValueError(f"unknown history store {kind!r} (sqlite or redis)")
+
+
+def distinct(*stores: Store | None) -> list[Store]:
+    """The stores behind the interfaces, each once: one backend usually serves both."""
+    out: list[Store] = []
+    for s in stores:
+        if s is not None and all(s is not o for o in out):
+            out.append(s)
+    return out

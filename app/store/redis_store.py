@@ -11,24 +11,29 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from app.store.base import (
-    ONLINE_KEEP_S,
-    RECENT_EVENTS,
-    RECENT_KEEP_S,
-    Arrival,
-    Candidate,
-    Event,
-    HistoryStore,
-    OnlineKey,
-    Outcome,
-    StoredEvents,
     StoreError,
-    Sums,
-    UserKey,
-    UserStats,
     event_key,
     json_ts,
     nan_ts,
     redact,
+)
+from app.store.histories import (
+    RECENT_EVENTS,
+    RECENT_KEEP_S,
+    Event,
+    HistoryStore,
+    Outcome,
+    StoredEvents,
+)
+from app.store.state import (
+    ONLINE_KEEP_S,
+    Arrival,
+    Candidate,
+    OnlineKey,
+    ProductionState,
+    Sums,
+    UserKey,
+    UserStats,
 )
 from models.engine import LIVE_EVENTS, RecentEvent, Timeline
 
@@ -151,7 +156,7 @@ _OUTCOMES: dict[int, Outcome] = {1: "stored", 0: "duplicate", 2: "conflict", 3: 
 _SEQ_WIDTH = 20
 
 
-class RedisStore(HistoryStore):
+class RedisStore(HistoryStore, ProductionState):
     """Redis store for several instances. Keys, under <prefix><ns>: `seeded` (the data hash whose
     trained events were last dropped),
     `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of the user's

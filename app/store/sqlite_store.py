@@ -12,22 +12,27 @@ from pathlib import Path
 from typing import TypeVar
 
 from app.store.base import (
-    ARRIVALS_KEEP_S,
-    ONLINE_KEEP_S,
+    StoreError,
+    json_ts,
+    nan_ts,
+)
+from app.store.histories import (
     RECENT_EVENTS,
-    Arrival,
-    Candidate,
     Event,
     HistoryStore,
-    OnlineKey,
     Outcome,
     StoredEvents,
-    StoreError,
+)
+from app.store.state import (
+    ARRIVALS_KEEP_S,
+    ONLINE_KEEP_S,
+    Arrival,
+    Candidate,
+    OnlineKey,
+    ProductionState,
     Sums,
     UserKey,
     UserStats,
-    json_ts,
-    nan_ts,
 )
 from models.engine import LIVE_EVENTS, RecentEvent, Timeline
 
@@ -42,7 +47,7 @@ _NEWEST = (
 )
 
 
-class SQLiteStore(HistoryStore):
+class SQLiteStore(HistoryStore, ProductionState):
     """Embedded store: one file, WAL journal, synchronous=FULL so a commit survives a crash."""
 
     kind = "sqlite"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from app.store import HistoryStore, ProductionState, RedisStore, SQLiteStore
 from models.artifact import latest_versions
 from tests.servers import NEWER
 
@@ -19,3 +21,27 @@ def root(tiny_artifacts: Path, tmp_path: Path) -> Path:
     old = latest_versions(out)["sasrec-tiny"]
     shutil.copytree(old, old.parent / NEWER)
     return out
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLiteStore | RedisStore]:
+    """Each store backend, keeping 5 live events a user; it serves both interfaces."""
+    s: SQLiteStore | RedisStore
+    if request.param == "sqlite":
+        s = SQLiteStore(tmp_path / "h.sqlite3", keep=5)
+    else:
+        s = RedisStore(request.getfixturevalue("redis_server").url, keep=5)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def histories(backend: SQLiteStore | RedisStore) -> HistoryStore:
+    """The history store interface of each backend."""
+    return backend
+
+
+@pytest.fixture
+def state(backend: SQLiteStore | RedisStore) -> ProductionState:
+    """The production state interface of each backend (the same connection as `histories`)."""
+    return backend

@@ -157,7 +157,7 @@ def test_a_request_keeps_its_model_version_through_a_reload(tiny_artifacts: Path
     async def go() -> None:
         async with app.router.lifespan_context(app):
             services = app.state.services
-            store, gate = services.store, threading.Event()
+            store, gate = services.histories, threading.Event()
             real = store.events
 
             def slow_events(namespace: str, users: list[str], limit: int | None = None) -> object:

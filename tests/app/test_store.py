@@ -1,11 +1,11 @@
-"""Both history stores behave the same: dropping trained events, idempotent appends, conflicts, bounds, ordering."""
+"""The history store interface, the same on both backends: dropping trained events, idempotent appends,
+conflicts, bounds, ordering; and each backend's own faults and migrations."""
 
 from __future__ import annotations
 
 import json
 import math
 import sqlite3
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,14 +18,11 @@ from app.store import (
     SQLiteStore,
     StoredEvents,
     StoreError,
-    UserStats,
     open_store,
     redact,
 )
-from app.store.base import ARRIVALS_KEEP_S
 
 
-@pytest.fixture(params=["sqlite", "redis"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HistoryStore]:
     s: HistoryStore
     if request.param == "sqlite":
@@ -41,65 +38,70 @@ def held(table: dict[str, set[tuple[str | None, float | None]]]) -> StoredEvents
     return lambda user: table.get(user, set())
 
 
-def test_fold_drops_what_the_artifact_holds_once_per_token(store: HistoryStore) -> None:
-    store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 40.0), Event("e3", "u2", "z", math.nan)])
-    store.append("beauty", [Event("e1", "u1", "x", 30.0)])
+def test_fold_drops_what_the_artifact_holds_once_per_token(histories: HistoryStore) -> None:
+    histories.append(
+        "ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 40.0), Event("e3", "u2", "z", math.nan)]
+    )
+    histories.append("beauty", [Event("e1", "u1", "x", 30.0)])
     # Retrained on data that includes e1 and e3: the artifact holds them, so they must not count twice.
-    assert store.drop_trained_events("ml", "v1", held({"u1": {("x", 30.0), ("y", 41.0)}, "u2": {("z", None)}})) == 2
-    assert store.events("ml", ["u1", "u2"]) == {"u1": [("y", 40.0, None)]}
-    assert store.drop_trained_events("ml", "v1", held({"u1": {("y", 40.0)}})) is None  # same data: nothing done
-    assert store.events("ml", ["u1"]) == {"u1": [("y", 40.0, None)]}
-    assert store.events("beauty", ["u1"]) == {"u1": [("x", 30.0, None)]}  # namespaces are separate
+    assert histories.drop_trained_events("ml", "v1", held({"u1": {("x", 30.0), ("y", 41.0)}, "u2": {("z", None)}})) == 2
+    assert histories.events("ml", ["u1", "u2"]) == {"u1": [("y", 40.0, None)]}
+    assert histories.drop_trained_events("ml", "v1", held({"u1": {("y", 40.0)}})) is None  # same data: nothing done
+    assert histories.events("ml", ["u1"]) == {"u1": [("y", 40.0, None)]}
+    assert histories.events("beauty", ["u1"]) == {"u1": [("x", 30.0, None)]}  # namespaces are separate
     # Replaying e1 is still a no-op: its id stays known.
-    assert store.append("ml", [Event("e1", "u1", "x", 30.0)]) == ["duplicate"]
-    assert store.drop_trained_events("ml", "v2", held({})) == 0
+    assert histories.append("ml", [Event("e1", "u1", "x", 30.0)]) == ["duplicate"]
+    assert histories.drop_trained_events("ml", "v2", held({})) == 0
 
 
-def test_append_is_idempotent_and_ordered(store: HistoryStore) -> None:
-    first = store.append(
+def test_append_is_idempotent_and_ordered(histories: HistoryStore) -> None:
+    first = histories.append(
         "ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 25.0, "a2q"), Event("e1", "u1", "x", 30.0)]
     )
     assert first == ["stored", "stored", "duplicate"]  # a repeat inside one call is a duplicate too
-    assert store.append("ml", [Event("e2", "u1", "y", 25.0, "a2q"), Event("e3", "new", "q", 1.0)]) == [
+    assert histories.append("ml", [Event("e2", "u1", "y", 25.0, "a2q"), Event("e3", "new", "q", 1.0)]) == [
         "duplicate",
         "stored",
     ]
-    live = store.events("ml", ["u1", "new", "nobody"])
+    live = histories.events("ml", ["u1", "new", "nobody"])
     assert live == {"u1": [("y", 25.0, "a2q"), ("x", 30.0, None)], "new": [("q", 1.0, None)]}  # by time
-    assert sorted(store.users("ml")) == ["new", "u1"]
-    assert store.events("other-ns", ["u1"]) == {}
+    assert sorted(histories.users("ml")) == ["new", "u1"]
+    assert histories.events("other-ns", ["u1"]) == {}
     # The same event id in another namespace is another event.
-    assert store.append("other-ns", [Event("e1", "u1", "x", 30.0)]) == ["stored"]
-    assert store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e9", "u1", "z", 40.0)]) == ["duplicate", "stored"]
+    assert histories.append("other-ns", [Event("e1", "u1", "x", 30.0)]) == ["stored"]
+    assert histories.append("ml", [Event("e1", "u1", "x", 30.0), Event("e9", "u1", "z", 40.0)]) == [
+        "duplicate",
+        "stored",
+    ]
 
 
-def test_reused_id_with_another_payload_stores_nothing(store: HistoryStore) -> None:
-    store.append("ml", [Event("e1", "u1", "x", 30.0)])
-    out = store.append("ml", [Event("e2", "u1", "y", 31.0), Event("e1", "u1", "CHANGED", 30.0)])
+def test_reused_id_with_another_payload_stores_nothing(histories: HistoryStore) -> None:
+    histories.append("ml", [Event("e1", "u1", "x", 30.0)])
+    out = histories.append("ml", [Event("e2", "u1", "y", 31.0), Event("e1", "u1", "CHANGED", 30.0)])
     assert out == ["skipped", "conflict"]
-    assert store.events("ml", ["u1"]) == {"u1": [("x", 30.0, None)]}  # e2 was not stored either
-    assert store.append("ml", [Event("e2", "u1", "y", 31.0)]) == ["stored"]  # its id was not taken
+    assert histories.events("ml", ["u1"]) == {"u1": [("x", 30.0, None)]}  # e2 was not stored either
+    assert histories.append("ml", [Event("e2", "u1", "y", 31.0)]) == ["stored"]  # its id was not taken
     # Inside one call too: the second e5 differs from the first.
-    assert store.append("ml", [Event("e5", "u1", "p", 1.0), Event("e5", "u1", "q", 1.0)]) == ["skipped", "conflict"]
+    assert histories.append("ml", [Event("e5", "u1", "p", 1.0), Event("e5", "u1", "q", 1.0)]) == ["skipped", "conflict"]
 
 
-def test_equal_times_keep_arrival_order(store: HistoryStore) -> None:
-    store.append("ml", [Event(f"e{n}", "u", item, 5.0) for n, item in enumerate("pqrs")])
-    assert [i for i, _, _ in store.events("ml", ["u"])["u"]] == list("pqrs")
+def test_equal_times_keep_arrival_order(histories: HistoryStore) -> None:
+    histories.append("ml", [Event(f"e{n}", "u", item, 5.0) for n, item in enumerate("pqrs")])
+    assert [i for i, _, _ in histories.events("ml", ["u"])["u"]] == list("pqrs")
 
 
-def test_each_user_keeps_and_reads_only_the_newest(store: HistoryStore) -> None:
+def test_each_user_keeps_and_reads_only_the_newest(histories: HistoryStore) -> None:
     # keep=5: older events are dropped on write (their ids stay known), reads take the newest `limit`.
-    store.append("ml", [Event(f"e{n}", "u", f"i{n}", float(n)) for n in range(8)])
-    store.append("ml", [Event("old", "u", "ancient", -1.0)])  # older than all it keeps: dropped at once
-    assert [i for i, _, _ in store.events("ml", ["u"])["u"]] == ["i3", "i4", "i5", "i6", "i7"]
-    assert [i for i, _, _ in store.events("ml", ["u"], limit=2)["u"]] == ["i6", "i7"]
-    assert store.append("ml", [Event("e0", "u", "i0", 0.0)]) == ["duplicate"]
+    histories.append("ml", [Event(f"e{n}", "u", f"i{n}", float(n)) for n in range(8)])
+    histories.append("ml", [Event("old", "u", "ancient", -1.0)])  # older than all it keeps: dropped at once
+    assert [i for i, _, _ in histories.events("ml", ["u"])["u"]] == ["i3", "i4", "i5", "i6", "i7"]
+    assert [i for i, _, _ in histories.events("ml", ["u"], limit=2)["u"]] == ["i6", "i7"]
+    assert histories.append("ml", [Event("e0", "u", "i0", 0.0)]) == ["duplicate"]
 
 
-def test_many_users_in_one_read(store: HistoryStore) -> None:
-    store.append("ml", [Event(f"e{n}", f"u{n}", "i", float(n)) for n in range(1200)])
-    live = store.events("ml", [f"u{n}" for n in range(1200)])
+def test_many_users_in_one_read(histories: HistoryStore) -> None:
+    histories.append("ml", [Event(f"e{n}", f"u{n}", "i", float(n)) for n in range(1200)])
+    live = histories.events("ml", [f"u{n}" for n in range(1200)])
     assert len(live) == 1200 and live["u1199"] == [("i", 1199.0, None)]
 
 
@@ -219,27 +221,27 @@ def test_redis_layout_of_the_first_version_is_migrated(redis_server: object) -> 
     s.close()
 
 
-def test_received_steps_are_capped_apart_from_own_events(store: HistoryStore) -> None:
+def test_received_steps_are_capped_apart_from_own_events(histories: HistoryStore) -> None:
     own = [Event(f"o{n}", "v", f"i{n}", 100.0 + n) for n in range(3)]
-    assert store.append("soc", own) == ["stored"] * 3
+    assert histories.append("soc", own) == ["stored"] * 3
     flood = [Event(f"<-x{n}", "v", "attacker", 200.0 + n, "<-c2q", received=True) for n in range(12)]
-    assert store.append("soc", flood) == ["dropped_old"] * 7 + ["stored"] * 5  # what the call's end keeps
-    got = store.events("soc", ["v"])["v"]
+    assert histories.append("soc", flood) == ["dropped_old"] * 7 + ["stored"] * 5  # what the call's end keeps
+    got = histories.events("soc", ["v"])["v"]
     assert [i for i, _, _ in got[:3]] == ["i0", "i1", "i2"]  # all own events kept (keep=5 each kind)
     assert [t for _, t, _ in got[3:]] == [207.0, 208.0, 209.0, 210.0, 211.0]  # newest 5 received, in time order
-    assert [t for _, t, _ in store.events("soc", ["v"], limit=2)["v"]] == [101.0, 102.0, 210.0, 211.0]
+    assert [t for _, t, _ in histories.events("soc", ["v"], limit=2)["v"]] == [101.0, 102.0, 210.0, 211.0]
 
 
-def test_an_event_trimmed_in_its_own_write_is_dropped_old(store: HistoryStore) -> None:
-    store.append("ml", [Event(f"e{n}", "u", "i", 100.0 + n) for n in range(5)])
-    out = store.append("ml", [Event("old", "u", "j", 1.0), Event("new", "u", "k", 500.0)])
+def test_an_event_trimmed_in_its_own_write_is_dropped_old(histories: HistoryStore) -> None:
+    histories.append("ml", [Event(f"e{n}", "u", "i", 100.0 + n) for n in range(5)])
+    out = histories.append("ml", [Event("old", "u", "j", 1.0), Event("new", "u", "k", 500.0)])
     assert out == ["dropped_old", "stored"]
-    assert [i for i, _, _ in store.events("ml", ["u"])["u"]] == ["i", "i", "i", "i", "k"]
-    assert store.append("ml", [Event("old", "u", "j", 1.0)]) == ["duplicate"]  # its id is known
+    assert [i for i, _, _ in histories.events("ml", ["u"])["u"]] == ["i", "i", "i", "i", "k"]
+    assert histories.append("ml", [Event("old", "u", "j", 1.0)]) == ["duplicate"]  # its id is known
 
 
-def test_recent_reads_every_users_own_events_of_a_span(store: HistoryStore) -> None:
-    store.append(
+def test_recent_reads_every_users_own_events_of_a_span(histories: HistoryStore) -> None:
+    histories.append(
         "soc",
         [
             Event("a", "u1", "v1", 100.0, "c2q"),
@@ -249,20 +251,20 @@ def test_recent_reads_every_users_own_events_of_a_span(store: HistoryStore) -> N
             Event("d", "u1", "v3", 250.0, "c2q"),
         ],
     )
-    store.append("other", [Event("a", "u1", "v1", 120.0, "c2q")])
-    assert store.recent("soc", start=100.0, end=250.0) == [
+    histories.append("other", [Event("a", "u1", "v1", 120.0, "c2q")])
+    assert histories.recent("soc", start=100.0, end=250.0) == [
         ("u1", "v1", 100.0, "c2q"),
         ("u2", "v1", 150.0, "a2q"),
         ("u3", "v2", 200.0, "c2q"),
     ]
-    assert store.recent("soc", start=100.0, end=251.0, limit=2) == [
+    assert histories.recent("soc", start=100.0, end=251.0, limit=2) == [
         ("u3", "v2", 200.0, "c2q"),
         ("u1", "v3", 250.0, "c2q"),
     ]
-    assert store.recent("soc", start=300.0, end=400.0) == []
+    assert histories.recent("soc", start=300.0, end=400.0) == []
     # Folded into a new artifact: counted from its log from now on, so no longer here.
-    assert store.drop_trained_events("soc", "v1", held({"u1": {("v1", 100.0)}})) == 1
-    assert [e[0] for e in store.recent("soc", start=0.0, end=1e9)] == ["u2", "u3", "u1"]
+    assert histories.drop_trained_events("soc", "v1", held({"u1": {("v1", 100.0)}})) == 1
+    assert [e[0] for e in histories.recent("soc", start=0.0, end=1e9)] == ["u2", "u3", "u1"]
 
 
 def test_redis_keeps_a_week_of_recent_events(redis_server: object) -> None:
@@ -283,100 +285,6 @@ def test_redis_recent_horizon_follows_the_setting(redis_server: object) -> None:
     assert s.recent_horizon_s == 2 * month
     assert [e[0] for e in s.recent("soc", start=0.0, end=1e12)] == ["u1", "u3"]  # a week would have dropped u1
     s.close()
-
-
-def test_version_pins_are_kept_and_removed(store: HistoryStore) -> None:
-    assert store.pins() == {}
-    store.set_pin("sasrec", "20261122T111403Z")
-    store.set_pin("bert", "20261122T111403Z-2")
-    store.set_pin("sasrec", "20261120T000000Z")  # a new pin replaces the old
-    assert store.pins() == {"sasrec": "20261120T000000Z", "bert": "20261122T111403Z-2"}
-    store.set_pin("bert", None)
-    store.set_pin("never-pinned", None)
-    assert store.pins() == {"sasrec": "20261120T000000Z"}
-
-
-def test_arrivals_come_in_store_order_from_a_cursor(store: HistoryStore) -> None:
-    store.append("ml", [Event("old", "u0", "a", 1.0)])
-    cursor, nothing = store.arrivals(None)  # a worker starts reading from now
-    assert nothing == []
-    store.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u2", "y", 10.0)])
-    store.append("ml", [Event("e1", "u1", "x", 30.0)])  # a duplicate arrives nowhere
-    store.append("beauty", [Event("m", "u1", "z", math.nan), Event("<-m", "u9", "u1", math.nan, received=True)])
-    cursor, got = store.arrivals(cursor, limit=2)
-    assert [(a.namespace, a.user, a.item) for a in got] == [("ml", "u1", "x"), ("ml", "u2", "y")]
-    cursor, got = store.arrivals(cursor)
-    assert [(a.namespace, a.user, a.item) for a in got] == [("beauty", "u1", "z")]  # received steps are not arrivals
-    assert store.arrivals(cursor) == (cursor, [])
-
-
-def test_online_sums_add_up_across_writers(store: HistoryStore) -> None:
-    from app.store import Sums
-
-    key = ("sasrec", "v1", "live", 1_800_000_000.0)
-    store.add_online({key: Sums(1, 1, 0.5, 0.25, 0.5)})
-    store.add_online({key: Sums(1, 0, 0, 0, 0.1), ("sasrec", "v2", "canary", 1_800_000_000.0): Sums(1, 1, 1, 1, 1)})
-    store.add_online({("other", "v1", "live", 1_800_000_000.0): Sums(5, 5, 5, 5, 5)})
-    got = store.online("sasrec")
-    assert got[key].values() == pytest.approx((2, 1, 0.5, 0.25, 0.6))
-    assert set(got) == {key, ("sasrec", "v2", "canary", 1_800_000_000.0)}
-
-
-def test_a_candidate_is_settled_once(store: HistoryStore) -> None:
-    from app.store import Candidate
-
-    c = Candidate("v2", "canary", 0.25, 100.0)
-    store.set_candidate("sasrec", c)
-    assert store.candidates() == {"sasrec": c}
-    assert not store.settle("sasrec", "v3", promote=True)  # not the candidate: nothing written
-    assert store.candidates() == {"sasrec": c} and store.pins() == {}
-    assert store.settle("sasrec", "v2", promote=True)
-    assert store.candidates() == {"sasrec": Candidate("v2", "canary", 0.25, 100.0, "promoted")}
-    assert store.pins() == {"sasrec": "v2"}
-    assert not store.settle("sasrec", "v2", promote=False)  # a second worker's late decision changes nothing
-    assert store.candidates()["sasrec"].outcome == "promoted"
-    store.set_candidate("sasrec", Candidate("v4", "shadow", 1.0, 200.0))
-    assert store.settle("sasrec", "v4", promote=False)  # retired: the pin stays, the trial is remembered
-    assert store.candidates()["sasrec"].outcome == "retired" and store.pins() == {"sasrec": "v2"}
-    store.set_candidate("sasrec", None)
-    assert store.candidates() == {}
-
-
-def test_a_trials_user_sums_add_up_and_go_with_the_next_trial(store: HistoryStore) -> None:
-    from app.store import Candidate
-
-    store.set_candidate("m", Candidate("v2", "canary", 0.5, 100.0))
-    store.add_user_sums({("m", 100.0, "v2", "canary", "u1"): (1, 0.5), ("m", 100.0, "v1", "live", "u2"): (2, 1.0)})
-    store.add_user_sums({("m", 100.0, "v2", "canary", "u1"): (1, 0.25), ("other", 100.0, "v1", "live", "u2"): (9, 9)})
-    assert store.trial_stats("m", 100.0) == {
-        ("v2", "canary"): UserStats.of([(2.0, 0.75)]),
-        ("v1", "live"): UserStats.of([(2.0, 1.0)]),
-    }
-    store.set_candidate("m", Candidate("v3", "canary", 0.5, 200.0))  # a new trial: the old one's sums go
-    assert store.trial_stats("m", 100.0) == {} and store.trial_stats("other", 100.0) != {}
-
-
-def test_a_trials_running_sums_equal_its_users_whatever_order_they_came_in(store: HistoryStore) -> None:
-    import random
-
-    rng = random.Random(3)
-    users: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for _ in range(6):  # several ticks, each adding to some users of both sides, new and known
-        tick = {}
-        for _ in range(40):
-            side = rng.choice([("v1", "live"), ("v2", "canary")])
-            user, k, s = f"u{rng.randrange(25)}", float(rng.randrange(1, 4)), rng.random()
-            got = users.setdefault(side, {}).setdefault(user, [0.0, 0.0])
-            got[0] += k
-            got[1] += s
-            key = ("m", 7.0, *side, user)
-            tick[key] = [a + b for a, b in zip(tick.get(key, [0.0, 0.0]), (k, s), strict=True)]
-        store.add_user_sums(tick)
-    stats = store.trial_stats("m", 7.0)
-    for side, per_user in users.items():
-        expected = UserStats.of([(k, s) for k, s in per_user.values()])
-        assert stats[side].users == expected.users
-        assert stats[side].values() == pytest.approx(expected.values())
 
 
 def _vm_steps(s: SQLiteStore, call: Callable[[], object]) -> int:
@@ -413,26 +321,4 @@ def test_a_sqlite_by_user_read_costs_the_same_whatever_other_users_hold(tmp_path
     assert _vm_steps(s, lambda: s.events("ml", ["me"])) <= read * 1.5  # one row more than before
     assert _vm_steps(s, lambda: s.events("ml", ["heavy"])) <= read_heavy  # only its newest `keep`
     assert _vm_steps(s, lambda: s.append("ml", [Event("me4", "me", "d", 4.0)])) <= trim * 1.5
-    s.close()
-
-
-def test_sqlite_arrivals_past_their_keep_are_dropped_on_expire(tmp_path: Path) -> None:
-    s = SQLiteStore(tmp_path / "h.sqlite3")
-    s.append("ml", [Event("e1", "u1", "x", 1.0), Event("e2", "u2", "y", 2.0)])
-    cursor, _ = s.arrivals(None)
-    s.expire(now=time.time())  # nothing is old yet
-    assert len(s.arrivals("0")[1]) == 2
-    s.expire(now=time.time() + ARRIVALS_KEEP_S + 1)  # no event arrives, the housekeeping tick trims
-    assert s.arrivals("0")[1] == [] and s.arrivals(cursor) == (cursor, [])
-    s.close()
-
-
-def test_a_redis_trial_from_before_the_running_sums_gets_them_from_its_users(redis_server: object) -> None:
-    s = RedisStore(redis_server.url, prefix="old-trial:")  # type: ignore[attr-defined]
-    key = "old-trial:trial:m:5.0"  # the per-user hash as the previous version wrote it, no sides' sums
-    s.r.hset(key, mapping={json.dumps(["v1", "live", "a", "n"]): 2, json.dumps(["v1", "live", "a", "ndcg"]): 0.5})
-    s.add_user_sums({("m", 5.0, "v1", "live", "b"): (1, 0.25), ("m", 5.0, "v1", "live", "a"): (1, 0.5)})
-    assert s.trial_stats("m", 5.0)[("v1", "live")].values() == pytest.approx(
-        UserStats.of([(3.0, 1.0), (1.0, 0.25)]).values()
-    )
     s.close()

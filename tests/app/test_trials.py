@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -103,20 +104,25 @@ def test_a_shadow_never_changes_or_holds_up_the_live_answer(
         services = c.app.state.services  # type: ignore[attr-defined]
         trial = services.loaded.trials["sasrec-tiny"]
         slow = trial.engine.infer
+        release, gave_up = threading.Event(), threading.Event()
 
-        def sleepy(batch: list[Any]) -> list[Any]:
-            time.sleep(3.0)
+        def held(batch: list[Any]) -> list[Any]:  # the shadow's model call waits until the test lets it go
+            if not release.wait(30):
+                gave_up.set()
             return slow(batch)
 
-        monkeypatch.setattr(trial.engine, "infer", sleepy)
-        trial.batcher.fn = sleepy
-        t0 = time.perf_counter()
+        monkeypatch.setattr(trial.engine, "infer", held)
+        trial.batcher.fn = held
         after = _ask(c, USERS[:8])
-        assert time.perf_counter() - t0 < 2.5  # the shadow's 3 seconds of work are not waited for
+        # Answered while the shadow's call was still held: a request that awaited it would come back
+        # only after the 30 s wait gave up.
+        assert not gave_up.is_set()
         assert after["results"] == [{**r, "version": NEWER} for r in before["results"]]
         assert all(r["version"] == NEWER for r in after["results"])
         for _ in range(5):  # while two shadow batches run, more are shed, not queued
             _ask(c, USERS[:2])
+        assert not gave_up.is_set()
+        release.set()
 
         def shed() -> float:  # counted in the metrics at each housekeeping tick
             line = next(
@@ -304,7 +310,7 @@ def test_canary_is_sticky_across_worker_processes(root: Path, tmp_path: Path) ->
 def test_the_housekeeping_tick_drops_old_arrivals_while_no_event_comes(root: Path, tmp_path: Path) -> None:
     import sqlite3
 
-    from app.store.base import ARRIVALS_KEEP_S
+    from app.store.state import ARRIVALS_KEEP_S
 
     state = tmp_path / "s"
     with TestClient(create_app(_settings(root, state))) as c:

@@ -1,0 +1,185 @@
+"""The production state interface: what the production loop keeps beside the histories and shares
+across workers and hosts: version pins, candidates and their trials, the arrivals log online
+evaluation reads, and the online sums."""
+
+from __future__ import annotations
+
+import json
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from app.store.base import Store
+
+# Arrivals (own events in the order the store took them, for online evaluation) are kept this long:
+# every worker reads them every SEQSERVE_ONLINE_SCORE_S and starts from "now", so what is older has
+# been read by every live worker (a day of a busy service would be tens of millions of rows).
+ARRIVALS_KEEP_S = 900.0
+# Online evaluation sums per (model, version, variant, bucket start): buckets older than this are dropped.
+ONLINE_KEEP_S = 30 * 24 * 3600.0
+Mode = Literal["canary", "shadow"]
+Variant = Literal["live", "canary", "shadow"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A version of a model tried beside the live one: `canary` answers `share` of the users (sticky
+    by user id); `shadow` scores the same by-user queries off the response path. `since`: when it
+    became the candidate (its online figures are compared with the live version's from then on)."""
+
+    version: str
+    mode: Mode
+    share: float
+    since: float
+    outcome: str | None = None  # "promoted" or "retired" once the trial ended; None while it runs
+
+    @property
+    def running(self) -> bool:
+        return self.outcome is None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "version": self.version,
+                "mode": self.mode,
+                "share": self.share,
+                "since": self.since,
+                "outcome": self.outcome,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Candidate:
+        raw = json.loads(text)
+        mode = raw["mode"]
+        if mode not in ("canary", "shadow"):
+            raise ValueError(f"unknown candidate mode {mode!r}")
+        return cls(str(raw["version"]), mode, float(raw["share"]), float(raw["since"]), raw.get("outcome"))
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A user's own event as the store took it: what scores the lists served to that user before `at`
+    (the server's clock when it was stored, not the event's own time)."""
+
+    namespace: str
+    user: str
+    item: str
+    at: float
+
+
+@dataclass
+class Sums:
+    """Online evaluation sums of scored lists: count, hits@10, NDCG@10 (and its square, for the
+    interval), reciprocal rank."""
+
+    n: float = 0.0
+    hits: float = 0.0
+    ndcg: float = 0.0
+    ndcg2: float = 0.0
+    rr: float = 0.0
+
+    FIELDS = ("n", "hits", "ndcg", "ndcg2", "rr")
+
+    def add(self, other: Sums) -> None:
+        for f in self.FIELDS:
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
+    def values(self) -> tuple[float, ...]:
+        return tuple(getattr(self, f) for f in self.FIELDS)
+
+
+@dataclass
+class UserStats:
+    """One side of a trial with the user as the unit, as running sums over its users u of (lists k_u,
+    NDCG@10 sum s_u): the promotion rule's clustered variance needs no more (app.online.clustered), so
+    the store keeps these up to date as per-user sums grow instead of the rule reading every user."""
+
+    users: int = 0
+    n: float = 0.0  # sum of k_u
+    s: float = 0.0  # sum of s_u
+    nn: float = 0.0  # sum of k_u^2
+    ss: float = 0.0  # sum of s_u^2
+    ns: float = 0.0  # sum of k_u s_u
+
+    FIELDS = ("users", "n", "s", "nn", "ss", "ns")
+
+    def move(self, old: tuple[float, float] | None, new: tuple[float, float]) -> None:
+        """A user's sums went from `old` (None: a user new to this side) to `new`."""
+        (k0, s0), (k1, s1) = old or (0.0, 0.0), new
+        self.users += old is None
+        self.n += k1 - k0
+        self.s += s1 - s0
+        self.nn += k1 * k1 - k0 * k0
+        self.ss += s1 * s1 - s0 * s0
+        self.ns += k1 * s1 - k0 * s0
+
+    @classmethod
+    def of(cls, users: Sequence[tuple[float, float]]) -> UserStats:
+        out = cls()
+        for pair in users:
+            out.move(None, pair)
+        return out
+
+    def values(self) -> tuple[float, ...]:
+        return tuple(float(getattr(self, f)) for f in self.FIELDS)
+
+
+# (model name, version, variant, bucket start in unix seconds)
+OnlineKey = tuple[str, str, str, float]
+# (model name, trial start, version, variant, user): a trial's scored lists per user, for the rule
+UserKey = tuple[str, float, str, str, str]
+
+
+class ProductionState(Store):
+    """Pins, candidates, trials, arrivals and online sums, shared by every worker and host of a deployment."""
+
+    @abstractmethod
+    def pins(self) -> dict[str, str]:
+        """Model name -> the version an admin pinned it to; every worker and host sharing the store sees them."""
+
+    @abstractmethod
+    def set_pin(self, name: str, version: str | None) -> None:
+        """Pin `name` to `version`, durably; None removes the pin (back to the newest that loads)."""
+
+    @abstractmethod
+    def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:
+        """Own events stored after `cursor`, in arrival order, at most `limit`, and the cursor to read on
+        from; None: nothing, and the cursor of the newest (a worker starts reading from now)."""
+
+    @abstractmethod
+    def add_online(self, sums: Mapping[OnlineKey, Sums]) -> None:
+        """Add a worker's online evaluation sums to the shared totals (and drop buckets past ONLINE_KEEP_S)."""
+
+    @abstractmethod
+    def online(self, name: str) -> dict[OnlineKey, Sums]:
+        """The shared online evaluation totals of model `name`, per version, variant and bucket."""
+
+    @abstractmethod
+    def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:
+        """Add per-user (lists, NDCG@10 sum) of a trial to the shared ones, and move its sides' UserStats."""
+
+    @abstractmethod
+    def trial_stats(self, name: str, trial: float) -> dict[tuple[str, str], UserStats]:
+        """(version, variant) -> its users' running sums since the trial of `name` that began at `trial`:
+        kept up to date by `add_user_sums`, so reading them costs the same at 30 users and at 200,000."""
+
+    @abstractmethod
+    def candidates(self) -> dict[str, Candidate]:
+        """Model name -> its last candidate: the version on trial beside its live one, or the trial that
+        ended last (its outcome set), so a retired version is not tried again."""
+
+    @abstractmethod
+    def set_candidate(self, name: str, candidate: Candidate | None) -> None:
+        """Try `candidate` beside the live version of `name`, durably; None forgets the name's trials.
+        The per-user sums of its earlier trials are dropped."""
+
+    @abstractmethod
+    def settle(self, name: str, version: str, *, promote: bool) -> bool:
+        """End the running trial of `version` of `name` in one write: its outcome set and, when `promote`,
+        the name pinned to it. False (nothing written) when that trial is not running."""
+
+    @abstractmethod
+    def expire(self, *, now: float) -> None:
+        """Drop what is past its keep time; every housekeeping tick calls it, with or without events."""

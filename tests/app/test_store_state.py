@@ -1,0 +1,125 @@
+"""The production state interface, the same on both backends: pins, the arrivals log, online sums,
+candidates settled once, a trial's running sums."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from app.store import Candidate, Event, HistoryStore, ProductionState, RedisStore, SQLiteStore, Sums, UserStats
+from app.store.state import ARRIVALS_KEEP_S
+
+
+def test_version_pins_are_kept_and_removed(state: ProductionState) -> None:
+    assert state.pins() == {}
+    state.set_pin("sasrec", "20261122T111403Z")
+    state.set_pin("bert", "20261122T111403Z-2")
+    state.set_pin("sasrec", "20261120T000000Z")  # a new pin replaces the old
+    assert state.pins() == {"sasrec": "20261120T000000Z", "bert": "20261122T111403Z-2"}
+    state.set_pin("bert", None)
+    state.set_pin("never-pinned", None)
+    assert state.pins() == {"sasrec": "20261120T000000Z"}
+
+
+def test_arrivals_come_in_store_order_from_a_cursor(histories: HistoryStore, state: ProductionState) -> None:
+    """What the histories take, the arrivals log gives back: one backend, one write."""
+    histories.append("ml", [Event("old", "u0", "a", 1.0)])
+    cursor, nothing = state.arrivals(None)  # a worker starts reading from now
+    assert nothing == []
+    histories.append("ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u2", "y", 10.0)])
+    histories.append("ml", [Event("e1", "u1", "x", 30.0)])  # a duplicate arrives nowhere
+    histories.append("beauty", [Event("m", "u1", "z", math.nan), Event("<-m", "u9", "u1", math.nan, received=True)])
+    cursor, got = state.arrivals(cursor, limit=2)
+    assert [(a.namespace, a.user, a.item) for a in got] == [("ml", "u1", "x"), ("ml", "u2", "y")]
+    cursor, got = state.arrivals(cursor)
+    assert [(a.namespace, a.user, a.item) for a in got] == [("beauty", "u1", "z")]  # received steps are not arrivals
+    assert state.arrivals(cursor) == (cursor, [])
+
+
+def test_online_sums_add_up_across_writers(state: ProductionState) -> None:
+    key = ("sasrec", "v1", "live", 1_800_000_000.0)
+    state.add_online({key: Sums(1, 1, 0.5, 0.25, 0.5)})
+    state.add_online({key: Sums(1, 0, 0, 0, 0.1), ("sasrec", "v2", "canary", 1_800_000_000.0): Sums(1, 1, 1, 1, 1)})
+    state.add_online({("other", "v1", "live", 1_800_000_000.0): Sums(5, 5, 5, 5, 5)})
+    got = state.online("sasrec")
+    assert got[key].values() == pytest.approx((2, 1, 0.5, 0.25, 0.6))
+    assert set(got) == {key, ("sasrec", "v2", "canary", 1_800_000_000.0)}
+
+
+def test_a_candidate_is_settled_once(state: ProductionState) -> None:
+    c = Candidate("v2", "canary", 0.25, 100.0)
+    state.set_candidate("sasrec", c)
+    assert state.candidates() == {"sasrec": c}
+    assert not state.settle("sasrec", "v3", promote=True)  # not the candidate: nothing written
+    assert state.candidates() == {"sasrec": c} and state.pins() == {}
+    assert state.settle("sasrec", "v2", promote=True)
+    assert state.candidates() == {"sasrec": Candidate("v2", "canary", 0.25, 100.0, "promoted")}
+    assert state.pins() == {"sasrec": "v2"}
+    assert not state.settle("sasrec", "v2", promote=False)  # a second worker's late decision changes nothing
+    assert state.candidates()["sasrec"].outcome == "promoted"
+    state.set_candidate("sasrec", Candidate("v4", "shadow", 1.0, 200.0))
+    assert state.settle("sasrec", "v4", promote=False)  # retired: the pin stays, the trial is remembered
+    assert state.candidates()["sasrec"].outcome == "retired" and state.pins() == {"sasrec": "v2"}
+    state.set_candidate("sasrec", None)
+    assert state.candidates() == {}
+
+
+def test_a_trials_user_sums_add_up_and_go_with_the_next_trial(state: ProductionState) -> None:
+    state.set_candidate("m", Candidate("v2", "canary", 0.5, 100.0))
+    state.add_user_sums({("m", 100.0, "v2", "canary", "u1"): (1, 0.5), ("m", 100.0, "v1", "live", "u2"): (2, 1.0)})
+    state.add_user_sums({("m", 100.0, "v2", "canary", "u1"): (1, 0.25), ("other", 100.0, "v1", "live", "u2"): (9, 9)})
+    assert state.trial_stats("m", 100.0) == {
+        ("v2", "canary"): UserStats.of([(2.0, 0.75)]),
+        ("v1", "live"): UserStats.of([(2.0, 1.0)]),
+    }
+    state.set_candidate("m", Candidate("v3", "canary", 0.5, 200.0))  # a new trial: the old one's sums go
+    assert state.trial_stats("m", 100.0) == {} and state.trial_stats("other", 100.0) != {}
+
+
+def test_a_trials_running_sums_equal_its_users_whatever_order_they_came_in(state: ProductionState) -> None:
+    import random
+
+    rng = random.Random(3)
+    users: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for _ in range(6):  # several ticks, each adding to some users of both sides, new and known
+        tick = {}
+        for _ in range(40):
+            side = rng.choice([("v1", "live"), ("v2", "canary")])
+            user, k, s = f"u{rng.randrange(25)}", float(rng.randrange(1, 4)), rng.random()
+            got = users.setdefault(side, {}).setdefault(user, [0.0, 0.0])
+            got[0] += k
+            got[1] += s
+            key = ("m", 7.0, *side, user)
+            tick[key] = [a + b for a, b in zip(tick.get(key, [0.0, 0.0]), (k, s), strict=True)]
+        state.add_user_sums(tick)
+    stats = state.trial_stats("m", 7.0)
+    for side, per_user in users.items():
+        expected = UserStats.of([(k, s) for k, s in per_user.values()])
+        assert stats[side].users == expected.users
+        assert stats[side].values() == pytest.approx(expected.values())
+
+
+def test_sqlite_arrivals_past_their_keep_are_dropped_on_expire(tmp_path: Path) -> None:
+    s = SQLiteStore(tmp_path / "h.sqlite3")
+    s.append("ml", [Event("e1", "u1", "x", 1.0), Event("e2", "u2", "y", 2.0)])
+    cursor, _ = s.arrivals(None)
+    s.expire(now=time.time())  # nothing is old yet
+    assert len(s.arrivals("0")[1]) == 2
+    s.expire(now=time.time() + ARRIVALS_KEEP_S + 1)  # no event arrives, the housekeeping tick trims
+    assert s.arrivals("0")[1] == [] and s.arrivals(cursor) == (cursor, [])
+    s.close()
+
+
+def test_a_redis_trial_from_before_the_running_sums_gets_them_from_its_users(redis_server: object) -> None:
+    s = RedisStore(redis_server.url, prefix="old-trial:")  # type: ignore[attr-defined]
+    key = "old-trial:trial:m:5.0"  # the per-user hash as the previous version wrote it, no sides' sums
+    s.r.hset(key, mapping={json.dumps(["v1", "live", "a", "n"]): 2, json.dumps(["v1", "live", "a", "ndcg"]): 0.5})
+    s.add_user_sums({("m", 5.0, "v1", "live", "b"): (1, 0.25), ("m", 5.0, "v1", "live", "a"): (1, 0.5)})
+    assert s.trial_stats("m", 5.0)[("v1", "live")].values() == pytest.approx(
+        UserStats.of([(3.0, 1.0), (1.0, 0.25)]).values()
+    )
+    s.close()
