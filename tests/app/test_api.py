@@ -309,7 +309,6 @@ def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts:
     import asyncio
     import json
     import threading
-    import time
 
     from app.middleware import CONNECTION_CLOSED
     from tests.app.test_observability import _blocked_model
@@ -326,6 +325,7 @@ def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts:
         assert entered.wait(10)
         body = json.dumps({"model": "sasrec-tiny", "queries": [{"user_id": "u2"}]}).encode()
         sent: list[dict] = []
+        hung_up = threading.Event()
 
         async def queued_then_gone() -> None:
             hang_up = asyncio.Event()
@@ -345,6 +345,7 @@ def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts:
                 while batcher.depth == 0:  # queued behind the busy model
                     await asyncio.sleep(0.01)
                 hang_up.set()
+                hung_up.set()
 
             # As the service's server gives it: true once the connection is closed (app/server.py).
             scope = {
@@ -368,7 +369,7 @@ def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts:
 
         assert c.portal is not None
         answered = c.portal.start_task_soon(queued_then_gone)
-        time.sleep(0.3)
+        assert hung_up.wait(10)  # queued behind the busy model, then gone
         gate.set()  # the busy model finishes; the next turn is the gone client's
         answered.result(timeout=10)
         first.join()

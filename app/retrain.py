@@ -1,0 +1,80 @@
+"""One warm retrain of a served model: its serving version's weights continue on its log plus the live
+events stored since, the result is published as a new version, and the service reloads.
+
+    python -m app.retrain [NAME]          (what scripts/retrain.sh and compose's `retrain` profile run)
+
+NAME: SEQSERVE_RETRAIN_MODEL, else sasrec-ml100k. The service's SEQSERVE_* settings name the artifacts
+folder, the history store and the admin key; SEQSERVE_RETRAIN_MINUTES is the training budget (0.5) and
+SEQSERVE_API_URL the running service: the version it serves is the one retrained (unset: the newest on
+disk) and it is asked to reload afterwards (unset: no reload). With SEQSERVE_NEW_VERSIONS=canary (or
+shadow) on the service, the new version starts as a candidate beside the live one. The training job runs
+as its own process (`python -m training warm`): the service's package never imports training's. Exit
+status: the training job's (3: held back by its gate, nothing published); 2: no such artifact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from app import export_history
+from app.settings import Settings
+from models.artifact import ArtifactError, read_manifest, versions
+
+
+def serving_version(api_url: str, name: str) -> str | None:
+    """The version of `name` the service at `api_url` serves (pinned, or the newest that loads); None
+    when it cannot say."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/models", timeout=10) as r:
+            models = json.load(r)["models"]
+        return str(next(m["version"] for m in models if m["name"] == name))
+    except (OSError, StopIteration, KeyError, ValueError, TypeError):
+        return None
+
+
+def reload(api_url: str, admin_key: str) -> dict[str, object]:
+    """POST /admin/reload; the service's report."""
+    req = urllib.request.Request(f"{api_url}/admin/reload", method="POST", headers={"X-API-Key": admin_key})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        report: dict[str, object] = json.load(r)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m app.retrain", description=__doc__.split("\n")[0])
+    p.add_argument("name", nargs="?", default=os.environ.get("SEQSERVE_RETRAIN_MODEL") or "sasrec-ml100k")
+    p.add_argument("--minutes", type=float, default=float(os.environ.get("SEQSERVE_RETRAIN_MINUTES") or 0.5))
+    p.add_argument("--api-url", default=os.environ.get("SEQSERVE_API_URL", ""), help="the running service")
+    args = p.parse_args(argv)
+    settings = Settings()
+    version = serving_version(args.api_url, args.name) if args.api_url else None
+    folder = settings.artifacts_dir / args.name / (version or "")
+    try:
+        base = folder if version else versions(folder)[0]
+        namespace = read_manifest(base).namespace
+    except (ArtifactError, OSError, IndexError):
+        print(f"retrain: no artifact {folder}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / f"{namespace}.csv"
+        if (status := export_history.main(["--namespace", namespace, "--out", str(log)])) != 0:
+            return status
+        warm = [sys.executable, "-m", "training", "warm", "--artifact", str(base), "--data", str(log)]
+        if (status := subprocess.run([*warm, "--minutes", str(args.minutes)]).returncode) != 0:
+            return status
+    if args.api_url:
+        key = settings.admin_api_key.get_secret_value() if settings.admin_api_key else ""
+        report = reload(args.api_url, key)
+        print(f"reload: loaded {report.get('loaded')} candidates {report.get('candidates', {})}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

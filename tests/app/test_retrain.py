@@ -1,0 +1,70 @@
+"""python -m app.retrain (scripts/retrain.sh): the version the service serves, continued on its log and the
+live events, published, and the service reloaded onto it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx2 as httpx
+
+from models.artifact import versions
+from tests.servers import NEWER, ROOT, start_api, stop
+
+KEY = "admin-key"
+ADMIN = {"X-API-Key": KEY}
+
+
+def test_a_retrain_continues_the_served_version_and_the_service_serves_the_new_one(
+    tiny_artifacts: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts, root)
+    old = versions(root / "sasrec-tiny")[0]
+    shutil.copytree(old, old.parent / NEWER)  # the newest on disk, which the service is pinned away from
+    env = {
+        "SEQSERVE_ARTIFACTS_DIR": str(root),
+        "SEQSERVE_HISTORY_PATH": str(tmp_path / "history.sqlite3"),
+        "SEQSERVE_ADMIN_API_KEY": KEY,
+    }
+    proc, url = start_api(root, env)
+    try:
+        pinned = httpx.post(f"{url}/admin/models/sasrec-tiny/pin", json={"version": old.name}, headers=ADMIN)
+        assert pinned.status_code == 200, pinned.text
+        event = {"event_id": "n1", "user_id": "newcomer", "item_id": "brand-new", "timestamp": 1.5e9}
+        assert httpx.post(f"{url}/events", json={"model": "sasrec-tiny", "events": [event]}).status_code == 200
+        done = subprocess.run(
+            [sys.executable, "-m", "app.retrain", "sasrec-tiny", "--minutes", "0.05", "--api-url", url],
+            cwd=ROOT,
+            env={**env, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        (new,) = (v for v in versions(root / "sasrec-tiny") if v.name not in (old.name, NEWER))
+        assert "reload: loaded" in done.stderr
+        run = json.loads((new / "run_config.json").read_text())
+        assert run["warm_start"]["from"] == f"sasrec-tiny/{old.name}"  # the served version, not the newest
+        assert "brand-new" in json.loads((new / "items.json").read_text())["ids"]  # the live event was read
+        moved = httpx.post(f"{url}/admin/models/sasrec-tiny/pin", json={"version": new.name}, headers=ADMIN)
+        assert moved.status_code == 200, moved.text  # the service loads and serves what the retrain published
+        served = {m["name"]: m["version"] for m in httpx.get(f"{url}/models").json()["models"]}
+        assert served["sasrec-tiny"] == new.name
+    finally:
+        stop(proc)
+
+
+def test_a_retrain_of_a_model_with_no_artifact_says_so(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "app.retrain", "nothing-here"],
+        cwd=ROOT,
+        env={"SEQSERVE_ARTIFACTS_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "retrain: no artifact" in done.stderr
