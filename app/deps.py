@@ -26,9 +26,10 @@ from app.observability import Metrics
 from app.online import ServedLists
 from app.production import ProductionLoop
 from app.schemas import CandidateRequest, EventsRequest, PinRequest, RequestModels, bounded
-from app.serving import ShadowWork, off_loop
+from app.serving import off_loop
 from app.settings import Settings
 from app.store import HistoryStore, ProductionState
+from app.trials import ShadowWork
 from app.workers import Coordinator
 
 M = TypeVar("M", bound=BaseModel)

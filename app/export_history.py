@@ -19,15 +19,15 @@ import argparse
 import csv
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.settings import Settings
 from app.store import open_store
 from models.artifact import ArtifactError, latest_versions, read_manifest
-from models.engine import EngineOptions, Timeline, optional_time
+from models.engine import Actions, EngineOptions, Timeline, optional_time
 from models.ids import to_csv_cell, trainable
-from models.social import is_incoming
 from models.tasks import TASKS, Task
 from models.tasks.recommend import UserQueryEngine
 
@@ -71,7 +71,13 @@ class Skipped:
         return blank is None
 
 
-def _rows(user: str, timeline: Timeline, *, with_actions: bool, skipped: Skipped) -> list[list[str]]:
+def _never(action: str | None) -> bool:
+    return False
+
+
+def _rows(
+    user: str, timeline: Timeline, *, with_actions: bool, skipped: Skipped, received: Callable[[str | None], bool]
+) -> list[list[str]]:
     return [
         [
             to_csv_cell(user),
@@ -80,7 +86,7 @@ def _rows(user: str, timeline: Timeline, *, with_actions: bool, skipped: Skipped
             *([to_csv_cell(action or "")] if with_actions else []),
         ]
         for item, t, action in timeline
-        if not is_incoming(action)
+        if not received(action)
         and skipped.keep({"user_id": user, "item_id": item, **({"action": action or ""} if with_actions else {})})
     ]
 
@@ -111,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     with_actions = engine is not None and engine.action_ids is not None
+    # A social model's received steps are each the actor's event again, which the log holds already.
+    received = engine.is_received if isinstance(engine, Actions) else _never
     args.out.parent.mkdir(parents=True, exist_ok=True)
     n, users, skipped = 0, set[str](), Skipped()
     with args.out.open("w", newline="", encoding="utf-8") as f:
@@ -119,14 +127,14 @@ def main(argv: list[str] | None = None) -> int:
         # Base rows first, live rows after: the loader keeps file order within a user (a stable sort).
         base = ((u, engine.stored_timeline(u)) for u in engine.stored_users()) if engine is not None else iter(())
         for user, timeline in base:
-            rows = _rows(user, timeline, with_actions=with_actions, skipped=skipped)
+            rows = _rows(user, timeline, with_actions=with_actions, skipped=skipped, received=received)
             w.writerows(rows)
             n, users = n + len(rows), users | ({user} if rows else set())
         for user, tl in live.items():
             # Events the artifact already holds (the service drops them from the store when it loads it) count once.
             held = engine.stored_events(user) if engine is not None else set()
             fresh = [e for e in tl if (e[0], optional_time(e[1])) not in held]
-            rows = _rows(user, fresh, with_actions=with_actions, skipped=skipped)
+            rows = _rows(user, fresh, with_actions=with_actions, skipped=skipped, received=received)
             w.writerows(rows)
             n, users = n + len(rows), users | ({user} if rows else set())
     print(f"wrote {n} interactions of {len(users)} users to {args.out}", file=sys.stderr)

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from app.batcher import MicroBatcher
+from app.choices import VersionChoices
 from app.errors import ModelUnavailable, UnknownModel
 from app.limits import BatchPolicy
 from app.store import Candidate, HistoryStore, StoreError
@@ -109,9 +110,9 @@ class LoadedModels:
     models: dict[str, Served] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # "name/version" (or "name") -> public reason
     load_timeout_s: float = 300.0  # a version not loaded by then is recorded broken (its thread is abandoned)
-    pins: dict[str, str] = field(default_factory=dict)  # model name -> the version an admin pinned
-    candidates: dict[str, Candidate] = field(default_factory=dict)  # model name -> the version on trial
-    trials: dict[str, Served] = field(default_factory=dict)  # model name -> its loaded candidate
+    # Pins and candidates: read here, written by the production loop alone (app/choices.py).
+    choices: VersionChoices = field(default_factory=VersionChoices)
+    candidate_models: dict[str, Served] = field(default_factory=dict)  # model name -> its loaded candidate
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
     @property
@@ -145,30 +146,30 @@ class LoadedModels:
             yield served
 
     @contextmanager
-    def lease_trial(self, name: str) -> Iterator[Served | None]:
-        """The candidate version of `name` tried beside the live one, if any, held until the block ends."""
-        trial = self.trials.get(name)
-        if trial is None:
+    def lease_candidate(self, name: str) -> Iterator[Served | None]:
+        """The candidate version of `name` on trial beside the live one, if any, held until the block ends."""
+        candidate = self.candidate_models.get(name)
+        if candidate is None:
             yield None
             return
-        with held(trial):
-            yield trial
+        with held(candidate):
+            yield candidate
 
     def load_all(self, root: Path) -> None:
         """Load every artifact name from its pinned version, else its newest that loads; failures are
         recorded, never fatal (a pinned version that fails gives way to the newest that loads)."""
         for name, folders in artifact_names(root).items():
-            served = self._first_loadable(name, self._choices(name, folders))
+            served = self._first_loadable(name, self._order(name, folders))
             if served is not None:
                 self._install(served)
-            self._load_trial(name, folders)
+            self._load_candidate(name, folders)
         _freeze_heap()
 
-    def _choices(self, name: str, folders: list[Path]) -> list[Path]:
+    def _order(self, name: str, folders: list[Path]) -> list[Path]:
         """The versions `name` may serve, in the order to try them: every one, newest first; with a pin,
         the pinned one and then only older ones. A pin moved the model away from what is newer (a
         rollback, a bad release), so a pinned version that fails or is gone never hands it back to them."""
-        pin = self.pins.get(name)
+        pin = self.choices.pins.get(name)
         if pin is None:
             return folders
         self._note_pin_folder(name, pin, folders, serving=False)
@@ -198,12 +199,12 @@ class LoadedModels:
             for name, folders in every.items():
                 current = self.models.get(name)
                 newer = folders[: folders.index(current.folder)] if current and current.folder in folders else folders
-                pin = self.pins.get(name)
+                pin = self.choices.pins.get(name)
                 if pin is not None and current is not None and current.version == pin:
                     newer = []  # it serves already: its loaded copy goes on even if its folder is gone
                     self._note_pin_folder(name, pin, folders, serving=True)
                 elif pin is not None:  # the pinned version, older or newer, else one older than it
-                    newer = self._choices(name, folders)
+                    newer = self._order(name, folders)
                 if not newer:
                     report["unchanged"][name] = current.version if current else ""
                     continue
@@ -218,46 +219,45 @@ class LoadedModels:
                 log.info("swapped in %s version %s", name, served.version)
                 if old is not None:
                     await self._retire(old)
-            for name in set(self.trials) | set(
-                self.candidates
-            ):  # after the live ones: a trial never runs the live version
-                old_trial = self.trials.get(name)
-                await asyncio.to_thread(self._load_trial, name, every.get(name, []))
-                trial = self.trials.get(name)
-                if trial is not None:
-                    report["candidates"][name] = trial.version
-                if old_trial is not None and trial is not old_trial:
-                    await self._retire(old_trial)
+            # After the live ones: a candidate never runs the live version.
+            for name in set(self.candidate_models) | set(self.choices.candidates):
+                old_candidate = self.candidate_models.get(name)
+                await asyncio.to_thread(self._load_candidate, name, every.get(name, []))
+                candidate = self.candidate_models.get(name)
+                if candidate is not None:
+                    report["candidates"][name] = candidate.version
+                if old_candidate is not None and candidate is not old_candidate:
+                    await self._retire(old_candidate)
             _freeze_heap()
             return report
 
     async def close(self) -> None:
         """Answer what is queued, then stop every batcher's worker."""
-        for served in [*self.models.values(), *self.trials.values()]:
+        for served in [*self.models.values(), *self.candidate_models.values()]:
             await served.batcher.stop()
 
-    def _load_trial(self, name: str, folders: list[Path]) -> None:
-        """Load (or drop) the candidate of `name` to match `candidates`; a version that fails is recorded
-        broken and no trial runs. Touches `trials` only: the caller retires a replaced entry."""
-        wanted = self.candidates.get(name)
-        current = self.trials.get(name)
+    def _load_candidate(self, name: str, folders: list[Path]) -> None:
+        """Load (or drop) the candidate of `name` to match the choices; a version that fails is recorded
+        broken and no trial runs. Touches `candidate_models` only: the caller retires a replaced entry."""
+        wanted = self.choices.candidates.get(name)
+        current = self.candidate_models.get(name)
         live = self.models.get(name)
         if wanted is None or (live is not None and live.version == wanted.version):
-            self.trials.pop(name, None)
+            self.candidate_models.pop(name, None)
             return
         if current is not None and current.version == wanted.version:
             current.candidate = wanted  # the share or mode may have changed
             return
         folder = [f for f in folders if f.name == wanted.version]
-        trial = None
+        loaded = None
         if folder:
-            trial = self._first_loadable(name, folder, batcher_name=f"{name}:candidate", drop_trained=False)
-        if trial is None:
+            loaded = self._first_loadable(name, folder, batcher_name=f"{name}:candidate", drop_trained=False)
+        if loaded is None:
             log.error("candidate %s/%s not loaded: no trial runs", name, wanted.version)
-            self.trials.pop(name, None)
+            self.candidate_models.pop(name, None)
             return
-        trial.candidate = wanted
-        self.trials[name] = trial
+        loaded.candidate = wanted
+        self.candidate_models[name] = loaded
         log.info("trying %s version %s as %s", name, wanted.version, wanted.mode)
 
     def prune(self, root: Path, keep: int, *, in_use: AbstractSet[str] = frozenset()) -> list[str]:
@@ -268,9 +268,9 @@ class LoadedModels:
         removed = []
         for name, folders in artifact_names(root).items():
             spare = {
-                self.pins.get(name),
+                self.choices.pins.get(name),
                 self.models[name].version if name in self.models else None,
-                self.candidates[name].version if name in self.candidates else None,
+                self.choices.candidates[name].version if name in self.choices.candidates else None,
             }
             # The newest `keep` that are not known broken: a broken version never takes a good one's place.
             good = [f for f in folders if f"{name}/{f.name}" not in self.broken][:keep]
@@ -344,7 +344,7 @@ class LoadedModels:
         recorded broken. The engine is let go once checked. For a version asked to serve (a pin, a
         rollback, a candidate), so that a choice is refused rather than kept and failing at a restart."""
         key = f"{name}/{folder.name}"
-        if any(s.folder == folder for s in (self.models.get(name), self.trials.get(name)) if s is not None):
+        if any(s.folder == folder for s in (self.models.get(name), self.candidate_models.get(name)) if s is not None):
             return None
         try:
             self._within_deadline(name, lambda: self._open(name, folder))

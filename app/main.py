@@ -24,9 +24,9 @@ from app.routers import admin, console, events, health, history, metrics, models
 from app.routers.plain import PlainRouter
 from app.routers.tasks import TaskRoute, live_route, plain_router, task_routes
 from app.schemas import bounded, components
-from app.serving import ShadowWork
 from app.settings import Settings, get_settings
-from app.store import Candidate, ProductionState, RedisStore, SQLiteStore, StoreError, distinct, open_store
+from app.store import RedisStore, SQLiteStore, StoreError, distinct, open_store
+from app.trials import ShadowWork
 from app.workers import Coordinator, WorkerSync
 from models.engine import EngineOptions
 
@@ -52,7 +52,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not services.loaded.names:
             log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)
         _join_workers(settings, services)
-        periodic = [asyncio.create_task(_housekeeping(services)), asyncio.create_task(_scoring(services))]
+        assert services.production is not None
+        periodic = [asyncio.create_task(_housekeeping(services)), asyncio.create_task(services.production.scoring())]
         yield
         access.flush()
         await _shut_down(services, periodic)
@@ -142,9 +143,7 @@ async def _start_production(settings: Settings, services: Services) -> None:
         lists=services.lists,
     )
     await asyncio.to_thread(services.production.begin)
-    choices = _stored_choices(services.state)
-    if choices is not None:
-        services.production.choices(*choices)
+    await services.production.follow_choices()
 
 
 def _join_workers(settings: Settings, services: Services) -> None:
@@ -192,8 +191,9 @@ def _mount_routes(app: FastAPI, settings: Settings, services: Services, routes: 
 
 
 async def _housekeeping(services: Services) -> None:
-    """Each worker, every SEQSERVE_HOUSEKEEPING_S: follows a reload another worker was asked for, and
-    sets its own queue-depth gauges (with several workers, /metrics sums every worker's)."""
+    """Each worker, every SEQSERVE_HOUSEKEEPING_S: sets its own queue-depth gauges (with several workers,
+    /metrics sums every worker's), then the production loop's tick (version choices, a reload another
+    worker was asked for, the shared online figures, the promotion rule)."""
     production = services.production
     assert production is not None
     while True:
@@ -203,44 +203,9 @@ async def _housekeeping(services: Services) -> None:
             services.metrics.forget_dead_workers()
             if services.shadows is not None:
                 services.metrics.count_shadow(*services.shadows.take())
-            # Pins and candidates are read first, so a reload another worker asked for serves them; those
-            # set through another host (a shared Redis), or by the promotion rule, reach this worker here too.
-            choices = await asyncio.to_thread(_stored_choices, services.state)
-            changed = choices is not None and production.choices(*choices)
-            followed = services.coordinator is not None and await services.coordinator.follow()
-            if changed and not followed:
-                await services.loaded.reload(services.settings.artifacts_dir)
-                if services.coordinator is not None:
-                    services.coordinator.announce()
-            await production.share()
+            await production.tick(services.settings.artifacts_dir, services.coordinator)
         except Exception:  # a bad file or a failed reload must not end the loop
             log.exception("housekeeping failed; trying again in %.1f s", services.settings.housekeeping_s)
-
-
-async def _scoring(services: Services) -> None:
-    """Each worker, every SEQSERVE_ONLINE_SCORE_S: score the lists it served against the events stored
-    since (quicker than housekeeping, so a user's quick succession of answers and events is scored
-    before the per-user bound drops any)."""
-    production = services.production
-    assert production is not None
-    while True:
-        await asyncio.sleep(services.settings.online_score_s)
-        try:
-            await production.score()
-        except Exception:  # never ends the loop
-            log.exception("online scoring failed; trying again")
-
-
-def _stored_choices(store: ProductionState | None) -> tuple[dict[str, str], dict[str, Candidate]] | None:
-    """The pinned versions and the candidates the shared store holds; None while it cannot be read
-    (what serves stays)."""
-    if store is None:
-        return None
-    try:
-        return store.pins(), store.candidates()
-    except (StoreError, ValueError) as exc:
-        log.debug("version choices not read: %s", exc)
-        return None
 
 
 def app_from_env() -> FastAPI:

@@ -22,14 +22,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from app.store import Arrival, OnlineKey, Sums, UserKey, UserStats
+from app.store import Arrival, OnlineKey, Sums, UserKey
 
 CUT = 10  # the online figures' K: HR@10, NDCG@10
 BUCKET_S = 60.0  # online sums are kept per minute (the console's time axis)
 LISTS_PER_USER = 16  # lists kept per (namespace, user), all models and variants together
 Z95 = 1.959964
 AT = 4  # ServedList.at's place in a kept tuple
-MIN_USERS = 30  # the promotion rule decides only with this many users on each side (its unit)
 
 
 class ServedList(NamedTuple):
@@ -38,7 +37,7 @@ class ServedList(NamedTuple):
     variant: str
     items: tuple[str, ...]
     at: float  # the server's clock when it was served
-    trial: float | None = None  # the running trial's start when it was served (its figures count per user)
+    trial_start: float | None = None  # when the running trial began, as it was served (its figures count per user)
 
 
 def score(items: Sequence[str], target: str) -> Sums:
@@ -133,8 +132,9 @@ class ServedLists:
                 scored = score(s.items, a.item)
                 key = (s.model, s.version, s.variant, math.floor(a.at / BUCKET_S) * BUCKET_S)
                 self.tally.sums.setdefault(key, Sums()).add(scored)
-                if s.trial is not None:
-                    per_user = self.tally.users.setdefault((s.model, s.trial, s.version, s.variant, a.user), [0.0, 0.0])
+                if s.trial_start is not None:
+                    ukey = (s.model, s.trial_start, s.version, s.variant, a.user)
+                    per_user = self.tally.users.setdefault(ukey, [0.0, 0.0])
                     per_user[0] += 1
                     per_user[1] += scored.ndcg
                 out.append((s, scored))
@@ -220,44 +220,3 @@ def totals(rows: Mapping[OnlineKey, Sums], *, since: float = 0.0) -> dict[tuple[
         if bucket + BUCKET_S > since:
             out.setdefault((version, variant), Sums()).add(s)
     return out
-
-
-@dataclass(frozen=True)
-class Verdict:
-    action: str  # "promote" | "retire" | "wait"
-    reason: str
-
-
-def clustered(side: UserStats) -> tuple[float, float, float]:
-    """(lists, mean NDCG@10, variance of that mean) with the user as the unit: a user's lists are not
-    independent (a burst of ratings is many lists of one user), so the variance is the ratio
-    estimator's over users, (U / (U - 1)) * sum((S_u - m N_u)^2) / N^2, the sum expanded over the
-    running sums (UserStats) as sum(S^2) - 2 m sum(N S) + m^2 sum(N^2)."""
-    n = side.n
-    if n <= 0:
-        return 0.0, 0.0, math.inf
-    mean = side.s / n
-    if side.users < 2:
-        return n, mean, math.inf
-    spread = max(0.0, side.ss - 2 * mean * side.ns + mean * mean * side.nn)
-    return n, mean, side.users / (side.users - 1) * spread / (n * n)
-
-
-def judge(candidate: UserStats, live: UserStats, *, min_events: int) -> Verdict:
-    """The promotion rule, on each side's per-user (lists, NDCG@10 sum) since the trial began:
-    once both have `min_events` scored lists from at least MIN_USERS users, promote the candidate
-    unless its NDCG@10 is below the live version's by more than the 95% interval of the difference
-    (users as the unit); retire it when it is."""
-    (nc, mc, vc), (nl, ml, vl) = clustered(candidate), clustered(live)
-    if nc < min_events or nl < min_events or min(candidate.users, live.users) < MIN_USERS:
-        return Verdict(
-            "wait",
-            f"{int(nc)} and {int(nl)} scored lists of {candidate.users} and {live.users} users;"
-            f" {min_events} lists and {MIN_USERS} users needed on each side",
-        )
-    diff, half = mc - ml, Z95 * math.sqrt(vc + vl)
-    text = (
-        f"NDCG@10 difference {diff:+.4f}, interval half-width {half:.4f} (users as the unit), "
-        f"lists {int(nc)} vs {int(nl)}, users {candidate.users} vs {live.users}"
-    )
-    return Verdict("promote" if diff >= -half else "retire", text)

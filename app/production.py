@@ -17,11 +17,14 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
+from app.choices import VersionChoices
 from app.loaded import LoadedModels
 from app.observability import Metrics
-from app.online import ServedLists, judge
+from app.online import ServedLists
+from app.promotion import judge
 from app.settings import Settings
 from app.store import Candidate, OnlineKey, ProductionState, StoreError, Sums, UserKey, UserStats
+from app.workers import Coordinator
 from models.artifact import artifact_names
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,6 @@ class ProductionLoop:
         self.settings, self.loaded, self.state, self.metrics, self.lists = settings, loaded, state, metrics, lists
         self.cursor: str | None = None
         self.online: dict[str, dict[OnlineKey, Sums]] = {}  # model name -> the shared totals, as last read
-        self.trials: dict[str, Candidate] = {}  # model name -> its last candidate, running or ended (the store's)
         self._unsent: dict[OnlineKey, Sums] = {}  # sums the store did not take yet (it was away)
         self._unsent_users: dict[UserKey, list[float]] = {}
 
@@ -118,7 +120,7 @@ class ProductionLoop:
         need = self.settings.promote_min_events
         if not need or self.state is None:
             return
-        for name, cand in list(self.loaded.candidates.items()):
+        for name, cand in list(self.choices.candidates.items()):
             live = self.loaded.models.get(name)
             if live is None or cand.version == live.version:
                 continue
@@ -151,7 +153,7 @@ class ProductionLoop:
     async def start(self, name: str, candidate: Candidate, *, live_version: str | None, reason: str) -> None:
         """Make `candidate` the trial of `name`, pinning the live version so it keeps serving the rest."""
         assert self.state is not None
-        if live_version is not None and self.loaded.pins.get(name) != live_version:
+        if live_version is not None and self.choices.pins.get(name) != live_version:
             await asyncio.to_thread(self.state.set_pin, name, live_version)
         await asyncio.to_thread(self.state.set_candidate, name, candidate)
         log.warning("candidate %s/%s started as %s (%s)", name, candidate.version, candidate.mode, reason)
@@ -169,7 +171,7 @@ class ProductionLoop:
             if live is None or not folders or live.folder not in folders:
                 continue
             newest = folders[0]
-            last = self.trials.get(name)
+            last = self.choices.last.get(name)
             if folders.index(live.folder) == 0 or f"{name}/{newest.name}" in self.loaded.broken:
                 continue
             if last is not None and published(newest.name) <= last.since:  # there when the last trial began
@@ -180,19 +182,64 @@ class ProductionLoop:
                 continue  # recorded broken: not tried again
             cand = Candidate(newest.name, mode, self.settings.canary_share if mode == "canary" else 1.0, time.time())
             await self.start(name, cand, live_version=live.version, reason="new version")
-            self.loaded.pins[name] = live.version
-            self.loaded.candidates[name] = self.trials[name] = cand
+            self.choices.pins[name] = live.version
+            self.choices.candidates[name] = self.choices.last[name] = cand
+
+    @property
+    def choices(self) -> VersionChoices:
+        """The pins and candidates as this worker last read them: this loop writes them, the models read them."""
+        return self.loaded.choices
+
+    def stored_choices(self) -> tuple[dict[str, str], dict[str, Candidate]] | None:
+        """The pins and the candidates the production state holds; None while it cannot be read (what
+        serves stays). The one reader of them: every path that takes them comes through here."""
+        if self.state is None:
+            return None
+        try:
+            return self.state.pins(), self.state.candidates()
+        except (StoreError, ValueError) as exc:
+            log.debug("version choices not read: %s", exc)
+            return None
+
+    async def tick(self, artifacts: Path, coordinator: Coordinator | None) -> None:
+        """Every housekeeping tick: the stored pins and candidates are read first, so a reload another worker
+        was asked for serves them, and those set through another host (a shared Redis) or by the promotion
+        rule reach this worker too; then the online figures are shared and the rule judges."""
+        changed = await self.follow_choices()
+        followed = coordinator is not None and await coordinator.follow()
+        if changed and not followed:
+            await self.loaded.reload(artifacts)
+            if coordinator is not None:
+                coordinator.announce()
+        await self.share()
+
+    async def scoring(self) -> None:
+        """Every SEQSERVE_ONLINE_SCORE_S, for good: score the lists served against the events stored since
+        (quicker than housekeeping, so a user's quick succession of answers and events is scored before
+        the per-user bound drops any)."""
+        while True:
+            await asyncio.sleep(self.settings.online_score_s)
+            try:
+                await self.score()
+            except Exception:  # never ends the loop
+                log.exception("online scoring failed; trying again")
+
+    async def follow_choices(self) -> bool:
+        """Take the stored pins and candidates; -> whether what should serve changed (False while they
+        cannot be read)."""
+        stored = await asyncio.to_thread(self.stored_choices)
+        return stored is not None and self.choices.take(*stored)
 
     async def read_choices(self) -> bool:
-        """Take the store's pins and candidates now (StoreError when it cannot be read)."""
+        """Take the stored pins and candidates now, for an admin call that must act on them (StoreError
+        when they cannot be read)."""
         state = self.state
         assert state is not None
         pins, trials = await asyncio.to_thread(lambda: (state.pins(), state.candidates()))
-        return self.choices(pins, trials)
+        return self.choices.take(pins, trials)
 
-    def choices(self, pins: dict[str, str], trials: dict[str, Candidate]) -> bool:
-        """Take the store's pins and trials; -> whether what should serve changed."""
-        running = {n: c for n, c in trials.items() if c.running}
-        changed = pins != self.loaded.pins or running != self.loaded.candidates
-        self.loaded.pins, self.loaded.candidates, self.trials = pins, running, trials
-        return changed
+    async def pin(self, name: str, version: str | None) -> None:
+        """Pin `name` to `version` (None: unpin) in the production state, then take the stored pins."""
+        assert self.state is not None
+        await asyncio.to_thread(self.state.set_pin, name, version)
+        await self.read_choices()

@@ -210,6 +210,10 @@ class Actions(ABC):
         """The step an event of `user_id` also adds to another user's timeline, as (user, item, action);
         None when it adds none."""
 
+    @abstractmethod
+    def is_received(self, action: str | None) -> bool:
+        """Whether a step with `action` is one that another user's event added (a received step)."""
+
 
 class RecentActivity(ABC, Generic[P]):
     """Prepared queries that also count every user's live events of a recent span (a social model's

@@ -110,7 +110,7 @@ async def _settle(services: Services, name: str, *, promote: bool) -> TrialMove:
     production = _production(services)
     try:
         await production.read_choices()
-        running = services.loaded.candidates.get(name)
+        running = production.choices.candidates.get(name)
         if running is None:
             raise NoTrial(f"model {name!r} has no candidate on trial", ["path", "name"])
         done = await production.settle(name, running.version, promote=promote, reason="admin call")
@@ -129,12 +129,12 @@ async def _after_trial(services: Services, name: str, action: str, reason: str) 
     except StoreError:
         raise StoreUnavailable("history store unavailable; retry shortly") from None
     report = await _reload_everywhere(services)
-    running = services.loaded.candidates.get(name)
+    running = production.choices.candidates.get(name)
     return TrialMove(
         name=name,
         action=action,  # type: ignore[arg-type]
         candidate=CandidateInfo.of(running),
-        pinned=services.loaded.pins.get(name),
+        pinned=production.choices.pins.get(name),
         reason=reason,
         reload=report,
     )
@@ -204,11 +204,9 @@ def _folders(services: Services, name: str, *, want: str | None = None) -> list[
 
 
 async def _move(services: Services, name: str, version: str | None) -> VersionMove:
-    if services.state is None:
-        raise StoreUnavailable("history store unavailable: a version choice could not be kept; retry shortly")
+    production = _production(services)
     try:
-        await asyncio.to_thread(services.state.set_pin, name, version)
-        services.loaded.pins = await asyncio.to_thread(services.state.pins)
+        await production.pin(name, version)
     except StoreError:
         raise StoreUnavailable("history store unavailable: a version choice could not be kept; retry shortly") from None
     report = await _reload_everywhere(services)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app import serving
+from app import live_events
 from app.deps import EventsBody, ServicesDep, WriterKey
 from app.errors import ModelUnavailable
 from app.handlers import json_response
@@ -34,7 +34,7 @@ async def post_events(body: EventsBody, services: ServicesDep, request: Request)
         raise ModelUnavailable("no model served here takes events", ["body", "model"])
     with services.loaded.lease(body.model, services.events_route, services.settings.default_model) as served:
         request.state.model = served.name
-        out = await serving.post_events(
+        out = await live_events.post_events(
             served, body.events, store=services.histories, skew_s=services.settings.event_skew_s
         )
         return json_response(

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from app import serving
+from app import live_events
 from app.deps import HistoryReaderKey, ServicesDep
 from app.errors import ModelUnavailable
 from app.handlers import json_response
@@ -45,7 +45,7 @@ async def get_history(
         model, services.events_route, services.settings.default_model, loc=("query", "model")
     ) as served:
         request.state.model = served.name
-        events = await serving.user_history(
+        events = await live_events.user_history(
             served, user_id, store=services.histories, limit=limit, fields=fields or [], steps=steps
         )
         return json_response({"model": served.name, "user_id": user_id, "events": events})

@@ -52,7 +52,7 @@ async def list_models(services: ServicesDep) -> ModelsResponse:
                 actions=engine.actions if isinstance(engine, Actions) else None,
                 metrics={k: m.metrics[k] for k in SHOWN_METRICS if k in m.metrics},
                 fields=engine.item_fields if isinstance(engine, ItemDisplay) else [],
-                candidate=CandidateInfo.of(reg.candidates.get(name)),
+                candidate=CandidateInfo.of(reg.choices.candidates.get(name)),
                 online=_online(services, name, served.version),
             )
         )
@@ -68,7 +68,7 @@ def _online(services: Services, name: str, live_version: str) -> dict[str, Onlin
     every bucket kept, without one)."""
     if services.production is None:
         return {}
-    cand = services.loaded.candidates.get(name)
+    cand = services.loaded.choices.candidates.get(name)
     sums = totals(services.production.online.get(name, {}), since=cand.since if cand else 0.0)
     wanted = {(live_version, "live")} | ({(cand.version, cand.mode)} if cand else set())
     out = {}
@@ -95,7 +95,7 @@ async def online_series(services: ServicesDep, name: ModelNamePath) -> OnlineRes
     return OnlineResponse(
         name=name,
         bucket_s=BUCKET_S,
-        candidate=CandidateInfo.of(services.loaded.candidates.get(name)),
+        candidate=CandidateInfo.of(services.loaded.choices.candidates.get(name)),
         series=series,
         totals={
             f"{v}/{var}": OnlineFigures.model_validate(f.as_json())
@@ -114,8 +114,8 @@ async def list_versions(services: ServicesDep, name: ModelNamePath) -> VersionsR
         raise UnknownModel(f"no versions of model {name!r} on disk", ["path", "name"])
     reg = services.loaded
     served = reg.models.get(name)
-    pinned = reg.pins.get(name)
-    cand = reg.candidates.get(name)
+    pinned = reg.choices.pins.get(name)
+    cand = reg.choices.candidates.get(name)
     out = []
     for folder in folders:
         key = f"{name}/{folder.name}"
@@ -130,7 +130,7 @@ async def list_versions(services: ServicesDep, name: ModelNamePath) -> VersionsR
         state: Literal["serving", "candidate", "kept", "broken"] = "kept"
         if served is not None and served.version == folder.name:
             state = "serving"
-        elif cand is not None and cand.version == folder.name and name in reg.trials:
+        elif cand is not None and cand.version == folder.name and name in reg.candidate_models:
             state = "candidate"
         elif key in reg.broken:
             state = "broken"

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import serving
+from app import serving, trials
 from app.deps import check_history_reader, holds_key, parse_body, services_of
 from app.handlers import json_response
 from app.limits import Limits
@@ -70,10 +70,10 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
                 and any(serving.subject(served, q) is not None for q in queries)
             ):
                 check_history_reader(services.settings, request.headers.get("x-api-key"))
-            with loaded.lease_trial(served.name) as trial:
-                results, versions = await serving.answer_with_trial(
+            with loaded.lease_candidate(served.name) as candidate:
+                results, versions = await trials.answer_with_candidate(
                     served,
-                    trial,
+                    candidate,
                     queries,
                     store=services.histories,
                     timeout_s=services.settings.request_timeout_s,

@@ -125,7 +125,7 @@ class SQLiteStore(HistoryStore, ProductionState):
             if had_events and "received" not in columns:
                 conn.execute("ALTER TABLE events ADD COLUMN received INTEGER NOT NULL DEFAULT 0")
                 # Before this column, the service wrote received steps under ids '<-' + the event's id
-                # (app.serving.RECEIVED_ID), an id prefix clients may not use.
+                # (app.live_events.RECEIVED_ID), an id prefix clients may not use.
                 conn.execute("UPDATE events SET received = 1 WHERE substr(event_id, 1, 2) = '<-'")
             # Files before version 4 held a copy of every artifact history ("base"): the tables hold them now.
             conn.execute("DROP TABLE IF EXISTS base")

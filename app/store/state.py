@@ -93,7 +93,7 @@ class Sums:
 @dataclass
 class UserStats:
     """One side of a trial with the user as the unit, as running sums over its users u of (lists k_u,
-    NDCG@10 sum s_u): the promotion rule's clustered variance needs no more (app.online.clustered), so
+    NDCG@10 sum s_u): the promotion rule's clustered variance needs no more (app.promotion.clustered), so
     the store keeps these up to date as per-user sums grow instead of the rule reading every user."""
 
     users: int = 0

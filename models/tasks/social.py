@@ -151,6 +151,9 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
             return None
         return item_id, user_id, incoming(action)
 
+    def is_received(self, action: str | None) -> bool:
+        return is_incoming(action)
+
     def known(self, raw_ids: Sequence[str]) -> list[bool]:
         return [x >= N_SPECIAL for x in self.art.users.indices(raw_ids)]
 

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from app.online import LISTS_PER_USER, ServedList, ServedLists, clustered, figures, in_canary, judge, score, totals
+from app.online import LISTS_PER_USER, ServedList, ServedLists, figures, in_canary, score, totals
+from app.promotion import clustered, judge
 from app.store import Arrival, Sums, UserStats
 
 

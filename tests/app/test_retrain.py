@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx2 as httpx
+import pytest
 
+from app import retrain
 from models.artifact import versions
 from tests.servers import NEWER, ROOT, start_api, stop
 
@@ -19,7 +19,7 @@ ADMIN = {"X-API-Key": KEY}
 
 
 def test_a_retrain_continues_the_served_version_and_the_service_serves_the_new_one(
-    tiny_artifacts: Path, tmp_path: Path
+    tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "arts"
     shutil.copytree(tiny_artifacts, root)
@@ -36,17 +36,12 @@ def test_a_retrain_continues_the_served_version_and_the_service_serves_the_new_o
         assert pinned.status_code == 200, pinned.text
         event = {"event_id": "n1", "user_id": "newcomer", "item_id": "brand-new", "timestamp": 1.5e9}
         assert httpx.post(f"{url}/events", json={"model": "sasrec-tiny", "events": [event]}).status_code == 200
-        done = subprocess.run(
-            [sys.executable, "-m", "app.retrain", "sasrec-tiny", "--minutes", "0.05", "--api-url", url],
-            cwd=ROOT,
-            env={**env, "PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        assert retrain.main(["sasrec-tiny", "--minutes", "0.05", "--api-url", url]) == 0
+        err = capsys.readouterr().err
         (new,) = (v for v in versions(root / "sasrec-tiny") if v.name not in (old.name, NEWER))
-        assert "reload: loaded" in done.stderr
+        assert "reload: loaded" in err
         run = json.loads((new / "run_config.json").read_text())
         assert run["warm_start"]["from"] == f"sasrec-tiny/{old.name}"  # the served version, not the newest
         assert "brand-new" in json.loads((new / "items.json").read_text())["ids"]  # the live event was read
@@ -58,13 +53,15 @@ def test_a_retrain_continues_the_served_version_and_the_service_serves_the_new_o
         stop(proc)
 
 
-def test_a_retrain_of_a_model_with_no_artifact_says_so(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "app.retrain", "nothing-here"],
-        cwd=ROOT,
-        env={"SEQSERVE_ARTIFACTS_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2 and "retrain: no artifact" in done.stderr
+def test_a_retrain_of_a_model_with_no_artifact_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SEQSERVE_ARTIFACTS_DIR", str(tmp_path))
+    assert retrain.main(["nothing-here"]) == 2
+    assert "retrain: no artifact" in capsys.readouterr().err
+
+
+def test_scripts_retrain_sh_runs_the_python_entry() -> None:
+    """The compose `retrain` profile's entrypoint: the environment, then `python -m app.retrain`."""
+    text = (ROOT / "scripts" / "retrain.sh").read_text()
+    assert "scripts/bootstrap.sh" in text and "exec .venv/bin/python -m app.retrain" in text

@@ -102,7 +102,7 @@ def test_a_shadow_never_changes_or_holds_up_the_live_answer(
         before = _ask(c, USERS[:8])
         _start(c, first, "shadow")
         services = c.app.state.services  # type: ignore[attr-defined]
-        trial = services.loaded.trials["sasrec-tiny"]
+        trial = services.loaded.candidate_models["sasrec-tiny"]
         slow = trial.engine.infer
         release, gave_up = threading.Event(), threading.Event()
 
@@ -183,7 +183,7 @@ def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> Non
     state = tmp_path / "s"
     with TestClient(create_app(_settings(root, state, promote_min_events=100, events_api_key="events-key"))) as c:
         _start(c, first, "canary", 0.5)
-        since = c.app.state.services.loaded.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
+        since = c.app.state.services.loaded.choices.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
         store = SQLiteStore(state / "h.sqlite3")
         # 30 users a side, as good as the live version within the interval: promoted.
         store.add_user_sums(
@@ -200,7 +200,7 @@ def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> Non
         assert 'seqserve_candidate_changes_total{action="promoted",model="sasrec-tiny"} 1.0' in c.get("/metrics").text
         # The newer version on trial now, far worse: retired, the promoted one keeps serving.
         _start(c, NEWER, "canary", 0.5)
-        since = c.app.state.services.loaded.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
+        since = c.app.state.services.loaded.choices.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
         store.add_user_sums(
             {("sasrec-tiny", since, first, "live", f"u{n}"): (5, 1.5 + (n % 3) * 0.1) for n in range(30)}
             | {("sasrec-tiny", since, NEWER, "canary", f"w{n}"): (5, 0.2 + (n % 3) * 0.1) for n in range(30)}
@@ -243,7 +243,7 @@ def test_a_new_version_enters_as_a_candidate_when_set(root: Path, tmp_path: Path
 
 
 def test_shadow_work_is_drained_at_shutdown() -> None:
-    from app.serving import ShadowWork
+    from app.trials import ShadowWork
 
     async def run() -> None:
         work = ShadowWork(1)
