@@ -9,7 +9,8 @@ SEQSERVE_API_URL the running service: the version it serves is the one retrained
 disk) and it is asked to reload afterwards (unset: no reload). With SEQSERVE_NEW_VERSIONS=canary (or
 shadow) on the service, the new version starts as a candidate beside the live one. The training job runs
 as its own process (`python -m training warm`): the service's package never imports training's. Exit
-status: the training job's (3: held back by its gate, nothing published); 2: no such artifact.
+status: the training job's (3: held back by its gate, nothing published); 2: no such artifact; 1: published
+but the service did not reload (no admin key, or not reachable).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -71,7 +73,17 @@ def main(argv: list[str] | None = None) -> int:
             return status
     if args.api_url:
         key = settings.admin_api_key.get_secret_value() if settings.admin_api_key else ""
-        report = reload(args.api_url, key)
+        try:
+            report = reload(args.api_url, key)
+        except urllib.error.HTTPError as exc:  # 403 while the service has no admin key, 401 without one here
+            print(
+                f"retrain: published, but the reload was refused ({exc.code}): set SEQSERVE_ADMIN_API_KEY",
+                file=sys.stderr,
+            )
+            return 1
+        except (OSError, ValueError) as exc:
+            print(f"retrain: published, but the service did not reload ({exc})", file=sys.stderr)
+            return 1
         print(f"reload: loaded {report.get('loaded')} candidates {report.get('candidates', {})}", file=sys.stderr)
     return 0
 

@@ -53,6 +53,23 @@ def test_a_retrain_continues_the_served_version_and_the_service_serves_the_new_o
         stop(proc)
 
 
+def test_a_reload_the_service_refuses_is_a_failed_retrain(
+    tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts, root)
+    env = {"SEQSERVE_ARTIFACTS_DIR": str(root), "SEQSERVE_HISTORY_PATH": str(tmp_path / "history.sqlite3")}
+    proc, url = start_api(root, env)  # no admin key: POST /admin/reload answers 403
+    try:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        assert retrain.main(["sasrec-tiny", "--minutes", "0.05", "--api-url", url]) == 1
+        assert "the reload was refused (403)" in capsys.readouterr().err
+        assert len(versions(root / "sasrec-tiny")) == 2  # published all the same
+    finally:
+        stop(proc)
+
+
 def test_a_retrain_of_a_model_with_no_artifact_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
