@@ -25,7 +25,7 @@ from app.loaded import LoadedModels
 from app.observability import Metrics
 from app.online import ServedLists
 from app.production import ProductionLoop
-from app.schemas import CandidateRequest, EventsRequest, PinRequest, RequestModels, bounded
+from app.schemas import EventsRequest, RequestModels, bounded
 from app.serving import off_loop
 from app.settings import Settings
 from app.store import HistoryStore, ProductionState
@@ -89,20 +89,6 @@ async def events_body(request: Request) -> EventsRequest:
 
 
 EventsBody = Annotated[EventsRequest, Depends(events_body)]
-
-
-async def pin_body(request: Request) -> PinRequest:
-    return await parse_body(request, PinRequest)
-
-
-PinBody = Annotated[PinRequest, Depends(pin_body)]
-
-
-async def candidate_body(request: Request) -> CandidateRequest:
-    return await parse_body(request, CandidateRequest)
-
-
-CandidateBody = Annotated[CandidateRequest, Depends(candidate_body)]
 
 
 def check_key(

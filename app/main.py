@@ -90,7 +90,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if app.openapi_schema is None:
             documented = [route for hot in plain for route in hot.documented.routes]
             doc = get_openapi(title=app.title, version=app.version, routes=[*documented, *app.routes])
-            doc.setdefault("components", {}).setdefault("schemas", {}).update(components(services.schemas))
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(
+                components(services.schemas, admin.PinRequest, admin.CandidateRequest)
+            )
             app.openapi_schema = doc
         return app.openapi_schema
 

@@ -93,7 +93,7 @@ class Strict(BaseModel):
         return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
-# --- /events ---------------------------------------------------------------------------------------
+# --- /events' request: the app bounds it (`bounded`) and app/live_events.py reads its events --------------
 
 
 class EventIn(Strict):
@@ -125,82 +125,13 @@ class EventsRequest(Strict):
     events: list[EventIn] = Field(min_length=1)
 
 
+# --- shared by several routes: the error shape, a candidate ------------------------------------------
+
+
 class ErrorDetail(BaseModel):
     loc: list[str | int]
     msg: str
     type: str
-
-
-class EventResult(BaseModel):
-    index: int
-    event_id: str | None
-    status: Literal["stored", "duplicate", "dropped_old", "rejected"] = Field(
-        description=(
-            "dropped_old: taken (a replay is a duplicate) but older than the newest SEQSERVE_LIVE_EVENTS events "
-            "its user keeps, so it is not in the user's live history"
-        )
-    )
-    unknown_item: bool = Field(False, description="stored, but the served model does not know the item yet")
-    errors: list[ErrorDetail] = Field(default_factory=list)
-
-
-class EventsResponse(BaseModel):
-    model: str
-    namespace: str
-    stored: int
-    duplicates: int
-    dropped_old: int
-    rejected: int
-    results: list[EventResult]
-
-
-# --- service ---------------------------------------------------------------------------------------
-
-
-# --- /history --------------------------------------------------------------------------------------
-
-
-class HistoryStep(BaseModel):
-    item_id: str = Field(description="the item; for a social model, the other user")
-    timestamp: float | None = Field(description="unix seconds; null where the data has no times")
-    action: str | None
-    source: Literal["artifact", "live"] = Field(
-        description="from the trained artifact, or stored by POST /events since"
-    )
-    known: bool = Field(description="whether the model knows the item (an unknown one counts after the next training)")
-    fields: dict[str, str | float | list[str]] | None = Field(None, description="present when fields were asked for")
-
-
-class HistoryResponse(BaseModel):
-    model: str
-    user_id: str
-    events: list[HistoryStep] = Field(description="newest first")
-
-
-class CandidateRequest(Strict):
-    version: str = Field(
-        min_length=1, max_length=64, pattern=r"^\d{8}T\d{6}Z(-\d+)?$", description="a version folder's name"
-    )
-    mode: Literal["canary", "shadow"] = Field(
-        description="canary: `share` of the users (sticky by user id) get its answers; shadow: it also scores "
-        "the by-user queries off the response path, its answers never returned"
-    )
-    share: float | None = Field(
-        default=None, gt=0, le=1, description="canary: the share of users it answers (default SEQSERVE_CANARY_SHARE)"
-    )
-
-
-class OnlineFigures(BaseModel):
-    """Served lists scored against each user's next event (the online window)."""
-
-    n: int = Field(description="scored lists")
-    hr10: float
-    hr10_ci: list[float] = Field(description="95% interval (Wilson)")
-    ndcg10: float
-    ndcg10_ci: list[float] = Field(
-        description="95% interval (normal, lists as the unit; the promotion rule's takes users as the unit)"
-    )
-    mrr: float = Field(description="mean reciprocal rank within each list's top 10 (MRR@10)")
 
 
 class CandidateInfo(BaseModel):
@@ -212,118 +143,6 @@ class CandidateInfo(BaseModel):
     @classmethod
     def of(cls, c: Candidate | None) -> CandidateInfo | None:
         return None if c is None else cls(version=c.version, mode=c.mode, share=c.share, since=c.since)
-
-
-class TrialMove(BaseModel):
-    name: str
-    action: Literal["started", "promoted", "retired"]
-    candidate: CandidateInfo | None = Field(description="the candidate after the call")
-    pinned: str | None
-    reason: str
-    reload: ReloadReport
-
-
-class OnlineResponse(BaseModel):
-    name: str
-    bucket_s: float = Field(description="the width of each point's time bucket")
-    candidate: CandidateInfo | None
-    series: dict[str, list[tuple[float, int, float]]] = Field(
-        description="'version/variant' -> [bucket start, scored lists, NDCG@10 of the bucket], oldest first"
-    )
-    totals: dict[str, OnlineFigures] = Field(description="'version/variant' -> figures over every bucket kept")
-
-
-class ModelInfo(BaseModel):
-    name: str
-    kind: str
-    task: str
-    route: str | None = Field(description="the endpoint that answers this model's queries")
-    ranks: str = Field(description="what the model ranks: items, users, locations")
-    exclude_seen_default: bool | None = Field(
-        description="a query's exclude_seen when it does not say; null for a model without user histories"
-    )
-    version: str
-    created_at: str | None
-    catalog_size: int
-    device: str
-    scoring: str = Field(description="how the model's scores run: 'traced' (one graph), or 'eager' and why")
-    actions: list[str] | None = Field(
-        None,
-        description=(
-            "a social model's actions, one of which each step carries; '<-' forms are steps received from others"
-        ),
-    )
-    metrics: dict[str, object]
-    fields: list[str] = Field(default_factory=list, description="item fields a query can ask for (title, genres, ...)")
-    candidate: CandidateInfo | None = Field(default=None, description="the version tried beside this one")
-    online: dict[str, OnlineFigures] = Field(
-        default_factory=dict,
-        description="'version/variant' -> online figures of the live version and a candidate; variants: live, "
-        "canary (the fair comparison: its users saw its lists), shadow (its lists were never shown: biased "
-        "toward the live version, whose list the user acted on)",
-    )
-
-
-class ModelsResponse(BaseModel):
-    defaults: dict[str, str | None] = Field(
-        description="endpoint path -> the model a request to it gets when it names none"
-    )
-    models: list[ModelInfo]
-    broken: dict[str, str]
-
-
-class Readiness(BaseModel):
-    ready: bool
-    models: list[str]
-    broken: dict[str, str] = Field(description="artifact name/version -> why it did not load")
-    degraded: dict[str, str] = Field(default_factory=dict, description="model -> why its batcher is not healthy")
-    history_store: str = Field(description="'<kind>: ok', or '<kind>: unavailable'")
-
-
-class ReloadReport(BaseModel):
-    loaded: dict[str, str] = Field(description="model name -> version swapped in")
-    unchanged: dict[str, str]
-    failed: dict[str, str] = Field(description="name/version -> why; the current version keeps serving")
-    workers: dict[str, dict[str, str]] = Field(description="each worker process (by pid) -> model -> version it serves")
-    all_workers: bool = Field(description="every worker reached this reload before the answer (SEQSERVE_RELOAD_WAIT_S)")
-    deleted: list[str] = Field(
-        default_factory=list, description="name/version folders deleted beyond SEQSERVE_KEEP_VERSIONS"
-    )
-    candidates: dict[str, str] = Field(
-        default_factory=dict, description="model name -> the candidate version tried beside the live one here"
-    )
-
-
-class PinRequest(Strict):
-    version: str = Field(
-        min_length=1, max_length=64, pattern=r"^\d{8}T\d{6}Z(-\d+)?$", description="a version folder's name"
-    )
-
-
-class VersionMove(BaseModel):
-    name: str
-    pinned: str | None = Field(description="the version pinned now; null: the newest that loads")
-    serving: str | None = Field(description="the version this worker serves after the move")
-    reload: ReloadReport
-
-
-class VersionInfo(BaseModel):
-    version: str
-    created_at: str | None
-    state: Literal["serving", "candidate", "kept", "broken"] = Field(
-        description="serving: answers requests here; candidate: tried beside it (canary or shadow); "
-        "kept: on disk, not serving; broken: failed to load"
-    )
-    pinned: bool
-    metrics: dict[str, Any] = Field(description="the offline test figures of its training run")
-    reason: str | None = Field(default=None, description="why it is broken")
-
-
-class VersionsResponse(BaseModel):
-    name: str
-    pinned: str | None
-    candidate: CandidateInfo | None = None
-    versions: list[VersionInfo] = Field(description="newest first")
 
 
 class ErrorBody(BaseModel):
@@ -388,15 +207,11 @@ def bounded(limits: Limits, requests: dict[str, Body] | None = None) -> RequestM
     return RequestModels(dict(requests or {}), cast(type[EventsRequest], events), limits)
 
 
-def components(models: RequestModels) -> dict[str, Any]:
-    """The OpenAPI component schemas of the request bodies the app parses itself, with its bounds."""
+def components(models: RequestModels, *others: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI component schemas of the request bodies the app parses itself: the bounded ones and
+    `others` (bodies a route keeps beside it)."""
     out: dict[str, Any] = {}
-    parsed: list[type[BaseModel]] = [
-        *(b.model for b in models.requests.values()),
-        models.events,
-        PinRequest,
-        CandidateRequest,
-    ]
+    parsed: list[type[BaseModel]] = [*(b.model for b in models.requests.values()), models.events, *others]
     for model in parsed:
         spec = model.model_json_schema(ref_template="#/components/schemas/{model}")
         out.update(spec.pop("$defs", {}))

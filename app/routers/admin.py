@@ -7,16 +7,83 @@ import asyncio
 import time
 from functools import partial
 from pathlib import Path as FsPath
+from typing import Annotated, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, Field
 
-from app.deps import AdminKey, CandidateBody, PinBody, Services, ServicesDep
+from app.deps import AdminKey, Services, ServicesDep, parse_body
 from app.errors import BrokenVersion, NoOlderVersion, NoTrial, StoreUnavailable, UnknownModel
 from app.production import ProductionLoop
 from app.routers.docs import body_doc, errors
-from app.schemas import CandidateInfo, ModelNamePath, ReloadReport, TrialMove, VersionMove
+from app.schemas import CandidateInfo, ModelNamePath, Strict
 from app.store import Candidate, StoreError
 from models.artifact import versions as version_folders
+
+# The bodies of these routes (app/schemas.py keeps what several routes share).
+
+
+class ReloadReport(BaseModel):
+    loaded: dict[str, str] = Field(description="model name -> version swapped in")
+    unchanged: dict[str, str]
+    failed: dict[str, str] = Field(description="name/version -> why; the current version keeps serving")
+    workers: dict[str, dict[str, str]] = Field(description="each worker process (by pid) -> model -> version it serves")
+    all_workers: bool = Field(description="every worker reached this reload before the answer (SEQSERVE_RELOAD_WAIT_S)")
+    deleted: list[str] = Field(
+        default_factory=list, description="name/version folders deleted beyond SEQSERVE_KEEP_VERSIONS"
+    )
+    candidates: dict[str, str] = Field(
+        default_factory=dict, description="model name -> the candidate version tried beside the live one here"
+    )
+
+
+class TrialMove(BaseModel):
+    name: str
+    action: Literal["started", "promoted", "retired"]
+    candidate: CandidateInfo | None = Field(description="the candidate after the call")
+    pinned: str | None
+    reason: str
+    reload: ReloadReport
+
+
+class VersionMove(BaseModel):
+    name: str
+    pinned: str | None = Field(description="the version pinned now; null: the newest that loads")
+    serving: str | None = Field(description="the version this worker serves after the move")
+    reload: ReloadReport
+
+
+class CandidateRequest(Strict):
+    version: str = Field(
+        min_length=1, max_length=64, pattern=r"^\d{8}T\d{6}Z(-\d+)?$", description="a version folder's name"
+    )
+    mode: Literal["canary", "shadow"] = Field(
+        description="canary: `share` of the users (sticky by user id) get its answers; shadow: it also scores "
+        "the by-user queries off the response path, its answers never returned"
+    )
+    share: float | None = Field(
+        default=None, gt=0, le=1, description="canary: the share of users it answers (default SEQSERVE_CANARY_SHARE)"
+    )
+
+
+class PinRequest(Strict):
+    version: str = Field(
+        min_length=1, max_length=64, pattern=r"^\d{8}T\d{6}Z(-\d+)?$", description="a version folder's name"
+    )
+
+
+async def pin_body(request: Request) -> PinRequest:
+    return await parse_body(request, PinRequest)
+
+
+PinBody = Annotated[PinRequest, Depends(pin_body)]
+
+
+async def candidate_body(request: Request) -> CandidateRequest:
+    return await parse_body(request, CandidateRequest)
+
+
+CandidateBody = Annotated[CandidateRequest, Depends(candidate_body)]
 
 router = APIRouter(tags=["admin"])
 

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from app import live_events
@@ -8,7 +11,33 @@ from app.deps import EventsBody, ServicesDep, WriterKey
 from app.errors import ModelUnavailable
 from app.handlers import json_response
 from app.routers.docs import body_doc, errors
-from app.schemas import EventsResponse
+from app.schemas import ErrorDetail
+
+# The bodies of these routes (app/schemas.py keeps what several routes share).
+
+
+class EventResult(BaseModel):
+    index: int
+    event_id: str | None
+    status: Literal["stored", "duplicate", "dropped_old", "rejected"] = Field(
+        description=(
+            "dropped_old: taken (a replay is a duplicate) but older than the newest SEQSERVE_LIVE_EVENTS events "
+            "its user keeps, so it is not in the user's live history"
+        )
+    )
+    unknown_item: bool = Field(False, description="stored, but the served model does not know the item yet")
+    errors: list[ErrorDetail] = Field(default_factory=list)
+
+
+class EventsResponse(BaseModel):
+    model: str
+    namespace: str
+    stored: int
+    duplicates: int
+    dropped_old: int
+    rejected: int
+    results: list[EventResult]
+
 
 router = APIRouter(tags=["events"])
 

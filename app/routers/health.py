@@ -3,12 +3,23 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from app.deps import ServicesDep
 from app.handlers import json_response
-from app.schemas import Readiness
 from app.store import StoreError, distinct
+
+# The bodies of these routes (app/schemas.py keeps what several routes share).
+
+
+class Readiness(BaseModel):
+    ready: bool
+    models: list[str]
+    broken: dict[str, str] = Field(description="artifact name/version -> why it did not load")
+    degraded: dict[str, str] = Field(default_factory=dict, description="model -> why its batcher is not healthy")
+    history_store: str = Field(description="'<kind>: ok', or '<kind>: unavailable'")
+
 
 router = APIRouter(tags=["health"])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from app import live_events
@@ -12,8 +13,28 @@ from app.deps import HistoryReaderKey, ServicesDep
 from app.errors import ModelUnavailable
 from app.handlers import json_response
 from app.routers.docs import errors
-from app.schemas import FieldName, HistoryResponse, RawId
+from app.schemas import FieldName, RawId
 from models.engine import MAX_FIELDS
+
+# The bodies of these routes (app/schemas.py keeps what several routes share).
+
+
+class HistoryStep(BaseModel):
+    item_id: str = Field(description="the item; for a social model, the other user")
+    timestamp: float | None = Field(description="unix seconds; null where the data has no times")
+    action: str | None
+    source: Literal["artifact", "live"] = Field(
+        description="from the trained artifact, or stored by POST /events since"
+    )
+    known: bool = Field(description="whether the model knows the item (an unknown one counts after the next training)")
+    fields: dict[str, str | float | list[str]] | None = Field(None, description="present when fields were asked for")
+
+
+class HistoryResponse(BaseModel):
+    model: str
+    user_id: str
+    events: list[HistoryStep] = Field(description="newest first")
+
 
 router = APIRouter(tags=["events"])
 MAX_STEPS = 1000

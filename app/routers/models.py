@@ -1,26 +1,102 @@
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter
+from pydantic import BaseModel, Field
 
 from app.deps import Services, ServicesDep
 from app.errors import UnknownModel
 from app.online import BUCKET_S, figures, totals
 from app.routers.docs import errors
-from app.schemas import (
-    CandidateInfo,
-    ModelInfo,
-    ModelNamePath,
-    ModelsResponse,
-    OnlineFigures,
-    OnlineResponse,
-    VersionInfo,
-    VersionsResponse,
-)
+from app.schemas import CandidateInfo, ModelNamePath
 from models.artifact import ArtifactError, read_manifest
 from models.artifact import versions as version_folders
 from models.engine import Actions, ItemDisplay, UserHistories
+
+# The bodies of these routes (app/schemas.py keeps what several routes share).
+
+
+class OnlineFigures(BaseModel):
+    """Served lists scored against each user's next event (the online window)."""
+
+    n: int = Field(description="scored lists")
+    hr10: float
+    hr10_ci: list[float] = Field(description="95% interval (Wilson)")
+    ndcg10: float
+    ndcg10_ci: list[float] = Field(
+        description="95% interval (normal, lists as the unit; the promotion rule's takes users as the unit)"
+    )
+    mrr: float = Field(description="mean reciprocal rank within each list's top 10 (MRR@10)")
+
+
+class OnlineResponse(BaseModel):
+    name: str
+    bucket_s: float = Field(description="the width of each point's time bucket")
+    candidate: CandidateInfo | None
+    series: dict[str, list[tuple[float, int, float]]] = Field(
+        description="'version/variant' -> [bucket start, scored lists, NDCG@10 of the bucket], oldest first"
+    )
+    totals: dict[str, OnlineFigures] = Field(description="'version/variant' -> figures over every bucket kept")
+
+
+class ModelInfo(BaseModel):
+    name: str
+    kind: str
+    task: str
+    route: str | None = Field(description="the endpoint that answers this model's queries")
+    ranks: str = Field(description="what the model ranks: items, users, locations")
+    exclude_seen_default: bool | None = Field(
+        description="a query's exclude_seen when it does not say; null for a model without user histories"
+    )
+    version: str
+    created_at: str | None
+    catalog_size: int
+    device: str
+    scoring: str = Field(description="how the model's scores run: 'traced' (one graph), or 'eager' and why")
+    actions: list[str] | None = Field(
+        None,
+        description=(
+            "a social model's actions, one of which each step carries; '<-' forms are steps received from others"
+        ),
+    )
+    metrics: dict[str, object]
+    fields: list[str] = Field(default_factory=list, description="item fields a query can ask for (title, genres, ...)")
+    candidate: CandidateInfo | None = Field(default=None, description="the version tried beside this one")
+    online: dict[str, OnlineFigures] = Field(
+        default_factory=dict,
+        description="'version/variant' -> online figures of the live version and a candidate; variants: live, "
+        "canary (the fair comparison: its users saw its lists), shadow (its lists were never shown: biased "
+        "toward the live version, whose list the user acted on)",
+    )
+
+
+class ModelsResponse(BaseModel):
+    defaults: dict[str, str | None] = Field(
+        description="endpoint path -> the model a request to it gets when it names none"
+    )
+    models: list[ModelInfo]
+    broken: dict[str, str]
+
+
+class VersionInfo(BaseModel):
+    version: str
+    created_at: str | None
+    state: Literal["serving", "candidate", "kept", "broken"] = Field(
+        description="serving: answers requests here; candidate: tried beside it (canary or shadow); "
+        "kept: on disk, not serving; broken: failed to load"
+    )
+    pinned: bool
+    metrics: dict[str, Any] = Field(description="the offline test figures of its training run")
+    reason: str | None = Field(default=None, description="why it is broken")
+
+
+class VersionsResponse(BaseModel):
+    name: str
+    pinned: str | None
+    candidate: CandidateInfo | None = None
+    versions: list[VersionInfo] = Field(description="newest first")
+
 
 router = APIRouter(tags=["models"])
 
