@@ -22,7 +22,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from load import ROOT, alternate, bodies_for, pause, start_server, stop
+from load import alternate, bodies_for
+from servers import ROOT, pause, start_server, stop
 
 
 def parse_variant(spec: str) -> tuple[str, Path, int, str, dict[str, str]]:

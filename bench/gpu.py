@@ -48,7 +48,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from load import alternate, bodies_for, pause, start_server, stop  # noqa: E402
+from load import alternate, bodies_for  # noqa: E402
+from servers import pause, start_server, stop  # noqa: E402
 
 from models.artifact import latest_versions  # noqa: E402
 from models.checkpoint import save_checkpoint  # noqa: E402

@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx2 as httpx
 import orjson
-from load import ROOT, rss_mb, start_server, stop
+from servers import ROOT, rss_mb, start_server, stop
 
 
 class _Sampler:

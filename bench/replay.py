@@ -41,7 +41,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from load import _output, start_server, stop  # noqa: E402
+from servers import last_output, start_server, stop  # noqa: E402
 
 NAME = "sasrec-ml100k"
 TENTH = "20000101T000000Z"  # the tenth-of-the-data version's name: older than any, so never "new"
@@ -293,7 +293,7 @@ def main() -> None:
         lines = metrics.splitlines()
         report["changes"] = [x for x in lines if x.startswith("seqserve_candidate_changes_total")]
         report["unscored"] = [x for x in lines if x.startswith("seqserve_online_unscored_total")]
-        report["decisions"] = [line for line in _output().splitlines() if "candidate" in line]
+        report["decisions"] = [line for line in last_output().splitlines() if "candidate" in line]
     finally:
         stop(proc)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import httpx2 as httpx
 import numpy as np
+from servers import free_port
 
 from models.artifact import latest_versions
 from models.histories import HistoryTable, write_table
@@ -94,12 +94,6 @@ def _drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _tree(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-g", str(os.getpgid(pid))], capture_output=True, text=True).stdout.split()
     return [int(p) for p in out]
@@ -146,7 +140,7 @@ async def _by_user(
 def measure(
     root: Path, *, model: str, users: list[str], workers: int, code: Path, requests: int, seconds: float
 ) -> dict[str, float]:
-    port = _free_port()
+    port = free_port()
     state = Path(tempfile.mkdtemp(prefix="scale-state-"))
     env = {
         **os.environ,

@@ -22,7 +22,6 @@ import argparse
 import json
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from load import ROOT, drive, start_server, stop
+from load import drive
+from servers import ROOT, free_port, start_server, stop
 
 sys.path.insert(0, str(ROOT))
 from app.store import Event, HistoryStore, RedisStore, SQLiteStore
@@ -41,12 +41,6 @@ from models.ids import IdMap
 
 EMPTY = -1  # the fill with no event at all
 CHUNK = 5_000  # events a store call takes (a /events body holds far fewer; the fill is not what is measured)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str]:

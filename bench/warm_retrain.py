@@ -25,8 +25,8 @@ import httpx2 as httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from load import start_server, stop  # noqa: E402
 from replay import NAME, load_ml100k, train, warm_retrain  # noqa: E402
+from servers import start_server, stop  # noqa: E402
 
 
 def main() -> None:

@@ -205,3 +205,17 @@ def test_warm_retrain_publishes_a_version_and_tests_it_beside_a_cold_one(rated_l
     report = json.loads(out.read_text())
     assert report["warm"]["warm_start"]["items_kept"] > 0 and report["warm"]["version"]
     assert report["cold"]["test_ndcg10"] > 0 and report["warm_over_cold"] > 0
+
+
+def test_store_fill_measures_each_store_against_its_empty_fill(tiny_artifacts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fill.json"
+    _run(
+        "store_fill.py",
+        *("--artifacts", str(tiny_artifacts), "--model", "sasrec-tiny", "--stores", "sqlite"),
+        *("--fills", "0", "500", "--queried", "5", "--per-user", "3", "--spread", "50"),
+        *("--concurrency", "2", "--seconds", "0.5", "--warmup", "0.1", "--rounds", "1"),
+        *("--port", str(free_port()), "--out", str(out)),
+    )
+    fills = json.loads(out.read_text())["fills"]["sqlite"]
+    assert set(fills) == {"empty", "0", "500"} and fills["0"]["ratio_median"] == 1.0
+    assert all(f["rps"][0] > 0 for f in fills.values())

@@ -1,0 +1,164 @@
+"""The benches' server processes: the service from a checkout, started, paused, stopped, its output read.
+
+Shared by load.py, compare.py, gpu.py, hostile.py, replay.py, store_fill.py, warm_retrain.py and
+scale_serve.py; every server is started in its own process group (so its workers go with it) and
+logs to a file, never to a pipe nobody reads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+import httpx2 as httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A loopback port free at the time of asking."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def uvicorn_process(
+    app: list[str], port: int, *, loop: str, http: str, workers: int, root: Path, env: dict[str, str] | None
+) -> subprocess.Popen[bytes]:
+    """uvicorn serving `app` (its app arguments) from `root`'s .venv, with the bench's common flags."""
+    return subprocess.Popen(
+        [
+            str(root / ".venv/bin/uvicorn"),
+            *app,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "--loop",
+            loop,
+            "--http",
+            http,
+            "--workers",
+            str(workers),
+        ],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log_file(),
+        start_new_session=True,
+    )
+
+
+def python_of(root: Path) -> str:
+    """The interpreter that serves a checkout: its .venv's, else this one (a GPU machine's own Python)."""
+    venv = root / ".venv/bin/python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def start_server(
+    artifacts: Path,
+    port: int,
+    env_extra: dict[str, str],
+    *,
+    loop: str = "auto",
+    http: str = "auto",
+    workers: int = 1,
+    root: Path = ROOT,
+) -> subprocess.Popen[bytes]:
+    """The service from the checkout at `root` (its .venv and its code), ready to answer."""
+    # MALLOC_ARENA_MAX as scripts/serve.sh sets it.
+    env = {
+        **os.environ,
+        "SEQSERVE_ARTIFACTS_DIR": str(artifacts),
+        "SEQSERVE_BENCH_ENDPOINTS": "true",  # read by checkouts from before bench/noop.py
+        "SEQSERVE_LOG_LEVEL": "WARNING",
+        "MALLOC_ARENA_MAX": "2",
+        **env_extra,
+    }
+    # The no-op is the benches' own (bench/noop.py mounts it); a checkout from before serves it itself.
+    own_noop = (root / "bench" / "noop.py").exists()
+    if (root / "app" / "server.py").exists() and loop == http == "auto":
+        # The service's own process (its connection limits included), as scripts/serve.sh runs it.
+        env.update({"SEQSERVE_HOST": "127.0.0.1", "SEQSERVE_PORT": str(port), "SEQSERVE_WORKERS": str(workers)})
+        command = [str(root / "bench" / "noop.py")] if own_noop else ["-m", "app.server"]
+        proc = subprocess.Popen(
+            [python_of(root), *command],
+            cwd=root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file(),
+            start_new_session=True,
+        )
+    else:  # a checkout from before app/server.py, or a loop/parser ablation
+        app = ["--app-dir", str(root / "bench"), "noop:create"] if own_noop else ["app.main:app_from_env"]
+        proc = uvicorn_process(["--factory", *app], port, loop=loop, http=http, workers=workers, root=root, env=env)
+    return wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's whole process group (LitServe and uvicorn workers fork), SIGKILL after 30 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGCONT)  # a paused group would hold the SIGTERM until resumed
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def pause(proc: subprocess.Popen[bytes], paused: bool) -> None:
+    """SIGSTOP / SIGCONT a server's whole process group: a paused server takes no CPU from the measured one
+    (an idle LitServe polls its queue: about 0.15 of a core on the 2-core box)."""
+    os.killpg(proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
+
+_LOGS: list[IO[bytes]] = []
+
+
+def log_file() -> IO[bytes]:
+    """Where a server's output goes: a file, never a pipe nobody reads (a server logging every request at
+    INFO fills a pipe's 64 KB and then blocks on its next log line). The newest is read if it exits."""
+    _LOGS.append(tempfile.TemporaryFile())  # noqa: SIM115 - open for the server's life; read if it exits
+    return _LOGS[-1]
+
+
+def last_output() -> str:
+    """What the newest started server wrote."""
+    if not _LOGS:
+        return ""
+    _LOGS[-1].seek(0)
+    return _LOGS[-1].read().decode(errors="replace")[-4000:]
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str) -> subprocess.Popen[bytes]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {last_output()}")
+        time.sleep(0.3)
+    stop(proc)
+    raise RuntimeError("server did not become ready in 120 s")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
