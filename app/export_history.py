@@ -26,7 +26,7 @@ from pathlib import Path
 from app.settings import Settings
 from app.store import open_store
 from models.artifact import ArtifactError, latest_versions, read_manifest
-from models.engine import Actions, EngineOptions, Timeline, optional_time
+from models.engine import EngineOptions, Timeline, optional_time, received_steps
 from models.ids import to_csv_cell, trainable
 from models.tasks import TASKS, Task
 from models.tasks.recommend import UserQueryEngine
@@ -69,10 +69,6 @@ class Skipped:
         if blank is not None:
             self.counts[blank] = self.counts.get(blank, 0) + 1
         return blank is None
-
-
-def _never(action: str | None) -> bool:
-    return False
 
 
 def _rows(
@@ -118,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with_actions = engine is not None and engine.action_ids is not None
     # A social model's received steps are each the actor's event again, which the log holds already.
-    received = engine.is_received if isinstance(engine, Actions) else _never
+    received = received_steps(engine)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     n, users, skipped = 0, set[str](), Skipped()
     with args.out.open("w", newline="", encoding="utf-8") as f:

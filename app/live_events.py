@@ -15,7 +15,7 @@ from app.loaded import Served
 from app.schemas import EventIn
 from app.serving import store_or_503
 from app.store import Event, HistoryStore
-from models.engine import Actions, Engine, ItemDisplay, UserHistories, optional_time, unknown_field
+from models.engine import Actions, Engine, ItemDisplay, UserHistories, optional_time, received_steps, unknown_field
 
 # The id of the step an event adds to another user's timeline (Engine.received_step): the event's id behind
 # this prefix, which client ids may therefore not take for such a model.
@@ -27,10 +27,6 @@ def with_histories(served: Served, where: list[str | int], error: type[InvalidEv
     if not isinstance(served.engine, UserHistories):
         raise error(f"model {served.name!r} keeps no user histories", where)
     return served.engine
-
-
-def _never_received(action: str | None) -> bool:
-    return False
 
 
 @dataclass
@@ -177,7 +173,7 @@ async def user_history(
         raise UnknownUser(f"unknown user {user_id!r}", ["query", "user_id"])
     every = [(step, "artifact") for step in stored] + [(step, "live") for step in live]
     if steps != "all":  # the store reads up to `limit` of each kind, so either kind fills its page
-        received = served.engine.is_received if isinstance(served.engine, Actions) else _never_received
+        received = received_steps(served.engine)
         every = [s for s in every if received(s[0][2]) == (steps == "received")]
     newest = every[::-1][:limit]
     ids = [raw for (raw, _, _), _ in newest]

@@ -190,13 +190,18 @@ class ProductionLoop:
         """The pins and candidates as this worker last read them: this loop writes them, the models read them."""
         return self.loaded.choices
 
+    def _read_stored(self) -> tuple[dict[str, str], dict[str, Candidate]]:
+        """The pins and the candidates the production state holds (StoreError when it cannot be read): the
+        one reader of them, which every path that takes them comes through."""
+        assert self.state is not None
+        return self.state.pins(), self.state.candidates()
+
     def stored_choices(self) -> tuple[dict[str, str], dict[str, Candidate]] | None:
-        """The pins and the candidates the production state holds; None while it cannot be read (what
-        serves stays). The one reader of them: every path that takes them comes through here."""
+        """The stored pins and candidates; None while they cannot be read (what serves stays)."""
         if self.state is None:
             return None
         try:
-            return self.state.pins(), self.state.candidates()
+            return self._read_stored()
         except (StoreError, ValueError) as exc:
             log.debug("version choices not read: %s", exc)
             return None
@@ -233,10 +238,7 @@ class ProductionLoop:
     async def read_choices(self) -> bool:
         """Take the stored pins and candidates now, for an admin call that must act on them (StoreError
         when they cannot be read)."""
-        state = self.state
-        assert state is not None
-        pins, trials = await asyncio.to_thread(lambda: (state.pins(), state.candidates()))
-        return self.choices.take(pins, trials)
+        return self.choices.take(*await asyncio.to_thread(self._read_stored))
 
     async def pin(self, name: str, version: str | None) -> None:
         """Pin `name` to `version` (None: unpin) in the production state, then take the stored pins."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -213,6 +213,16 @@ class Actions(ABC):
     @abstractmethod
     def is_received(self, action: str | None) -> bool:
         """Whether a step with `action` is one that another user's event added (a received step)."""
+
+
+def received_steps(engine: object) -> Callable[[str | None], bool]:
+    """Whether a step's action marks it received (added by another user's event): the engine's own test
+    when it has `Actions`, else never."""
+    return engine.is_received if isinstance(engine, Actions) else _never_received
+
+
+def _never_received(action: str | None) -> bool:
+    return False
 
 
 class RecentActivity(ABC, Generic[P]):
