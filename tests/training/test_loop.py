@@ -32,17 +32,43 @@ def batches(n: int) -> Any:
     return lambda gen: [torch.ones(8, 4) for _ in range(n)]
 
 
-def test_the_budget_stops_training_inside_an_epoch_with_the_best_weights() -> None:
-    model = Slow(0.02)
+class Clock:
+    """The loop's clock, moved only by the model's steps: the test does not depend on the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class Ticking(nn.Module):
+    """A model whose every step moves the clock by `seconds`."""
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(4))
+        self.clock, self.seconds, self.steps = clock, seconds, 0
+
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        self.clock.now += self.seconds
+        self.steps += 1
+        return ((batch @ self.w) - 1).pow(2).mean()
+
+
+def test_the_budget_stops_training_inside_an_epoch_with_the_best_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(loop, "time", clock)
+    model = Ticking(clock, 1 / 32)  # a binary fraction: 16 steps are exactly the half second
     validations: list[int] = []
 
     def validate(m: nn.Module) -> dict[str, float]:
         validations.append(model.steps)
         return {"NDCG@10": float(model.steps)}
 
-    cfg = LoopConfig(epochs=5, max_minutes=0.5 / 60, lr=0.1)  # half a second; an epoch of 400 steps is 8 s
+    cfg = LoopConfig(epochs=5, max_minutes=0.5 / 60, lr=0.1)  # half a second; an epoch of 400 steps is 12.5 s
     hist = loop.train(model, batches(400), cfg, validate=validate)
-    assert 5 <= model.steps < 400 and hist.epoch == [1] and validations == [model.steps]
+    assert model.steps == 16 and hist.epoch == [1] and validations == [16]
     assert hist.stopped.startswith("time budget of 0.00833333 minutes reached in epoch 1 after ")
     assert hist.best_epoch == 1 and float(model.w.detach().abs().sum()) > 0  # the trained weights were kept
 
