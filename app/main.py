@@ -176,7 +176,7 @@ def _mount_routes(app: FastAPI, settings: Settings, services: Services, routes: 
     twins write the document)."""
     # Routes are tried in order: the request path's come first (last, /bench/noop's walk was 28% of its
     # in-process cost, docs/decisions/request-path-trims.md). They are plain Starlette routes
-    # (app/routers/plain.py). bench/noop.py mounts its no-op right behind /recommend.
+    # (app/routers/plain.py). bench/serving/noop.py mounts its no-op right behind /recommend.
     plain = [plain_router(r, body_name=services.schemas.requests[r.name].model.__name__) for r in routes]
     for hot in plain:
         app.router.routes.extend(hot.routes)

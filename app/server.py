@@ -253,8 +253,8 @@ def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any], interval: flo
     loop.call_later(interval, _sweep, loop, connections, interval)
 
 
-def main(app: str = "app.main:app_from_env", app_dir: str | None = None) -> None:
-    """Serve the app factory `app` (import string; `app_dir` added to the import path) with the
+def main(app: str = "app.main:app_from_env") -> None:
+    """Serve the app factory `app` (an import string) with the
     settings' host, port, workers and connection limits. The benches serve theirs with it."""
     try:
         s = get_settings()
@@ -272,7 +272,6 @@ def main(app: str = "app.main:app_from_env", app_dir: str | None = None) -> None
     uvicorn.run(
         app,
         factory=True,
-        app_dir=app_dir,
         host=s.host,
         port=s.port,
         workers=s.workers,

@@ -80,17 +80,20 @@ def start_server(
     env = {
         **os.environ,
         "SEQSERVE_ARTIFACTS_DIR": str(artifacts),
-        "SEQSERVE_BENCH_ENDPOINTS": "true",  # read by checkouts from before bench/noop.py
+        "SEQSERVE_BENCH_ENDPOINTS": "true",  # read by checkouts from before bench/serving/noop.py
         "SEQSERVE_LOG_LEVEL": "WARNING",
         "MALLOC_ARENA_MAX": "2",
         **env_extra,
     }
-    # The no-op is the benches' own (bench/noop.py mounts it); a checkout from before serves it itself.
-    own_noop = (root / "bench" / "noop.py").exists()
+    # The no-op is the benches' own (bench/serving/noop.py mounts it); a checkout from before serves it itself.
+    flat = (root / "bench" / "noop.py").exists()  # a checkout from before bench/ had folders
+    own_noop = flat or (root / "bench" / "serving" / "noop.py").exists()
     if (root / "app" / "server.py").exists() and loop == http == "auto":
         # The service's own process (its connection limits included), as scripts/serve.sh runs it.
         env.update({"SEQSERVE_HOST": "127.0.0.1", "SEQSERVE_PORT": str(port), "SEQSERVE_WORKERS": str(workers)})
-        command = [str(root / "bench" / "noop.py")] if own_noop else ["-m", "app.server"]
+        command = ["-m", "app.server"]
+        if own_noop:
+            command = [str(root / "bench" / "noop.py")] if flat else ["-m", "bench.serving.noop"]
         proc = subprocess.Popen(
             [python_of(root), *command],
             cwd=root,
@@ -100,7 +103,9 @@ def start_server(
             start_new_session=True,
         )
     else:  # a checkout from before app/server.py, or a loop/parser ablation
-        app = ["--app-dir", str(root / "bench"), "noop:create"] if own_noop else ["app.main:app_from_env"]
+        app = ["app.main:app_from_env"]
+        if own_noop:
+            app = ["--app-dir", str(root / "bench"), "noop:create"] if flat else ["bench.serving.noop:create"]
         proc = uvicorn_process(["--factory", *app], port, loop=loop, http=http, workers=workers, root=root, env=env)
     return wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
 

@@ -3,7 +3,7 @@
 Not imported by anything: vulture reads it beside the packages, and a name listed here counts as used.
 """
 
-# uvicorn imports it by name: "app.main:app_from_env" (app/server.py, bench/load.py).
+# uvicorn imports it by name: "app.main:app_from_env" (app/server.py, bench/serving/load.py).
 from app.main import app_from_env
 
 # Response models' fields: filled by keyword and read by clients through the OpenAPI document.
@@ -13,7 +13,7 @@ from app.schemas import EventResult as _EventResult
 
 app_from_env
 
-# uvicorn imports the benches' app by name too: "noop:create" (bench/noop.py, bench/load.py).
+# uvicorn imports the benches' app by name too: "bench.serving.noop:create" (bench/serving/noop.py, bench/servers.py).
 noop_app = object()
 noop_app.create
 
@@ -24,7 +24,7 @@ ReloadReport.unchanged
 ReloadReport.all_workers
 OnlineResponse.bucket_s
 
-# LitServe calls these on the peer server's API class (bench/litserve_server.py).
+# LitServe calls these on the peer server's API class (bench/serving/litserve_server.py).
 litserve_api = object()
 litserve_api.decode_request
 litserve_api.predict

@@ -26,7 +26,7 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-.venv/bin/mypy bench  # scripts, not a package: checked on their own
+.venv/bin/mypy bench  # the benchmarks (run as `python -m bench.<folder>.<script>`), checked on their own
 .venv/bin/vulture  # dead code; paths and allowed names in pyproject.toml [tool.vulture]
 # A full run fails when coverage slides below the floor (95.1% when it was set at 94.5: the margin absorbs
 # a test that skips on another machine); a run of chosen tests (arguments given) has none.

@@ -1,4 +1,4 @@
-"""bench/gpu.py, the GPU run's script, in its tiny mode: every step on the CPU, so it is ready the day a GPU is."""
+"""bench/scale/gpu.py, the GPU run's script, in its tiny mode: every step on the CPU, ready the day a GPU is."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_every_step_of_the_gpu_run_reports_its_figures_on_the_cpu(
     args += ["--artifact", str(latest_versions(tiny_artifacts)["sasrec-tiny"]), "--data", str(synthetic_dir)]
     args += ["--train-minutes", "0.1", "--train-set", *TINY_REC, "train.epochs=2", "--port", str(free_port())]
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu.py"), *args, "--out", str(out)],
+        [sys.executable, "-m", "bench.scale.gpu", *args, "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -13,15 +13,10 @@ from fastapi.testclient import TestClient
 
 from app.settings import Settings
 from models.artifact import latest_versions
-from tests.servers import ROOT
 
 
 def _bench_module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"bench.serving.{name}")
 
 
 def test_noop_parses_and_answers_like_recommend(tiny_artifacts: Path) -> None:
@@ -46,7 +41,7 @@ def test_noop_parses_and_answers_like_recommend(tiny_artifacts: Path) -> None:
 def test_the_litserve_peer_answers_through_the_project_s_engine(
     tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """bench/litserve_server.py's API class on the tiny artifact, with a stand-in for LitServe's base class
+    """bench/serving/litserve_server.py's API class on the tiny artifact, with a stand-in for LitServe's base class
     (litserve is the `bench` extra, not installed for tests): what rots when this project's engine
     changes is checked here; LitServe's own side is exercised only by a run of the bench."""
     stub = ModuleType("litserve")

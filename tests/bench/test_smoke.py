@@ -11,12 +11,11 @@ import pytest
 
 from tests.servers import ROOT, free_port
 
-BENCH = ROOT / "bench"
 
-
-def _run(script: str, *args: str, timeout: float = 240) -> str:
+def _run(module: str, *args: str, timeout: float = 240) -> str:
+    """`python -m bench.<module> ARGS` from the checkout's root, as docs/BENCHMARKS.md runs them."""
     proc = subprocess.run(
-        [sys.executable, str(BENCH / script), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", f"bench.{module}", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc.stdout
@@ -26,7 +25,7 @@ def test_compare_alternates_two_variants_one_logging_every_request(tiny_artifact
     """A variant at INFO writes a line per request: its server must never block on its own output."""
     out = tmp_path / "compare.json"
     _run(
-        "compare.py",
+        "serving.compare",
         *("--artifacts", str(tiny_artifacts), "--models", "sasrec-tiny", "--paths", "/recommend"),
         *("--concurrency", "4", "--rounds", "2", "--seconds", "2", "--warmup", "0.2"),
         *("--variant", "quiet", "--variant", "logged:SEQSERVE_LOG_LEVEL=INFO"),
@@ -40,7 +39,7 @@ def test_compare_alternates_two_variants_one_logging_every_request(tiny_artifact
 def test_hostile_attacks_report_what_they_measured(tiny_artifacts: Path, tmp_path: Path) -> None:
     out = tmp_path / "hostile.json"
     _run(
-        "hostile.py",
+        "serving.hostile",
         *("--artifacts", str(tiny_artifacts), "--model", "sasrec-tiny"),
         *("--attacks", "bodies-in-flight", "half-open", "--bodies", "3", "--half-open", "20"),
         *("--port", str(free_port()), "--out", str(out)),
@@ -52,7 +51,7 @@ def test_hostile_attacks_report_what_they_measured(tiny_artifacts: Path, tmp_pat
 
 def test_inprocess_drives_the_app_without_sockets(tiny_artifacts: Path) -> None:
     text = _run(
-        "inprocess.py",
+        "serving.inprocess",
         *("--artifacts", str(tiny_artifacts), "--model", "sasrec-tiny", "--path", "/recommend"),
         *("--concurrency", "4", "--requests", "64", "--canned"),
     )
@@ -60,7 +59,7 @@ def test_inprocess_drives_the_app_without_sockets(tiny_artifacts: Path) -> None:
 
 
 def test_online_memory_reports_bytes_per_user_and_scores_every_list() -> None:
-    report = json.loads(_run("online_memory.py", "--users", "2000", "--k", "10"))
+    report = json.loads(_run("production.online_memory", "--users", "2000", "--k", "10"))
     assert report["left_after_scoring"] == 0  # one arrival per user scored each user's list
     assert 100 < report["bytes_per_active_user"] < 5000
 
@@ -69,7 +68,17 @@ def test_gen_log_writes_the_rows_asked_for_as_csv_and_parquet(tmp_path: Path) ->
     import pandas as pd
 
     _run(
-        "gen_log.py", "--rows", "3000", "--users", "40", "--items", "200", "--part-rows", "1000", "--out", str(tmp_path)
+        "scale.gen_log",
+        "--rows",
+        "3000",
+        "--users",
+        "40",
+        "--items",
+        "200",
+        "--part-rows",
+        "1000",
+        "--out",
+        str(tmp_path),
     )
     csv = pd.read_csv(tmp_path / "log.csv")
     parts = sorted((tmp_path / "parquet").glob("*.parquet"))
@@ -81,17 +90,17 @@ def test_gen_log_writes_the_rows_asked_for_as_csv_and_parquet(tmp_path: Path) ->
 def test_catalog_scaling_times_each_catalog_and_a_trained_artifact(tiny_artifacts: Path) -> None:
     from models.artifact import latest_versions
 
-    text = _run("catalog_scaling.py", "--items", "2000", "--batch", "4", "--threads", "1", "--repeats", "1")
+    text = _run("scale.catalog_scaling", "--items", "2000", "--batch", "4", "--threads", "1", "--repeats", "1")
     assert "2000" in text.replace(",", "")
     version = latest_versions(tiny_artifacts)["sasrec-tiny"]
-    assert _run("catalog_scaling.py", "--artifact", str(version), "--batch", "4", "--users", "8", "--repeats", "1")
+    assert _run("scale.catalog_scaling", "--artifact", str(version), "--batch", "4", "--users", "8", "--repeats", "1")
 
 
 def test_rec_table_prints_the_model_beside_its_baselines(tiny_artifacts: Path) -> None:
     from models.artifact import latest_versions
 
     versions = latest_versions(tiny_artifacts)
-    text = _run("rec_table.py", str(versions["sasrec-tiny"]), str(versions["bert4rec-tiny"]))
+    text = _run("training.rec_table", str(versions["sasrec-tiny"]), str(versions["bert4rec-tiny"]))
     assert "sasrec-tiny" in text and "bert4rec-tiny" in text and "transitions" in text
 
 
@@ -105,7 +114,7 @@ def test_transition_width_scores_validation_by_width_and_weight(
     for model in ("sasrec-tiny", "bert4rec-tiny"):  # any next-item scorer takes the prior
         version = latest_versions(tiny_artifacts)[model]
         args = ("--config", str(config), "--data", str(synthetic_dir), "--widths", "0", "4")
-        text = _run("transition_width.py", str(version), *args)
+        text = _run("training.transition_width", str(version), *args)
         assert "width 0: 0: " in text and "width 4: 0: " in text and "| 3: " in text, text
 
 
@@ -115,7 +124,7 @@ def test_train_speed_times_the_jobs_loop_in_each_tree_and_compares_them(syntheti
     out = tmp_path / "speed.json"
     root = str(Path(__file__).resolve().parents[2])
     args = ("--config", str(config), "--data", str(synthetic_dir), "--batches", "3", "--warmup", "1", "--rounds", "1")
-    _run("train_speed.py", *args, "--variant", f"a:{root}", "--variant", f"b:{root}", "--out", str(out))
+    _run("training.train_speed", *args, "--variant", f"a:{root}", "--variant", f"b:{root}", "--out", str(out))
     report = json.loads(out.read_text())
     assert report["a"]["ratio"] == 1.0 and report["b"]["ratio"] > 0
     assert [r["windows"] for r in report["b"]["runs"]] == [12]  # 3 batches of 4, one round
@@ -125,7 +134,7 @@ def test_eval_cost_times_every_scorer_in_each_tree(tmp_path: Path) -> None:
     out = tmp_path / "cost.json"
     root = str(Path(__file__).resolve().parents[2])
     args = ("--items", "3000", "--users", "300", "--scored", "50", "--rounds", "1", "--threads", "1")
-    _run("eval_cost.py", *args, "--variant", f"a:{root}", "--variant", f"b:{root}", "--out", str(out))
+    _run("training.eval_cost", *args, "--variant", f"a:{root}", "--variant", f"b:{root}", "--out", str(out))
     report = json.loads(out.read_text())["report"]
     assert set(report["b"]["ms_per_user"]) == {"network", "popularity", "transitions", "item_knn"}
     assert set(report["b"]["fit_s"]) == {"popularity", "transitions", "item_knn"}
@@ -136,7 +145,7 @@ def test_eval_cost_times_every_scorer_in_each_tree(tmp_path: Path) -> None:
 def test_load_measures_the_ceiling_the_no_op_and_the_service(tiny_artifacts: Path, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     _run(
-        "load.py",
+        "serving.load",
         *("--artifacts", str(tiny_artifacts), "--models", "sasrec-tiny", "--modes", "raw", "noop", "batched"),
         *("--concurrency", "2", "--seconds", "1", "--warmup", "0.2", "--port", str(free_port()), "--out", str(out)),
     )
@@ -148,7 +157,7 @@ def test_load_measures_the_ceiling_the_no_op_and_the_service(tiny_artifacts: Pat
 
 def test_scale_serve_starts_the_service_on_a_synthetic_user_count(tiny_artifacts: Path, tmp_path: Path) -> None:
     text = _run(
-        "scale_serve.py",
+        "scale.scale_serve",
         *("--artifact", str(tiny_artifacts / "sasrec-tiny"), "--users", "500", "--events", "5", "--workers", "1"),
         *("--requests", "50", "--seconds", "1", "--no-cold", "--work", str(tmp_path / "work")),
     )
@@ -159,7 +168,7 @@ def test_social_activity_chooses_on_validation_and_scores_test(tiny_social_artif
     from models.artifact import latest_versions
 
     (version,) = latest_versions(tiny_social_artifact).values()
-    text = _run("social_activity.py", "--choose-on", str(version), "--data", str(social_file))
+    text = _run("training.social_activity", "--choose-on", str(version), "--data", str(social_file))
     assert "| model |" in text and "model +" in text
 
 
@@ -170,7 +179,10 @@ def rated_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("rated")
     _run(
-        "gen_log.py", *("--rows", "6000", "--users", "200", "--items", "400", "--formats", "csv"), "--out", str(folder)
+        "scale.gen_log",
+        *("--rows", "6000", "--users", "200", "--items", "400", "--formats", "csv"),
+        "--out",
+        str(folder),
     )
     df = pd.read_csv(folder / "log.csv")
     df.insert(2, "rating", 5)
@@ -182,7 +194,7 @@ def rated_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_replay_s_online_figures_equal_its_own_computation(rated_log: Path, tmp_path: Path) -> None:
     out = tmp_path / "replay.json"
     _run(
-        "replay.py",
+        "production.replay",
         *("--data", str(rated_log), "--minutes", "0.02", "--warm-minutes", "0.02", "--min-events", "20"),
         *("--workers", "1", "--decide-s", "2", "--port", str(free_port()), "--out", str(out)),
         timeout=400,
@@ -197,7 +209,7 @@ def test_replay_s_online_figures_equal_its_own_computation(rated_log: Path, tmp_
 def test_warm_retrain_publishes_a_version_and_tests_it_beside_a_cold_one(rated_log: Path, tmp_path: Path) -> None:
     out = tmp_path / "warm.json"
     _run(
-        "warm_retrain.py",
+        "production.warm_retrain",
         *("--data", str(rated_log), "--events", "300", "--minutes", "0.02", "--cold-minutes", "0.02"),
         *("--port", str(free_port()), "--out", str(out)),
         timeout=400,
@@ -210,7 +222,7 @@ def test_warm_retrain_publishes_a_version_and_tests_it_beside_a_cold_one(rated_l
 def test_store_fill_measures_each_store_against_its_empty_fill(tiny_artifacts: Path, tmp_path: Path) -> None:
     out = tmp_path / "fill.json"
     _run(
-        "store_fill.py",
+        "production.store_fill",
         *("--artifacts", str(tiny_artifacts), "--model", "sasrec-tiny", "--stores", "sqlite"),
         *("--fills", "0", "500", "--queried", "5", "--per-user", "3", "--spread", "50"),
         *("--concurrency", "2", "--seconds", "0.5", "--warmup", "0.1", "--rounds", "1"),

@@ -1,4 +1,4 @@
-"""bench/sweep.py: variants x seeds through real training jobs, one Markdown row each, baselines first."""
+"""bench/training/sweep.py: variants x seeds through real training jobs, one Markdown row each, baselines first."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import TINY_REC
 
-SWEEP = Path(__file__).resolve().parents[2] / "bench" / "sweep.py"
+SWEEP = "bench.training.sweep"
 
 
 def test_two_variants_two_seeds_give_a_table_of_means(
@@ -19,7 +19,7 @@ def test_two_variants_two_seeds_give_a_table_of_means(
 ) -> None:
     config = Path(__file__).resolve().parents[2] / "training" / "configs" / "sasrec_ml100k.toml"
     argv = [
-        str(SWEEP),
+        SWEEP,
         "--config",
         str(config),
         "--data",
@@ -51,7 +51,7 @@ def test_two_variants_two_seeds_give_a_table_of_means(
         ],
     ]
     monkeypatch.setattr(sys, "argv", argv)
-    runpy.run_path(str(SWEEP), run_name="__main__")
+    runpy.run_module(SWEEP, run_name="__main__", alter_sys=True)
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "| run | n | train s | test.full.NDCG@10 | test.nothing.here |"
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:]}

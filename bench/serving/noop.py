@@ -3,28 +3,22 @@ without a model: the honest ceiling of the request path for the load benchmarks.
 on the service's own app (the production routers never hold it), right behind /recommend so that it
 pays the same route walk:
 
-    .venv/bin/python bench/noop.py      # the service (app.server, its settings) with POST /bench/noop
+    .venv/bin/python -m bench.serving.noop      # the service (app.server, its settings) with POST /bench/noop
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent))
-
-from app.deps import parse_body, services_of  # noqa: E402
-from app.handlers import json_response  # noqa: E402
-from app.main import app_from_env, create_app  # noqa: E402
-from app.routers.plain import PlainRouter  # noqa: E402
-from app.routers.recommend import result_json, to_query  # noqa: E402
-from app.settings import Settings  # noqa: E402
-from models.tasks.recommend import RecResult  # noqa: E402
+from app.deps import parse_body, services_of
+from app.handlers import json_response
+from app.main import app_from_env, create_app
+from app.routers.plain import PlainRouter
+from app.routers.recommend import result_json, to_query
+from app.settings import Settings
+from models.tasks.recommend import RecResult
 
 router = PlainRouter(tags=["bench"], include_in_schema=False)
 
@@ -61,4 +55,4 @@ def create_with(settings: Settings) -> FastAPI:
 if __name__ == "__main__":
     from app.server import main
 
-    main(app="noop:create", app_dir=str(BENCH))
+    main(app="bench.serving.noop:create")

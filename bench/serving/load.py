@@ -1,6 +1,6 @@
 """Load benchmark: the service on loopback under N concurrent clients, its modes side by side.
 
-    .venv/bin/python bench/load.py --artifacts artifacts --models sasrec-ml100k sasrec-beauty \
+    .venv/bin/python -m bench.serving.load --artifacts artifacts --models sasrec-ml100k sasrec-beauty \
         --concurrency 1 16 64 --seconds 10
 
 Modes, each in a fresh server process with every model of --artifacts loaded:
@@ -8,8 +8,8 @@ Modes, each in a fresh server process with every model of --artifacts loaded:
   unbatched  POST /recommend, SEQSERVE_BATCHING=false (one model call per request)
   batched    POST /recommend, dynamic micro-batching on
   litserve   a peer, not the service: the same artifact and engine served by LitServe
-             (bench/litserve_server.py; `.venv/bin/pip install -e '.[bench]'` first; one --models)
-  raw        the machine's ceiling, not the service: a bare ASGI app (bench/raw_asgi.py) under the
+             (bench/serving/litserve_server.py; `.venv/bin/pip install -e '.[bench]'` first; one --models)
+  raw        the machine's ceiling, not the service: a bare ASGI app (bench/serving/raw_asgi.py) under the
              same uvicorn settings and worker count, reading the body and answering a fixed one
 --interleave N starts the servers together (the no-op is an endpoint of the batched one) and alternates
 them in N windows per concurrency (the order flipped every round), so a shared machine's drift falls
@@ -35,13 +35,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx2 as httpx
-from servers import ROOT, log_file, pause, rss_mb, start_server, stop, uvicorn_process, wait_ready
+
+from bench.servers import ROOT, log_file, pause, rss_mb, start_server, stop, uvicorn_process, wait_ready
 
 
 def start_raw(port: int, *, loop: str = "auto", http: str = "auto", workers: int = 1) -> subprocess.Popen[bytes]:
-    """The ceiling: bench/raw_asgi.py under uvicorn with the service's loop, parser and worker count."""
+    """The ceiling: bench/serving/raw_asgi.py under uvicorn with the service's loop, parser and worker count."""
     proc = uvicorn_process(
-        ["--app-dir", str(ROOT / "bench"), "raw_asgi:app"],
+        ["bench.serving.raw_asgi:app"],
         port,
         loop=loop,
         http=http,
@@ -62,12 +63,13 @@ def start_litserve(
     workers: int = 1,
     fast_queue: bool = False,
 ) -> subprocess.Popen[bytes]:
-    """The peer: the same artifact through the project's engine, served by LitServe (bench/litserve_server.py)."""
+    """The peer: the same artifact through the project's engine, served by LitServe
+    (bench/serving/litserve_server.py)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_ARENA_MAX": "2"}
     proc = subprocess.Popen(
         [
             str(ROOT / ".venv/bin/python"),
-            str(ROOT / "bench" / "litserve_server.py"),
+            str(ROOT / "bench" / "serving" / "litserve_server.py"),
             "--artifacts",
             str(artifacts),
             "--model",

@@ -1,8 +1,8 @@
 """Hostile clients against a running service: how long /healthz waits, and what the server holds.
 
     git worktree add ../head <commit> && ln -s "$PWD/.venv" ../head/.venv     # the code before a change
-    .venv/bin/python bench/hostile.py --model sasrec-ml100k --root ../head --out runs/hostile-head.json
-    .venv/bin/python bench/hostile.py --model sasrec-ml100k --out runs/hostile.json
+    .venv/bin/python -m bench.serving.hostile --model sasrec-ml100k --root ../head --out runs/hostile-head.json
+    .venv/bin/python -m bench.serving.hostile --model sasrec-ml100k --out runs/hostile.json
 
 Each attack runs alone against one server (started from --root's checkout and .venv) while a probe
 sends GET /healthz every 10 ms on its own connection; the probe's longest wait is the event loop's
@@ -41,7 +41,8 @@ from typing import Any
 
 import httpx2 as httpx
 import orjson
-from servers import ROOT, rss_mb, start_server, stop
+
+from bench.servers import ROOT, rss_mb, start_server, stop
 
 
 class _Sampler:

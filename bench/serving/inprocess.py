@@ -1,9 +1,11 @@
 """The event loop's CPU per request, without sockets: the real app driven in-process through ASGI.
 
-    .venv/bin/python bench/inprocess.py --path /recommend --concurrency 16 --requests 6000 [--canned] [--profile 40]
+    .venv/bin/python -m bench.serving.inprocess --path /recommend --concurrency 16 --requests 6000 \
+        [--canned] [--profile 40]
 
-Builds the service with create_app (real settings, lifespan, models, history store; bench/noop.py adds
-the no-op) and sends it --requests POSTs from --concurrency coroutines on one uvloop, by user_id as bench/load.py does.
+Builds the service with create_app (real settings, lifespan, models, history store;
+bench/serving/noop.py adds the no-op) and sends it --requests POSTs from --concurrency coroutines on one
+uvloop, by user_id as bench/serving/load.py does.
 Reports req/s and the loop thread's CPU per request (time.thread_time), plus the model calls' batch
 size and time. --canned answers every model call with results computed once at start, which leaves
 the loop's own work: the framework, parsing, the store read, the batcher hop, the response.
@@ -18,22 +20,19 @@ import cProfile
 import json
 import os
 import pstats
-import sys
 import tempfile
 import time
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def run(args: argparse.Namespace) -> None:
-    from load import bodies_for
-    from noop import create_with
-
     from app.settings import Settings
+    from bench.serving.load import bodies_for
+    from bench.serving.noop import create_with
 
     app = create_with(Settings())  # the service, with the benches' no-op
     to_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()

@@ -1,7 +1,7 @@
 """Serving millions of users: start-up time, resident memory and by-user throughput against the number of
 users an artifact holds.
 
-    .venv/bin/python bench/scale_serve.py --artifact artifacts/sasrec-ml100k --users 0 1000000 5000000 \
+    .venv/bin/python -m bench.scale.scale_serve --artifact artifacts/sasrec-ml100k --users 0 1000000 5000000 \
         --workers 1 2
 
 For each user count it copies the artifact's newest version with its histories replaced by that many
@@ -33,13 +33,13 @@ from pathlib import Path
 
 import httpx2 as httpx
 import numpy as np
-from servers import free_port
 
+from bench.servers import free_port
 from models.artifact import latest_versions
 from models.histories import HistoryTable, write_table
 from models.ids import N_SPECIAL, IdMap
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def user_ids(n: int) -> list[str]:

@@ -1,7 +1,8 @@
 """What evaluating a recommender costs a user at a catalog size: milliseconds a user of `evaluate_all` for
 a network-like scorer and each baseline, under the three protocols, each code tree in its own process.
 
-    .venv/bin/python bench/eval_cost.py --items 500000 --scored 2000 --variant before:/tmp/before --variant now:.
+    .venv/bin/python -m bench.training.eval_cost --items 500000 --scored 2000 \
+        --variant before:/tmp/before --variant now:.
 
 Each run builds the same seeded synthetic log in its tree (--users histories of 3 to 39 items drawn
 from a Zipf-like popularity over --items items), fits the three baselines on it (popularity,
@@ -11,7 +12,7 @@ stood in for by a seeded (items, 64) table scored by a dot product with the mean
 which costs what SASRec's (B, V) scores do after its encoder. The report gives each run and, per
 scorer (and per baseline's fit, in seconds), each variant's median and its ratio to the first variant's.
 
-    .venv/bin/python bench/eval_cost.py --artifact runs/job50m/arts/sasrec-beauty/<version> \
+    .venv/bin/python -m bench.training.eval_cost --artifact runs/job50m/arts/sasrec-beauty/<version> \
         --config training/configs/sasrec_beauty.toml --data runs/log50m/parquet --set eval.test_users=20000 \
         --set train.max_minutes=30
 
@@ -29,7 +30,7 @@ import statistics
 import time
 from pathlib import Path
 
-from trees import run_in_tree
+from bench.trees import run_in_tree
 
 
 def one(args: argparse.Namespace) -> dict[str, dict[str, float]]:

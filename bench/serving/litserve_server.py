@@ -1,7 +1,7 @@
-"""A peer for bench/load.py: the same recommendation artifact served by LitServe instead of the service.
+"""A peer for bench/serving/load.py: the same recommendation artifact served by LitServe instead of the service.
 
     .venv/bin/pip install -e '.[bench]'   # litserve, pinned in pyproject.toml
-    .venv/bin/python bench/litserve_server.py --artifacts artifacts --model sasrec-ml100k --port 8765
+    .venv/bin/python -m bench.serving.litserve_server --artifacts artifacts --model sasrec-ml100k --port 8765
 
 Only the framework differs: the LitAPI answers POST /recommend through the project's own engine
 (models.tasks.recommend.RecEngine: id mapping, its traced scores, models.ranking.recommend with the same exclusions,

@@ -1,6 +1,6 @@
 """What would knowing who is being interacted with right now add to a trained social model?
 
-    .venv/bin/python bench/social_activity.py --choose-on runs/soc_q/social-mathoverflow/<version> \
+    .venv/bin/python -m bench.training.social_activity --choose-on runs/soc_q/social-mathoverflow/<version> \
         --test runs/soc_ship/social-mathoverflow/<version>
 
 The social job's own split, queries and evaluation (training/jobs/social.py, training/social_eval.py).

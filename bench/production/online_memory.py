@@ -1,8 +1,8 @@
 """Bytes a worker holds per active user for online evaluation, and the cost of recording and scoring.
 
-    .venv/bin/python bench/online_memory.py --users 100000 --k 10
-    .venv/bin/python bench/online_memory.py --service artifacts --model sasrec-ml100k --users 25000 --k 1000 \
-        --variant before:/tmp/before --variant now:.
+    .venv/bin/python -m bench.production.online_memory --users 100000 --k 10
+    .venv/bin/python -m bench.production.online_memory --service artifacts --model sasrec-ml100k \
+        --users 25000 --k 1000 --variant before:/tmp/before --variant now:.
 
 The second form asks a real server (one worker, from each code tree in turn: a `git worktree` of another
 commit) for `--users` fresh users' top `--k`, each user once with a one-item history, and reports the
@@ -21,7 +21,6 @@ import time
 import tracemalloc
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.online import ServedList, ServedLists
 from app.store import Arrival
 
@@ -29,8 +28,8 @@ from app.store import Arrival
 def through_service(args: argparse.Namespace) -> None:
     """RSS of a real server before and after it answered `args.users` fresh users once each at `args.k`."""
     import httpx2 as httpx
-    from load import rss_mb, start_server, stop
 
+    from bench.serving.load import rss_mb, start_server, stop
     from models.artifact import latest_versions
     from models.ids import IdMap
 

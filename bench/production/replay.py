@@ -2,7 +2,7 @@
 service as users would send it, and the service's own online figures are checked against an offline
 computation on the very lists it served.
 
-    .venv/bin/python bench/replay.py --out runs/replay.json
+    .venv/bin/python -m bench.production.replay --out runs/replay.json
 
 1. MovieLens-100k split by time: the first 80% of the interactions train the live version (cold), and
    a deliberately worse one is trained on a tenth of them (each user's rows sampled 1 in 10, the last
@@ -39,9 +39,7 @@ from typing import Any
 import httpx2 as httpx
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from servers import last_output, start_server, stop  # noqa: E402
+from bench.servers import ROOT, last_output, start_server, stop
 
 NAME = "sasrec-ml100k"
 TENTH = "20000101T000000Z"  # the tenth-of-the-data version's name: older than any, so never "new"

@@ -1,7 +1,7 @@
 """Training throughput of a recommendation config on a log: training windows a second through the job's
 own loop (optimizer, weight averaging, schedule), each code tree in its own process, alternated.
 
-    .venv/bin/python bench/train_speed.py --config training/configs/sasrec_beauty.toml \
+    .venv/bin/python -m bench.training.train_speed --config training/configs/sasrec_beauty.toml \
         --data ../shared/data/amazon-beauty-5core/beauty_5core.txt \
         --variant before:/tmp/before --variant now:. --rounds 2 --batches 200
 
@@ -20,9 +20,9 @@ import statistics
 import time
 from pathlib import Path
 
-from trees import run_in_tree
+from bench.trees import run_in_tree
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def one(args: argparse.Namespace) -> dict[str, float]:

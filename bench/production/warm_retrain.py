@@ -1,6 +1,6 @@
 """A warm retrain against a cold one on the same data: time to a published version, and test figures.
 
-    .venv/bin/python bench/warm_retrain.py --events 5000 --out runs/warm_retrain.json
+    .venv/bin/python -m bench.production.warm_retrain --events 5000 --out runs/warm_retrain.json
 
 MovieLens-100k's first 80% by time train the served version (cold, the default config's 2-minute
 budget); the next `--events` interactions are posted to the running service through POST /events.
@@ -17,16 +17,13 @@ import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import httpx2 as httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from replay import NAME, load_ml100k, train, warm_retrain  # noqa: E402
-from servers import start_server, stop  # noqa: E402
+from bench.production.replay import NAME, load_ml100k, train, warm_retrain
+from bench.servers import ROOT, start_server, stop
 
 
 def main() -> None:

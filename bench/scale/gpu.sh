@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU bench (bench/gpu.py) on a machine whose Python has torch with CUDA but not the service's web
+# The GPU bench (bench/scale/gpu.py) on a machine whose Python has torch with CUDA but not the service's web
 # dependencies, and no network.
 #
-#   bench/gpu.sh fetch DIR                # on a machine with network and this checkout's .venv: the wheels
-#   bench/gpu.sh run DIR -- GPU_PY_ARGS   # on the GPU machine: install DIR's wheels, run bench/gpu.py
+#   bench/scale/gpu.sh fetch DIR                # on a machine with network and this checkout's .venv: the wheels
+#   bench/scale/gpu.sh run DIR -- GPU_PY_ARGS   # on the GPU machine: install DIR's wheels, run bench/scale/gpu.py
 #
 # fetch downloads, for CPython $PYVER (default 3.12) on x86-64 Linux, the exact versions this checkout's
 # .venv runs of WHEELS below: the packages the service and the tests import that a PyTorch image lacks
@@ -43,7 +43,7 @@ run)
     site=${SITE:-/tmp/seqserve-site}
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$dir"/*.whl
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-    exec python3 bench/gpu.py "$@"
+    exec python3 -m bench.scale.gpu "$@"
     ;;
 *) usage ;;
 esac

@@ -1,6 +1,6 @@
 """Markdown table of recommendation artifacts' test metrics, the baselines of the same run beside them.
 
-    .venv/bin/python bench/rec_table.py artifacts/sasrec-beauty/<version> artifacts/bert4rec-beauty/<version>
+    .venv/bin/python -m bench.training.rec_table artifacts/sasrec-beauty/<version> artifacts/bert4rec-beauty/<version>
 
 Whole-catalog ranking (seen items removed) comes first, with each row's NDCG@10 as a multiple of
 the best baseline's; then the sampled protocols (100 negatives drawn by popularity, the BERT4Rec

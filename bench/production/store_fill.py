@@ -1,7 +1,7 @@
 """By-user /recommend throughput as the history store fills: an empty store against 100,000 and
 1,000,000 stored events, for SQLite and Redis.
 
-    .venv/bin/python bench/store_fill.py --artifacts artifacts --model sasrec-ml100k \
+    .venv/bin/python -m bench.production.store_fill --artifacts artifacts --model sasrec-ml100k \
         --stores sqlite redis --fills 0 100000 1000000 --seconds 8 --rounds 2
 
 Each store is filled once per fill, directly through the store's own `append` (as /events writes): the
@@ -29,11 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from load import drive
-from servers import ROOT, free_port, start_server, stop
-
-sys.path.insert(0, str(ROOT))
 from app.store import Event, HistoryStore, RedisStore, SQLiteStore
+from bench.servers import ROOT, free_port, start_server, stop
+from bench.serving.load import drive
 from models.artifact import latest_versions, read_manifest
 from models.engine import LIVE_EVENTS
 from models.histories import HistoryTable

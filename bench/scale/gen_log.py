@@ -1,6 +1,6 @@
 """A realistic interaction log of any size, for the scale benchmarks: CSV and a Parquet folder.
 
-    .venv/bin/python bench/gen_log.py --rows 50000000 --users 2000000 --items 500000 --out runs/log50m
+    .venv/bin/python -m bench.scale.gen_log --rows 50000000 --users 2000000 --items 500000 --out runs/log50m
     # -> runs/log50m/log.csv (user_id,item_id,timestamp) and runs/log50m/parquet/part-00000.parquet ...
 
 What makes it realistic enough to train on and to stress a loader:

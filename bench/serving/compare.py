@@ -1,9 +1,9 @@
 """Variants of the service side by side on a noisy machine: all started at once, alternated in windows.
 
     git worktree add ../head HEAD && ln -s "$PWD/.venv" ../head/.venv     # the code before a change
-    .venv/bin/python bench/compare.py --models sasrec-ml100k --concurrency 1 16 64 --rounds 6 --seconds 15 \\
+    .venv/bin/python -m bench.serving.compare --models sasrec-ml100k --concurrency 1 16 64 --rounds 6 --seconds 15 \\
         --variant head:root=../head --variant new
-    .venv/bin/python bench/compare.py --models sasrec-ml100k --variant w1:workers=1 --variant w2:workers=2 \\
+    .venv/bin/python -m bench.serving.compare --models sasrec-ml100k --variant w1:workers=1 --variant w2:workers=2 \\
         --variant w4:workers=4 --paths /recommend
 
 A variant is NAME[:KEY=VALUE,...]: root= a checkout whose .venv and code serve it (default: this one),
@@ -22,8 +22,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from load import alternate, bodies_for
-from servers import ROOT, pause, start_server, stop
+from bench.servers import ROOT, pause, start_server, stop
+from bench.serving.load import alternate, bodies_for
 
 
 def parse_variant(spec: str) -> tuple[str, Path, int, str, dict[str, str]]:

@@ -1,9 +1,9 @@
 """The GPU path in one run: the CUDA tests, the model's latency, the service's throughput and a training
 budget, each on CUDA beside the same host's CPU; every figure in one JSON file.
 
-    bench/gpu.sh --wheels .gpu/wheels -- --artifact .gpu/sasrec-ml100k \\
-        --data .gpu/data/beauty_5core.txt --out "$OUT/gpu.json"          # on a GPU machine (bench/gpu.sh)
-    .venv/bin/python bench/gpu.py --tiny --devices cpu --artifact <version folder> \\
+    bench/scale/gpu.sh --wheels .gpu/wheels -- --artifact .gpu/sasrec-ml100k \\
+        --data .gpu/data/beauty_5core.txt --out "$OUT/gpu.json"          # on a GPU machine (bench/scale/gpu.sh)
+    .venv/bin/python -m bench.scale.gpu --tiny --devices cpu --artifact <version folder> \\
         --data <log> --train-set ... --out /tmp/gpu.json                  # every step on the CPU, tiny sizes
 
 Steps (--steps picks some; each one's figures are written as soon as it ends, and one that fails is
@@ -14,7 +14,7 @@ recorded with its error while the others still run):
          items, on each of --devices: the median of --repeats calls
   profile  torch.profiler over one-query model calls on the first device: where the time goes
   serve  the service (app.server) on each device with both catalogs loaded, /recommend by user_id at
-         each --concurrency, the devices' servers alternated in windows (bench/load.py's `alternate`)
+         each --concurrency, the devices' servers alternated in windows (bench/serving/load.py's `alternate`)
   train  `python -m training train` of --train-config on --data for a --train-minutes budget on the
          first device: epochs, training windows a second (the loop's own per-epoch figure), validation
          and test NDCG@10, beside the CPU figures this repository's docs give (--cpu-windows-per-s,
@@ -45,24 +45,20 @@ from typing import Any
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from load import alternate, bodies_for  # noqa: E402
-from servers import pause, start_server, stop  # noqa: E402
-
-from models.artifact import latest_versions  # noqa: E402
-from models.checkpoint import save_checkpoint  # noqa: E402
-from models.engine import EngineOptions  # noqa: E402
-from models.histories import write_table  # noqa: E402
-from models.ids import N_SPECIAL, IdMap  # noqa: E402
-from models.sasrec import SASRec, SASRecConfig  # noqa: E402
-from models.tasks import TASKS  # noqa: E402
-from models.tasks.recommend import RecEngine, RecQuery  # noqa: E402
+from bench.servers import ROOT, pause, start_server, stop
+from bench.serving.load import alternate, bodies_for
+from models.artifact import latest_versions
+from models.checkpoint import save_checkpoint
+from models.engine import EngineOptions
+from models.histories import write_table
+from models.ids import N_SPECIAL, IdMap
+from models.sasrec import SASRec, SASRecConfig
+from models.tasks import TASKS
+from models.tasks.recommend import RecEngine, RecQuery
 
 CUDA_TESTS = ["tests/models/test_cuda.py", "tests/app/test_cuda.py", "tests/training/test_cuda.py"]
 # The 2-core CPU's figures in docs/BENCHMARKS.md that the GPU's training is read against.
-CPU_WINDOWS_PER_S = 1971.0  # Beauty 5-core, bench/train_speed.py, median of three ("training throughput")
+CPU_WINDOWS_PER_S = 1971.0  # Beauty 5-core, bench/training/train_speed.py, median of three ("training throughput")
 TARGETS = {  # what the GPU path must reach (docs/BENCHMARKS.md, "What changes on a GPU machine?")
     "one_query_ms": 0.5,
     "batch_256_at_1m_ms": 3.0,

@@ -1,6 +1,6 @@
 """How wide must a recommender's transition table be? Validation NDCG@10 by table width and prior weight.
 
-    .venv/bin/python bench/transition_width.py runs/<out>/sasrec-beauty/<version> \
+    .venv/bin/python -m bench.training.transition_width runs/<out>/sasrec-beauty/<version> \
         --config training/configs/sasrec_beauty.toml --widths 0 20 50 100
 
 Takes a trained SASRec or BERT4Rec artifact (one trained without the refit, so that the validation items are

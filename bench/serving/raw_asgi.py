@@ -1,4 +1,4 @@
-"""The machine's ceiling for `bench/load.py --modes raw`: a bare ASGI app under the same uvicorn.
+"""The machine's ceiling for `bench/serving/load.py --modes raw`: a bare ASGI app under the same uvicorn.
 
 It reads the whole request body and answers one fixed JSON body shaped like the no-op's answer
 (ten items), with no framework, no parsing and no validation. The issue's own table measured this

@@ -1,7 +1,7 @@
 """Score + top-K cost per query against synthetic catalogs, to show how it grows with their size.
 
-    .venv/bin/python bench/catalog_scaling.py --items 10000 100000 1000000 --batch 64 --threads 2
-    .venv/bin/python bench/catalog_scaling.py --artifact runs/arts1m/sasrec-1m-items/<version> --batch 8
+    .venv/bin/python -m bench.scale.catalog_scaling --items 10000 100000 1000000 --batch 64 --threads 2
+    .venv/bin/python -m bench.scale.catalog_scaling --artifact runs/arts1m/sasrec-1m-items/<version> --batch 8
 
 A SASRec of the Beauty configuration (d=64, 2 layers, 50 positions) with random weights; each
 query has a 50-item history, seen-item exclusion and top-10 (models.ranking.recommend, the

@@ -1,13 +1,13 @@
 """Variants of a training config x seeds, at an equal budget: mean and spread of test metrics, with the
 baselines of the same runs beside them. Each run is a normal `python -m training train` job.
 
-    .venv/bin/python bench/sweep.py --config training/configs/mhsa_seed_geolife.toml \
+    .venv/bin/python -m bench.training.sweep --config training/configs/mhsa_seed_geolife.toml \
         --data ../shared/data/geolife-staypoints/dataSet_geolife.csv --seeds 0 1 2 --parallel 2 \
         --variant "seed MHSA:" --variant "+ copy head:model.pointer=true" \
         --variant "+ new-place labels:train.novel_as_unknown=true" \
         --metric test.all.Acc@1 --metric test.all.MRR --out runs/sweep-geolife
 
-    .venv/bin/python bench/sweep.py --config training/configs/social_mathoverflow.toml --seeds 1 2 3 \
+    .venv/bin/python -m bench.training.sweep --config training/configs/social_mathoverflow.toml --seeds 1 2 3 \
         --variant "learned:model.positions='learned'" --variant "time:model.positions='time'" \
         --set train.max_minutes=2 --metric test.all.NDCG@10 --metric test.new.HR@10
 
@@ -32,7 +32,7 @@ from typing import Any
 
 from models.artifact import latest_versions
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:

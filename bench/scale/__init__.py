@@ -1,0 +1,1 @@
+"""Beyond the defaults: big logs, many users and items, a GPU."""
