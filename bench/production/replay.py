@@ -179,7 +179,7 @@ async def decision(client: httpx.AsyncClient, candidate: str, timeout_s: float =
     return "promoted" if v["pinned"] == candidate else "retired"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/ml-100k/ml-100k.inter")
     p.add_argument("--out", type=Path, default=ROOT / "runs/replay.json")
@@ -191,9 +191,12 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8931)
     p.add_argument("--work", type=Path, help="a folder kept between runs (its trained models are reused)")
     p.add_argument("--decide-s", type=float, default=20.0, help="how long a phase's end waits for the rule")
-    args = p.parse_args()
+    return p.parse_args()
 
-    work = args.work or Path(tempfile.mkdtemp(prefix="replay-"))
+
+def prepare(args: argparse.Namespace, work: Path) -> tuple[pd.DataFrame, pd.DataFrame, Path, Path]:
+    """Step 1: the split by time, the live version (first 80%) and the worse one (a tenth of it), each
+    trained unless --work holds them from an earlier run (whose other state is cleared)."""
     arts, state = work / "arts", work / "state"
     df = load_ml100k(args.data)
     cut = int(len(df) * 0.8)
@@ -206,22 +209,30 @@ def main() -> None:
             shutil.rmtree(extra)
         shutil.rmtree(state, ignore_errors=True)
         shutil.rmtree(work / "prom", ignore_errors=True)
-    else:
-        work.mkdir(parents=True, exist_ok=True)
-        base.to_csv(work / "base.csv", index=False)
-        tenth(base).to_csv(work / "tenth.csv", index=False)
-        config = ROOT / "training/configs/sasrec_ml100k.toml"
-        live = train(config, work / "base.csv", arts, args.minutes, NAME)
-        worse = train(config, work / "tenth.csv", work / "spare", args.warm_minutes, NAME)
-    env = {
-        **os.environ,
-        "SEQSERVE_ARTIFACTS_DIR": str(arts),
-        "SEQSERVE_HISTORY_PATH": str(state / "h.sqlite3"),
-        "SEQSERVE_STATE_DIR": str(state / "workers"),
+        return base, held, live, worse
+    work.mkdir(parents=True, exist_ok=True)
+    base.to_csv(work / "base.csv", index=False)
+    tenth(base).to_csv(work / "tenth.csv", index=False)
+    config = ROOT / "training/configs/sasrec_ml100k.toml"
+    live = train(config, work / "base.csv", arts, args.minutes, NAME)
+    worse = train(config, work / "tenth.csv", work / "spare", args.warm_minutes, NAME)
+    return base, held, live, worse
+
+
+def store_settings(work: Path) -> dict[str, str]:
+    """Where the service keeps its state: what app.export_history reads the live events from."""
+    return {
+        "SEQSERVE_ARTIFACTS_DIR": str(work / "arts"),
+        "SEQSERVE_HISTORY_PATH": str(work / "state" / "h.sqlite3"),
+        "SEQSERVE_STATE_DIR": str(work / "state" / "workers"),
     }
-    server_env = {
-        "SEQSERVE_HISTORY_PATH": env["SEQSERVE_HISTORY_PATH"],
-        "SEQSERVE_STATE_DIR": env["SEQSERVE_STATE_DIR"],
+
+
+def server_settings(args: argparse.Namespace, work: Path) -> dict[str, str]:
+    """The service's settings: its store, canaries for new versions, the rule, fast housekeeping."""
+    (work / "prom").mkdir()
+    return {
+        **store_settings(work),
         "SEQSERVE_ADMIN_API_KEY": ADMIN,
         "SEQSERVE_EVENTS_API_KEY": EVENTS,
         "SEQSERVE_NEW_VERSIONS": "canary",
@@ -232,8 +243,74 @@ def main() -> None:
         "SEQSERVE_EVENT_SKEW_S": "0",
         "PROMETHEUS_MULTIPROC_DIR": str(work / "prom"),
     }
-    (work / "prom").mkdir()
+
+
+def replay_phases(
+    url: str, args: argparse.Namespace, held: pd.DataFrame, *, work: Path, live: Path, worse: Path
+) -> tuple[Replayer, dict[str, Any], dict[str, Any], str]:
+    """Steps 2 to 4 against the running service: the phases, the warm retrain between A and B, the worse
+    version's canary between B and C, and the rule's decisions. Returns the replayer, the report's
+    phase entries, the service's settled online figures and its /metrics text."""
+    arts = work / "arts"
+    env = {**os.environ, **store_settings(work)}
     half, three_q = len(held) // 2, (3 * len(held)) // 4
+    report: dict[str, Any] = {}
+    rep = Replayer(url, shards=args.shards)
+    report["phase_a_seconds"] = round(asyncio.run(rep.run(held.iloc[:half])), 1)
+    report["warm_retrain"] = warm_retrain(env, arts, live.name, work, args.warm_minutes)
+    r = httpx.post(f"{url}/admin/reload", headers={"X-API-Key": ADMIN}, timeout=120).json()
+    report["candidate_started"] = r["candidates"]
+    report["phase_b_seconds"] = round(asyncio.run(rep.run(held.iloc[half:three_q])), 1)
+
+    async def after_b() -> str:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            return await decision(c, report["warm_retrain"]["version"], args.decide_s)
+
+    report["warm_candidate"] = asyncio.run(after_b())
+    shutil.copytree(worse, arts / NAME / TENTH)  # an old-named version: never "new"
+    r = httpx.post(
+        f"{url}/admin/models/{NAME}/candidate",
+        json={"version": TENTH, "mode": "canary", "share": 0.5},
+        headers={"X-API-Key": ADMIN},
+        timeout=120,
+    )
+    r.raise_for_status()
+    report["phase_c_seconds"] = round(asyncio.run(rep.run(held.iloc[three_q:])), 1)
+
+    async def finish() -> tuple[str, dict[str, Any], str]:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            return await decision(c, TENTH, args.decide_s), await settled(c), (await c.get("/metrics")).text
+
+    report["tenth_candidate"], service, metrics = asyncio.run(finish())
+    return rep, report, service, metrics
+
+
+def online_check(rep: Replayer, service: dict[str, Any]) -> dict[str, Any]:
+    """The service's online figures beside the same computation on the lists it returned, and whether
+    they are equal on every row (counts exactly, rates to 5 decimals)."""
+    mine = offline(rep.scored)
+    online: dict[str, Any] = {}
+    for key in sorted(set(mine) | set(service)):
+        s, m = service.get(key, {}), mine.get(key, {})
+        online[key] = {
+            "service": {k: s.get(k) for k in ("n", "hr10", "ndcg10", "mrr")},
+            "offline": {k: round(m[k], 5) if k != "n" else int(m[k]) for k in ("n", "hr10", "ndcg10", "mrr")}
+            if m
+            else None,
+        }
+    equal = all(
+        v["offline"] is not None
+        and v["service"]["n"] == v["offline"]["n"]
+        and all(abs(v["service"][k] - v["offline"][k]) <= 1e-5 for k in ("hr10", "ndcg10", "mrr"))
+        for v in online.values()
+    )
+    return {"online": online, "equal": equal}
+
+
+def main() -> None:
+    args = parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="replay-"))
+    base, held, live, worse = prepare(args, work)
     report: dict[str, Any] = {
         "data": str(args.data.name),
         "base_interactions": len(base),
@@ -241,53 +318,14 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "workers": args.workers,
     }
-    proc = start_server(arts, args.port, server_env, workers=args.workers)
-    url = f"http://127.0.0.1:{args.port}"
+    proc = start_server(work / "arts", args.port, server_settings(args, work), workers=args.workers)
     try:
-        rep = Replayer(url, shards=args.shards)
-        report["phase_a_seconds"] = round(asyncio.run(rep.run(held.iloc[:half])), 1)
-        report["warm_retrain"] = warm_retrain(env, arts, live.name, work, args.warm_minutes)
-        r = httpx.post(f"{url}/admin/reload", headers={"X-API-Key": ADMIN}, timeout=120).json()
-        report["candidate_started"] = r["candidates"]
-        report["phase_b_seconds"] = round(asyncio.run(rep.run(held.iloc[half:three_q])), 1)
-
-        async def after_b() -> str:
-            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
-                return await decision(c, report["warm_retrain"]["version"], args.decide_s)
-
-        report["warm_candidate"] = asyncio.run(after_b())
-        shutil.copytree(worse, arts / NAME / TENTH)  # an old-named version: never "new"
-        r = httpx.post(
-            f"{url}/admin/models/{NAME}/candidate",
-            json={"version": TENTH, "mode": "canary", "share": 0.5},
-            headers={"X-API-Key": ADMIN},
-            timeout=120,
+        rep, phases, service, metrics = replay_phases(
+            f"http://127.0.0.1:{args.port}", args, held, work=work, live=live, worse=worse
         )
-        r.raise_for_status()
-        report["phase_c_seconds"] = round(asyncio.run(rep.run(held.iloc[three_q:])), 1)
-
-        async def finish() -> tuple[str, dict[str, Any], str]:
-            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
-                return await decision(c, TENTH, args.decide_s), await settled(c), (await c.get("/metrics")).text
-
-        report["tenth_candidate"], service, metrics = asyncio.run(finish())
+        report |= phases
         report["errors"], report["unknown_user_requests"] = rep.errors, rep.unknown
-        mine = offline(rep.scored)
-        report["online"] = {}
-        for key in sorted(set(mine) | set(service)):
-            s, m = service.get(key, {}), mine.get(key, {})
-            report["online"][key] = {
-                "service": {k: s.get(k) for k in ("n", "hr10", "ndcg10", "mrr")},
-                "offline": {k: round(m[k], 5) if k != "n" else int(m[k]) for k in ("n", "hr10", "ndcg10", "mrr")}
-                if m
-                else None,
-            }
-        report["equal"] = all(
-            v["offline"] is not None
-            and v["service"]["n"] == v["offline"]["n"]
-            and all(abs(v["service"][k] - v["offline"][k]) <= 1e-5 for k in ("hr10", "ndcg10", "mrr"))
-            for v in report["online"].values()
-        )
+        report |= online_check(rep, service)
         lines = metrics.splitlines()
         report["changes"] = [x for x in lines if x.startswith("seqserve_candidate_changes_total")]
         report["unscored"] = [x for x in lines if x.startswith("seqserve_online_unscored_total")]
