@@ -24,7 +24,6 @@ TINY_COPY = [
     "train.batch_size=32",
     "train.warmup_steps=50",
     "train.lr=2e-3",
-    "train.threads=2",
     "train.max_minutes=10",  # the epochs decide, not the clock: a busy machine still trains all five
     "eval.predictions=5",
 ]
