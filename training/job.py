@@ -206,6 +206,17 @@ class Job(ABC, Generic[D, T, E]):
 
     def run(self) -> Path | None:
         """Train, evaluate and export; returns the artifact folder (None on ranks other than 0)."""
+        data_seconds = self._prepare()
+        self.clock = JobClock(self.cfg.train.max_minutes * 60)  # the budget starts once the data is in
+        model, warm = self._model()
+        history, train_seconds = self._train(model)
+        if not self.dist.is_main:
+            return None
+        metrics = self._evaluate(model, history, train_seconds=train_seconds)
+        return self._publish(model, history, metrics, warm=warm, data_seconds=data_seconds)
+
+    def _prepare(self) -> float:
+        """Threads, seed and the data; -> the data's seconds (outside the budget)."""
         t = self.cfg.train
         if t.reuse_freed_memory:
             reuse_freed_memory()
@@ -216,12 +227,22 @@ class Job(ABC, Generic[D, T, E]):
         self.prepare_data()
         data_seconds = time.monotonic() - t_data
         log.info("data ready in %.1f s", data_seconds)
-        clock = self.clock = JobClock(t.max_minutes * 60)  # the budget starts once the data is in
+        return data_seconds
+
+    def _model(self) -> tuple[nn.Module, dict[str, Any] | None]:
+        """The model on its device, warm-started when the job continues a version; -> it and the warm start."""
+        t = self.cfg.train
         model = self.build_model()
         warm = self.warm_start(model) if self.warm_from is not None else None
         model = model.to(self.device)
         seed_everything(t.seed + self.dist.rank)  # same initial weights everywhere; each rank its own sampling
         self.preflight(model)
+        return model, warm
+
+    def _train(self, model: nn.Module) -> tuple[History, float]:
+        """The batches, the loop within what the budget leaves, what follows it; -> its history and the
+        training seconds (validation's left out)."""
+        t, clock = self.cfg.train, self.clock
         with clock.phase("before_training"):
             batches = self.train_batches(model)
             reserve = self.after_reserve(model)
@@ -251,9 +272,10 @@ class Job(ABC, Generic[D, T, E]):
         del batches  # the training windows: a refit builds its own
         with clock.phase("after_training"):
             self.after_training(model, history)
-        train_seconds = time.monotonic() - t0 - self._untimed
-        if not self.dist.is_main:
-            return None
+        return history, time.monotonic() - t0 - self._untimed
+
+    def _evaluate(self, model: nn.Module, history: History, *, train_seconds: float) -> dict[str, Any]:
+        """The run's metrics: the test figures, the training's and the history's."""
         metrics: dict[str, Any] = {
             "train_seconds": round(train_seconds, 1),
             "best_epoch": history.best_epoch,
@@ -262,15 +284,28 @@ class Job(ABC, Generic[D, T, E]):
             "ranks": self.dist.world,
             "device": str(self.device),
         }
-        with clock.phase("evaluation"):
+        with self.clock.phase("evaluation"):
             metrics.update(self.evaluate(model))
-        metrics["eval_seconds"] = round(clock.phases["evaluation"], 1)
+        metrics["eval_seconds"] = round(self.clock.phases["evaluation"], 1)
         metrics["history"] = {
             "epoch": history.epoch,
             "loss": history.loss,
             "val": history.val,
             "seconds": history.seconds,
         }
+        return metrics
+
+    def _publish(
+        self,
+        model: nn.Module,
+        history: History,
+        metrics: dict[str, Any],
+        *,
+        warm: dict[str, Any] | None,
+        data_seconds: float,
+    ) -> Path:
+        """The artifact's files, its manifest and its folder (aside when a warm retrain is held back)."""
+        clock = self.clock
         out_root = self.out_root
         if self.warm_from is not None and (reason := self.held_back(metrics)) is not None:
             metrics["held_back"] = reason
