@@ -21,7 +21,7 @@ from app.choices import VersionChoices
 from app.loaded import LoadedModels
 from app.observability import Metrics
 from app.online import ServedLists
-from app.promotion import judge
+from app.promotion import Window, judge, sagged
 from app.settings import Settings
 from app.store import Candidate, OnlineKey, ProductionState, StoreError, Sums, UserKey, UserStats
 from app.workers import Coordinator
@@ -114,6 +114,7 @@ class ProductionLoop:
             log.warning("online figures not shared: %s", exc)
             return
         await self.judge()
+        await self.watch()
 
     async def judge(self) -> None:
         """The promotion rule (SEQSERVE_PROMOTE_MIN_EVENTS) on each candidate, from the shared figures."""
@@ -139,6 +140,43 @@ class ProductionLoop:
                 await self.settle(
                     name, cand.version, promote=verdict.action == "promote", reason=f"rule: {verdict.reason}"
                 )
+
+    async def watch(self) -> None:
+        """Probation (SEQSERVE_PROBATION_S): each version promoted within it, as the live version since its
+        promotion, against the version it replaced over as long before it; rolled back when lower beyond
+        the interval, with SEQSERVE_PROBATION_MIN_LISTS lists a side."""
+        s = self.settings
+        if not s.probation_s or self.state is None:
+            return
+        now = time.time()
+        for name, cand in list(self.choices.last.items()):
+            if cand.outcome != "promoted" or cand.ended is None or cand.replaced is None:
+                continue
+            if now - cand.ended > s.probation_s or self.choices.pins.get(name) != cand.version:
+                continue
+            old, new = Sums(), Sums()
+            for (_, version, variant, bucket), sums in self.online.get(name, {}).items():
+                if version == cand.version and variant == "live" and bucket >= cand.ended:  # whole minutes after it
+                    new.add(sums)
+                elif (
+                    version == cand.replaced and variant == "live" and cand.ended - s.probation_s <= bucket < cand.ended
+                ):
+                    old.add(sums)
+            before, after = Window.of(old), Window.of(new)
+            if min(before.n, after.n) < s.probation_min_lists:
+                continue
+            drop, half = sagged(before, after)
+            if drop <= half:
+                continue
+            figures = (
+                f"probation: online NDCG@10 {after.mean:.4f} over {int(after.n)} lists since promotion against"
+                f" {before.mean:.4f} over {int(before.n)} of {cand.replaced} before it, {drop:.4f} lower,"
+                f" interval half-width {half:.4f}"
+            )
+            state = self.state
+            if await asyncio.to_thread(state.roll_back, name, cand.version):
+                log.error("version %s/%s rolled back to %s (%s)", name, cand.version, cand.replaced, figures)
+                self.metrics.count_trial_change(name, "rolled_back")
 
     async def settle(self, name: str, version: str, *, promote: bool, reason: str) -> bool:
         """Promote (pin) or retire the candidate `version` of `name`; False when it no longer was the candidate."""

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from app.online import Z95
-from app.store import UserStats
+from app.store import Sums, UserStats
 
 MIN_USERS = 30  # the rule decides only with this many users on each side (its unit)
 
@@ -53,3 +53,42 @@ def judge(candidate: UserStats, live: UserStats, *, min_events: int) -> Verdict:
         f"lists {int(nc)} vs {int(nl)}, users {candidate.users} vs {live.users}"
     )
     return Verdict("promote" if diff >= -half else "retire", text)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Scored lists over a span: count, mean NDCG@10 and the variance of one list's NDCG@10."""
+
+    n: float
+    mean: float
+    var: float
+
+    @classmethod
+    def of(cls, sums: Sums) -> Window:
+        if sums.n <= 0:
+            return cls(0.0, 0.0, 0.0)
+        mean = sums.ndcg / sums.n
+        return cls(sums.n, mean, max(0.0, sums.ndcg2 / sums.n - mean * mean))
+
+
+def online_windows(
+    online: dict[tuple[str, str, str, float], Sums], version: str, *, since: float
+) -> tuple[Window, Window]:
+    """`version`'s figures before `since` (every variant: the trial it was promoted on included) and from
+    `since` on as the live version, from the shared per-minute online sums."""
+    before, now = Sums(), Sums()
+    for (_, v, variant, bucket), sums in online.items():
+        if v != version:
+            continue
+        if bucket < since:
+            before.add(sums)
+        elif variant == "live":
+            now.add(sums)
+    return Window.of(before), Window.of(now)
+
+
+def sagged(before: Window, now: Window) -> tuple[float, float]:
+    """(how much lower `now`'s mean NDCG@10 is than `before`'s, the 95% interval's half-width of that
+    difference), lists as the unit: the shared per-minute sums hold each list's NDCG@10 and its square,
+    not per-user sums outside a trial, so the interval is narrower than the rule's per-user one."""
+    return before.mean - now.mean, Z95 * math.sqrt(before.var / before.n + now.var / now.n)

@@ -4,9 +4,10 @@ events stored since, the result is published as a new version, and the service r
     python -m app.retrain [NAME]          (what scripts/retrain.sh and compose's `retrain` profile run)
 
 NAME: SEQSERVE_RETRAIN_MODEL, else sasrec-ml100k. The service's SEQSERVE_* settings name the artifacts
-folder, the history store and the admin key; SEQSERVE_RETRAIN_MINUTES is the training budget (0.5) and
-SEQSERVE_API_URL the running service: the version it serves is the one retrained (unset: the newest on
-disk) and it is asked to reload afterwards (unset: no reload). With SEQSERVE_NEW_VERSIONS=canary (or
+folder, the history store and the admin key; SEQSERVE_RETRAIN_MINUTES is the training budget (0.5),
+SEQSERVE_RETRAIN_THREADS its threads, and SEQSERVE_API_URL the running service: the version it serves is
+the one retrained (unset: the newest on disk) and it is asked to reload afterwards (unset: no reload).
+The training job dies with this process. With SEQSERVE_NEW_VERSIONS=canary (or
 shadow) on the service, the new version starts as a candidate beside the live one. The training job runs
 as its own process (`python -m training warm`): the service's package never imports training's. Exit
 status: the training job's (3: held back by its gate, nothing published); 2: no such artifact; 1: published
@@ -16,8 +17,11 @@ but the service did not reload (no admin key, or not reachable).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +32,13 @@ from pathlib import Path
 from app import export_history
 from app.settings import Settings
 from models.artifact import ArtifactError, read_manifest, versions
+
+
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGKILL when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG): a killed retrain leaves no training running, and so publishes nothing."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the run finishes and publishes whole
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def serving_version(api_url: str, name: str) -> str | None:
@@ -52,10 +63,14 @@ def reload(api_url: str, admin_key: str) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m app.retrain", description=__doc__.split("\n")[0])
     p.add_argument("name", nargs="?", default=os.environ.get("SEQSERVE_RETRAIN_MODEL") or "sasrec-ml100k")
-    p.add_argument("--minutes", type=float, default=float(os.environ.get("SEQSERVE_RETRAIN_MINUTES") or 0.5))
-    p.add_argument("--api-url", default=os.environ.get("SEQSERVE_API_URL", ""), help="the running service")
+    p.add_argument("--minutes", type=float, help="the training budget (SEQSERVE_RETRAIN_MINUTES)")
+    p.add_argument("--threads", type=int, help="the training job's threads (SEQSERVE_RETRAIN_THREADS)")
+    p.add_argument("--api-url", help="the running service (SEQSERVE_API_URL)")
     args = p.parse_args(argv)
     settings = Settings()
+    args.api_url = settings.api_url if args.api_url is None else args.api_url
+    minutes = args.minutes or settings.retrain_minutes
+    threads = settings.retrain_threads if args.threads is None else args.threads
     version = serving_version(args.api_url, args.name) if args.api_url else None
     folder = settings.artifacts_dir / args.name / (version or "")
     try:
@@ -69,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         if (status := export_history.main(["--namespace", namespace, "--out", str(log)])) != 0:
             return status
         warm = [sys.executable, "-m", "training", "warm", "--artifact", str(base), "--data", str(log)]
-        if (status := subprocess.run([*warm, "--minutes", str(args.minutes)]).returncode) != 0:
+        warm += ["--minutes", str(minutes), "--set", f"train.threads={threads}"]
+        if (status := subprocess.run(warm, preexec_fn=die_with_parent).returncode) != 0:
             return status
     if args.api_url:
         key = settings.admin_api_key.get_secret_value() if settings.admin_api_key else ""

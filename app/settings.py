@@ -131,6 +131,29 @@ class Settings(BaseSettings):
     # interval of the difference, else retire it; 0 = only by the admin calls.
     promote_min_events: int = Field(default=0, ge=0)
     shadow_max_in_flight: int = Field(default=2, ge=1)  # shadow query batches running at once, per worker
+    # Probation: for this long after a promotion (by the rule or the admin call), the new live version's
+    # online NDCG@10 is compared with the version it replaced (its figures until the promotion); lower by
+    # more than the 95% interval once each side has probation_min_lists scored lists, and the promotion is
+    # rolled back by itself (docs/decisions/online-evaluation.md). 0 = no probation.
+    probation_s: float = Field(default=3600.0, ge=0)
+    probation_min_lists: int = Field(default=200, ge=1)
+    # The retrainer (python -m app.retrainer) and one retrain (python -m app.retrain): when a warm retrain
+    # starts by itself, and what it may take from the box (docs/decisions/retrainer.md). 0 turns a trigger off.
+    api_url: str = ""  # the running service: its /models says what serves, /admin/reload takes a new version
+    retrain_models: str = ""  # comma-separated names; "" = every served model that ranks items
+    retrain_minutes: float = Field(default=0.5, gt=0)  # one warm retrain's training budget
+    retrain_check_s: float = Field(default=60.0, gt=0)
+    retrain_min_events: int = Field(default=5000, ge=0)  # new own events no served version was trained on
+    retrain_unknown_share: float = Field(default=0.05, ge=0, le=1)  # of the window's events, naming unknown items
+    retrain_window_s: float = Field(default=3600.0, gt=0)  # the recent window of the unknown share and the sag
+    retrain_sag: bool = True  # online NDCG@10 over the window below the version's earlier level, beyond the interval
+    retrain_min_lists: int = Field(default=200, ge=1)  # scored lists each side needs before the sag is judged
+    retrain_max_age_h: float = Field(default=168.0, ge=0)
+    retrain_cooldown_s: float = Field(default=3600.0, ge=0)  # after a model's retrain, its next at the earliest
+    retrain_threads: int = Field(default=1, ge=0)  # the training job's threads (0: torch's default, every core)
+    retrain_nice: int = Field(default=10, ge=0, le=19)
+    retrain_lease_s: float = Field(default=120.0, gt=0)  # a dead retrainer's lease is taken over after this
+    retrainer_metrics_port: int = Field(default=9101, ge=0, le=65535)  # its Prometheus counters; 0 = none
 
     def __init__(self, **values: Any) -> None:
         error = None

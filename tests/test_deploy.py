@@ -43,6 +43,12 @@ def test_services_and_start_order(compose: dict[str, Any]) -> None:
     assert services["retrain"]["profiles"] == ["retrain"]  # warm, from the live events in Redis
     assert services["retrain"]["depends_on"]["redis"]["condition"] == "service_healthy"
     assert services["retrain"]["environment"]["SEQSERVE_HISTORY_STORE"] == "redis"
+    loop = services["retrainer"]  # the loop by itself: beside the api, sharing its store, bounded
+    assert loop["profiles"] == ["loop"] and loop["restart"] == "unless-stopped"
+    assert loop["environment"]["SEQSERVE_HISTORY_STORE"] == "redis"
+    assert loop["environment"]["SEQSERVE_API_URL"] == "http://api:8000"
+    assert str(loop["cpus"]).startswith("${SEQSERVE_RETRAINER_CPUS:-") and "mem_limit" in loop
+    assert loop.get("healthcheck") == {"disable": True}  # the image's check polls the api's /readyz
     assert "profiles" not in services["trainer"]  # runs on every `up`, and trains only into an empty volume
     assert services["trainer"]["restart"] == "no"
 
@@ -54,7 +60,7 @@ def test_api_uses_redis_and_reads_artifacts_read_only(compose: dict[str, Any]) -
     assert ("artifacts", "/app/artifacts", True) in _volumes(api)
     assert any(p.endswith(":8000") for p in api["ports"])
     assert "/readyz" in " ".join(api["healthcheck"]["test"])
-    for name in ("trainer", "train", "retrain"):
+    for name in ("trainer", "train", "retrain", "retrainer"):
         assert ("artifacts", "/app/artifacts", False) in _volumes(compose["services"][name])
     assert "artifacts" in compose["volumes"] and "redis-data" in compose["volumes"]
 
@@ -75,9 +81,10 @@ def test_entrypoints_are_the_scripts_used_here(compose: dict[str, Any]) -> None:
         ("trainer", ["scripts/train_defaults.sh"]),
         ("train", ["scripts/train_defaults.sh", "--force"]),
         ("retrain", ["scripts/retrain.sh"]),
+        ("retrainer", ["scripts/retrainer.sh"]),
     ):
         assert compose["services"][name]["entrypoint"] == script
-    for script in ("serve.sh", "train_defaults.sh", "retrain.sh", "bootstrap.sh"):
+    for script in ("serve.sh", "train_defaults.sh", "retrain.sh", "retrainer.sh", "bootstrap.sh"):
         assert os.access(ROOT / "scripts" / script, os.X_OK), script
 
 

@@ -78,5 +78,10 @@ class HistoryStore(Store):
         newest `limit` of them, oldest first."""
 
     @abstractmethod
+    def pending(self, namespace: str) -> int:
+        """Own live events of `namespace` that no served version was trained on yet: what a warm
+        retrain would add (app.export_history exports them). Costs a pass over the live users."""
+
+    @abstractmethod
     def users(self, namespace: str) -> Iterator[str]:
         """Every user with live events."""

@@ -114,6 +114,29 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 if ARGV[3] == '1' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
 return 1
 """
+# Undoes a promotion (KEYS: candidates, pins; ARGV: name, version, the spec rolled back): 1 when the
+# candidate was `version`, promoted, with the version it replaced recorded, which is pinned again.
+_ROLL_BACK_LUA = """
+local spec = redis.call('HGET', KEYS[1], ARGV[1])
+if not spec then return 0 end
+local c = cjson.decode(spec)
+if c['version'] ~= ARGV[2] or c['outcome'] ~= 'promoted' or type(c['replaced']) ~= 'string' then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[1], c['replaced'])
+return 1
+"""
+# Takes or renews a lease (KEYS: its hash; ARGV: holder, now, until) unless another holder's is current.
+_LEASE_LUA = """
+local cur = redis.call('HMGET', KEYS[1], 'holder', 'until')
+if cur[1] and cur[1] ~= ARGV[1] and tonumber(cur[2]) > tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'until', ARGV[3])
+return 1
+"""
+# Deletes a lease (KEYS: its hash) when ARGV[1] holds it.
+_DROP_LEASE_LUA = """
+if redis.call('HGET', KEYS[1], 'holder') == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"""
 # Adds per-user sums of one trial (KEYS: its per-user hash, its sides' hash; ARGV: version, variant, the
 # user's two field names, lists, NDCG@10 sum, repeated) and moves each side's running sums (UserStats,
 # fields "<version>\0<variant>\0<stat>") in the same call. A trial whose per-user hash predates the
@@ -197,6 +220,9 @@ class RedisStore(HistoryStore, ProductionState):
         self.prefix = prefix
         self._append = self.r.register_script(_APPEND_LUA)
         self._settle = self.r.register_script(_SETTLE_LUA)
+        self._lease = self.r.register_script(_LEASE_LUA)
+        self._roll_back = self.r.register_script(_ROLL_BACK_LUA)
+        self._drop_lease = self.r.register_script(_DROP_LEASE_LUA)
         self._user_sums = self.r.register_script(_USER_SUMS_LUA)
 
     def _k(self, namespace: str, what: str) -> str:
@@ -332,6 +358,17 @@ class RedisStore(HistoryStore, ProductionState):
             out.append((str(user), str(item), float(t), action))
         return out
 
+    def pending(self, namespace: str) -> int:
+        def do() -> int:
+            total, pipe = 0, self.r.pipeline(transaction=False)
+            for n, user in enumerate(self.r.sscan_iter(self._k(namespace, "live"), count=1000), 1):
+                pipe.zcard(self._k(namespace, f"z:{user}"))
+                if n % 1000 == 0:
+                    total += sum(pipe.execute())
+            return total + sum(pipe.execute())
+
+        return self._call(do)
+
     def users(self, namespace: str) -> Iterator[str]:
         def do() -> list[str]:
             return sorted(self.r.smembers(self._k(namespace, "live")))  # type: ignore[arg-type]
@@ -436,8 +473,29 @@ class RedisStore(HistoryStore, ProductionState):
         spec = self._call(lambda: self.r.hget(keys[0], name))
         if spec is None:
             return False
-        ended = dataclasses.replace(Candidate.from_json(str(spec)), outcome="promoted" if promote else "retired")
+        pin = self._call(lambda: self.r.hget(keys[1], name)) if promote else None  # stable while the trial runs
+        ended = dataclasses.replace(
+            Candidate.from_json(str(spec)),
+            outcome="promoted" if promote else "retired",
+            ended=time.time(),
+            replaced=None if pin is None else str(pin),
+        )
         return bool(self._call(lambda: self._settle(keys=keys, args=[name, version, int(promote), ended.to_json()])))
+
+    def roll_back(self, name: str, version: str) -> bool:
+        keys = [f"{self.prefix}candidates", f"{self.prefix}pins"]
+        spec = self._call(lambda: self.r.hget(keys[0], name))
+        if spec is None:
+            return False
+        rolled = dataclasses.replace(Candidate.from_json(str(spec)), outcome="rolled_back")
+        return bool(self._call(lambda: self._roll_back(keys=keys, args=[name, version, rolled.to_json()])))
+
+    def take_lease(self, name: str, holder: str, *, ttl_s: float, now: float) -> bool:
+        key = f"{self.prefix}lease:{name}"
+        return bool(self._call(lambda: self._lease(keys=[key], args=[holder, repr(now), repr(now + ttl_s)])))
+
+    def drop_lease(self, name: str, holder: str) -> None:
+        self._call(lambda: self._drop_lease(keys=[f"{self.prefix}lease:{name}"], args=[holder]))
 
     def expire(self, *, now: float) -> None:
         """Nothing: the append script caps the arrivals stream (ARRIVALS_MAX) and the recent set on each write."""

@@ -79,6 +79,8 @@ class SQLiteStore(HistoryStore, ProductionState):
     CREATE INDEX IF NOT EXISTS arrivals_by_time ON arrivals (at);
     -- The version tried beside the live one per model name (Candidate as JSON).
     CREATE TABLE IF NOT EXISTS candidates (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
+    -- Who holds a deployment-wide lease (the retrainer's) and until when (take_lease).
+    CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, until REAL NOT NULL);
     -- Online evaluation sums of every worker and host, per model, version, variant and time bucket.
     CREATE TABLE IF NOT EXISTS online (name TEXT NOT NULL, version TEXT NOT NULL, variant TEXT NOT NULL,
         bucket REAL NOT NULL, n REAL NOT NULL, hits REAL NOT NULL, ndcg REAL NOT NULL, ndcg2 REAL NOT NULL,
@@ -309,6 +311,14 @@ class SQLiteStore(HistoryStore, ProductionState):
             )
         return [(u, i, float(t), a) for u, i, t, a in reversed(rows[:limit])]
 
+    def pending(self, namespace: str) -> int:
+        row = self._read(
+            lambda c: c.execute(
+                f"SELECT COUNT(*) FROM {_LIVE} WHERE ns = ? AND received = 0 AND folded = 0", (namespace,)
+            ).fetchone()
+        )
+        return int(row[0])
+
     def users(self, namespace: str) -> Iterator[str]:
         rows = self._read(
             lambda c: c.execute(
@@ -430,13 +440,47 @@ class SQLiteStore(HistoryStore, ProductionState):
             cand = Candidate.from_json(row[0]) if row is not None else None
             if cand is None or cand.version != version or not cand.running:
                 return False
-            ended = dataclasses.replace(cand, outcome="promoted" if promote else "retired")
+            pin = conn.execute("SELECT version FROM pins WHERE name = ?", (name,)).fetchone()
+            ended = dataclasses.replace(
+                cand,
+                outcome="promoted" if promote else "retired",
+                ended=time.time(),
+                replaced=pin[0] if promote and pin is not None else None,
+            )
             conn.execute("UPDATE candidates SET spec = ? WHERE name = ?", (ended.to_json(), name))
             if promote:
                 _write_pin(conn, name, version)
             return True
 
         return self._write(do)
+
+    def roll_back(self, name: str, version: str) -> bool:
+        def do(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT spec FROM candidates WHERE name = ?", (name,)).fetchone()
+            cand = Candidate.from_json(row[0]) if row is not None else None
+            if cand is None or cand.version != version or cand.outcome != "promoted" or cand.replaced is None:
+                return False
+            rolled = dataclasses.replace(cand, outcome="rolled_back")
+            conn.execute("UPDATE candidates SET spec = ? WHERE name = ?", (rolled.to_json(), name))
+            _write_pin(conn, name, cand.replaced)
+            return True
+
+        return self._write(do)
+
+    def take_lease(self, name: str, holder: str, *, ttl_s: float, now: float) -> bool:
+        def do(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT holder, until FROM leases WHERE name = ?", (name,)).fetchone()
+            if row is not None and row[0] != holder and row[1] > now:
+                return False
+            conn.execute(
+                "INSERT OR REPLACE INTO leases (name, holder, until) VALUES (?, ?, ?)", (name, holder, now + ttl_s)
+            )
+            return True
+
+        return self._write(do)
+
+    def drop_lease(self, name: str, holder: str) -> None:
+        self._write(lambda c: c.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)))
 
     def expire(self, *, now: float) -> None:
         # Arrivals are also trimmed when an event arrives; without events they would stay (41,198 rows

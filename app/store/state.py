@@ -32,7 +32,9 @@ class Candidate:
     mode: Mode
     share: float
     since: float
-    outcome: str | None = None  # "promoted" or "retired" once the trial ended; None while it runs
+    outcome: str | None = None  # "promoted", "retired" or "rolled_back" once the trial ended; None while it runs
+    ended: float | None = None  # when the trial ended
+    replaced: str | None = None  # a promoted candidate's: the version it replaced (probation's comparison)
 
     @property
     def running(self) -> bool:
@@ -46,6 +48,8 @@ class Candidate:
                 "share": self.share,
                 "since": self.since,
                 "outcome": self.outcome,
+                "ended": self.ended,
+                "replaced": self.replaced,
             }
         )
 
@@ -55,7 +59,16 @@ class Candidate:
         mode = raw["mode"]
         if mode not in ("canary", "shadow"):
             raise ValueError(f"unknown candidate mode {mode!r}")
-        return cls(str(raw["version"]), mode, float(raw["share"]), float(raw["since"]), raw.get("outcome"))
+        ended = raw.get("ended")
+        return cls(
+            str(raw["version"]),
+            mode,
+            float(raw["share"]),
+            float(raw["since"]),
+            raw.get("outcome"),
+            None if ended is None else float(ended),
+            raw.get("replaced"),
+        )
 
 
 @dataclass(frozen=True)
@@ -177,8 +190,25 @@ class ProductionState(Store):
 
     @abstractmethod
     def settle(self, name: str, version: str, *, promote: bool) -> bool:
-        """End the running trial of `version` of `name` in one write: its outcome set and, when `promote`,
-        the name pinned to it. False (nothing written) when that trial is not running."""
+        """End the running trial of `version` of `name` in one write: its outcome and end time set and, when
+        `promote`, the version it replaced (the name's pin until then) recorded and the name pinned to it.
+        False (nothing written) when that trial is not running."""
+
+    @abstractmethod
+    def roll_back(self, name: str, version: str) -> bool:
+        """Undo the promotion of `version` of `name` in one write: its outcome "rolled_back" (never tried
+        again) and the name pinned to the version it replaced. False (nothing written) when `version` is
+        not the last promoted candidate of `name`."""
+
+    @abstractmethod
+    def take_lease(self, name: str, holder: str, *, ttl_s: float, now: float) -> bool:
+        """Hold the lease `name` until `now + ttl_s`: True when it was free, past its time, or `holder`'s
+        already (renewed); False while another holder's is current. Holders compare their own clocks
+        with the time written, so the lease outlasts any skew between hosts by choosing ttl_s."""
+
+    @abstractmethod
+    def drop_lease(self, name: str, holder: str) -> None:
+        """Give the lease `name` up, when `holder` holds it."""
 
     @abstractmethod
     def expire(self, *, now: float) -> None:

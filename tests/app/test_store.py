@@ -42,9 +42,11 @@ def test_fold_drops_what_the_artifact_holds_once_per_token(histories: HistorySto
     histories.append(
         "ml", [Event("e1", "u1", "x", 30.0), Event("e2", "u1", "y", 40.0), Event("e3", "u2", "z", math.nan)]
     )
-    histories.append("beauty", [Event("e1", "u1", "x", 30.0)])
+    histories.append("beauty", [Event("e1", "u1", "x", 30.0), Event("<-e1", "u9", "u1", 30.0, received=True)])
+    assert (histories.pending("ml"), histories.pending("beauty"), histories.pending("none")) == (3, 1, 0)
     # Retrained on data that includes e1 and e3: the artifact holds them, so they must not count twice.
     assert histories.drop_trained_events("ml", "v1", held({"u1": {("x", 30.0), ("y", 41.0)}, "u2": {("z", None)}})) == 2
+    assert histories.pending("ml") == 1  # what a retrain would add
     assert histories.events("ml", ["u1", "u2"]) == {"u1": [("y", 40.0, None)]}
     assert histories.drop_trained_events("ml", "v1", held({"u1": {("y", 40.0)}})) is None  # same data: nothing done
     assert histories.events("ml", ["u1"]) == {"u1": [("y", 40.0, None)]}
@@ -96,6 +98,7 @@ def test_each_user_keeps_and_reads_only_the_newest(histories: HistoryStore) -> N
     histories.append("ml", [Event("old", "u", "ancient", -1.0)])  # older than all it keeps: dropped at once
     assert [i for i, _, _ in histories.events("ml", ["u"])["u"]] == ["i3", "i4", "i5", "i6", "i7"]
     assert [i for i, _, _ in histories.events("ml", ["u"], limit=2)["u"]] == ["i6", "i7"]
+    assert histories.pending("ml") == 5  # what is kept, what an export gives
     assert histories.append("ml", [Event("e0", "u", "i0", 0.0)]) == ["duplicate"]
 
 

@@ -56,14 +56,19 @@ def test_a_candidate_is_settled_once(state: ProductionState) -> None:
     assert state.candidates() == {"sasrec": c}
     assert not state.settle("sasrec", "v3", promote=True)  # not the candidate: nothing written
     assert state.candidates() == {"sasrec": c} and state.pins() == {}
+    state.set_pin("sasrec", "v1")  # the live version, pinned while the trial runs
+    before = time.time()
     assert state.settle("sasrec", "v2", promote=True)
-    assert state.candidates() == {"sasrec": Candidate("v2", "canary", 0.25, 100.0, "promoted")}
+    promoted = state.candidates()["sasrec"]
+    assert promoted.ended is not None and before <= promoted.ended <= time.time()
+    assert promoted == Candidate("v2", "canary", 0.25, 100.0, "promoted", promoted.ended, replaced="v1")
     assert state.pins() == {"sasrec": "v2"}
     assert not state.settle("sasrec", "v2", promote=False)  # a second worker's late decision changes nothing
     assert state.candidates()["sasrec"].outcome == "promoted"
     state.set_candidate("sasrec", Candidate("v4", "shadow", 1.0, 200.0))
     assert state.settle("sasrec", "v4", promote=False)  # retired: the pin stays, the trial is remembered
-    assert state.candidates()["sasrec"].outcome == "retired" and state.pins() == {"sasrec": "v2"}
+    retired = state.candidates()["sasrec"]
+    assert (retired.outcome, retired.replaced) == ("retired", None) and state.pins() == {"sasrec": "v2"}
     state.set_candidate("sasrec", None)
     assert state.candidates() == {}
 
@@ -123,3 +128,34 @@ def test_a_redis_trial_from_before_the_running_sums_gets_them_from_its_users(red
         UserStats.of([(3.0, 1.0), (1.0, 0.25)]).values()
     )
     s.close()
+
+
+def test_a_lease_is_held_renewed_and_taken_over_once_past_its_time(state: ProductionState) -> None:
+    """The retrainer's lease: one holder at a time; a holder that stops renewing (a dead process) loses it
+    at its time, and giving it up frees it at once."""
+    assert state.take_lease("retrainer", "a", ttl_s=60, now=1000.0)
+    assert not state.take_lease("retrainer", "b", ttl_s=60, now=1059.9)  # a's is current
+    assert state.take_lease("retrainer", "a", ttl_s=60, now=1050.0)  # renewed: until 1110
+    assert not state.take_lease("retrainer", "b", ttl_s=60, now=1100.0)
+    assert state.take_lease("other-lease", "b", ttl_s=60, now=1100.0)  # leases are apart by name
+    assert state.take_lease("retrainer", "b", ttl_s=60, now=1110.0)  # a stopped renewing: taken over
+    assert not state.take_lease("retrainer", "a", ttl_s=60, now=1111.0)
+    state.drop_lease("retrainer", "a")  # not a's any more: nothing happens
+    assert not state.take_lease("retrainer", "a", ttl_s=60, now=1112.0)
+    state.drop_lease("retrainer", "b")
+    assert state.take_lease("retrainer", "a", ttl_s=60, now=1113.0)
+
+
+def test_a_promotion_is_rolled_back_once_to_the_version_it_replaced(state: ProductionState) -> None:
+    state.set_pin("sasrec", "v1")
+    state.set_candidate("sasrec", Candidate("v2", "canary", 0.5, 100.0))
+    assert not state.roll_back("sasrec", "v2")  # still on trial: nothing to undo
+    assert state.settle("sasrec", "v2", promote=True)
+    assert not state.roll_back("sasrec", "v9") and not state.roll_back("other", "v2")
+    assert state.pins() == {"sasrec": "v2"}
+    assert state.roll_back("sasrec", "v2")
+    assert state.pins() == {"sasrec": "v1"} and state.candidates()["sasrec"].outcome == "rolled_back"
+    assert not state.roll_back("sasrec", "v2")  # a second worker's late decision changes nothing
+    state.set_candidate("sasrec", Candidate("v3", "canary", 0.5, 200.0))
+    assert state.settle("sasrec", "v3", promote=False)
+    assert not state.roll_back("sasrec", "v3")  # retired, not promoted

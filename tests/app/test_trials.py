@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.online import ServedList, in_canary
 from app.settings import Settings, SettingsError
-from app.store import SQLiteStore
+from app.store import SQLiteStore, Sums
 from tests.servers import NEWER, wait_until
 
 ADMIN = {"X-API-Key": "admin-key"}
@@ -35,8 +35,7 @@ def _settings(root: Path, state: Path, **kw: Any) -> Settings:
         device="cpu",
         history_path=state / "h.sqlite3",
         state_dir=state,
-        housekeeping_s=0.05,
-        **({"admin_api_key": "admin-key"} | kw),
+        **({"admin_api_key": "admin-key", "housekeeping_s": 0.05} | kw),
     )
 
 
@@ -208,6 +207,59 @@ def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> Non
         wait_until(lambda: all(r["version"] == first for r in _ask(c, USERS, headers=EVENTS)["results"]), timeout=10)
         assert pinned() == first and c.get("/models/sasrec-tiny/versions").json()["candidate"] is None
         assert store.candidates()["sasrec-tiny"].outcome == "retired"
+        store.close()
+
+
+def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path, tmp_path: Path) -> None:
+    """After a promotion (here by the admin call), the new live version's online NDCG@10 against the one it
+    replaced: as good within the interval, it stays; far worse, it is rolled back by itself and counted."""
+    first, third = _first(root), "20991231T235958Z"
+    shutil.copytree(root / "sasrec-tiny" / first, root / "sasrec-tiny" / third)
+    state = tmp_path / "s"
+    with TestClient(create_app(_settings(root, state, probation_min_lists=200, housekeeping_s=3600))) as c:
+        store = SQLiteStore(state / "h.sqlite3")
+        production = c.app.state.services.production  # type: ignore[attr-defined]
+
+        def tick() -> None:  # the housekeeping tick, run here: judged on exactly the sums written before
+            c.portal.call(production.tick, root, None)  # type: ignore[union-attr]
+
+        def promote(version: str) -> float:
+            _start(c, version, "canary", 0.5)
+            assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
+            ended = store.candidates()["sasrec-tiny"].ended
+            assert ended is not None
+            return ended
+
+        def sums(n: int, mean: float) -> Sums:
+            return Sums(n=n, hits=0, ndcg=n * mean, ndcg2=n * (mean * mean + 0.01), rr=0)
+
+        def served() -> tuple[str | None, str | None]:
+            return c.get("/models/sasrec-tiny/versions").json()["pinned"], store.candidates()["sasrec-tiny"].outcome
+
+        ended = promote(first)  # NEWER was live: `first` replaces it
+        store.add_online(
+            {
+                ("sasrec-tiny", NEWER, "live", ended - 600): sums(300, 0.30),
+                ("sasrec-tiny", first, "live", ended + 1): sums(199, 0.00),  # far worse, but under 200 lists
+            }
+        )
+        tick()
+        tick()
+        assert served() == (first, "promoted")
+        store.add_online({("sasrec-tiny", first, "live", ended + 61): sums(100, 0.29)})  # 299 lists at 0.097
+        tick()  # judged: rolled back in the store
+        tick()  # followed
+        assert served() == (NEWER, "rolled_back")
+        assert (
+            'seqserve_candidate_changes_total{action="rolled_back",model="sasrec-tiny"} 1.0' in c.get("/metrics").text
+        )
+        assert _ask(c, ["u1"])["version"] == NEWER
+        # Another version promoted, as good as what it replaced within the interval: it stays.
+        ended = promote(third)
+        store.add_online({("sasrec-tiny", third, "live", ended + 1): sums(300, 0.295)})
+        tick()
+        tick()
+        assert served() == (third, "promoted")
         store.close()
 
 

@@ -1,0 +1,209 @@
+"""python -m app.retrainer: the triggers at their bounds, one holder of the lease at a time, a retrain that
+starts by itself and enters as a candidate, and no training left behind by a killed retrainer."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+from app.promotion import Window, online_windows
+from app.retrainer import LEASE, STALE_TMP_S, Bounds, Metrics, Reading, Retrainer, fired
+from app.settings import Settings
+from app.store import SQLiteStore, Sums
+from models.artifact import TMP_PREFIX, versions
+from tests.servers import ROOT, free_port, start_api, stop, wait_until
+
+BOUNDS = Bounds(min_events=100, unknown_share=0.05, sag=True, min_lists=200, max_age_s=7 * 86400)
+QUIET = Reading(
+    name="m",
+    version="20261101T000000Z",
+    age_s=86400,
+    pending=99,
+    recent=1000,
+    recent_unknown=49,
+    before=Window(400, 0.30, 0.04),
+    now=Window(400, 0.29, 0.04),
+)
+
+
+def test_a_quiet_model_fires_nothing() -> None:
+    assert fired(QUIET, BOUNDS) == []
+
+
+@pytest.mark.parametrize(
+    ("trigger", "at_bound", "below"),
+    [
+        ("events", {"pending": 100}, {"pending": 99}),
+        ("unknown", {"recent_unknown": 50}, {"recent_unknown": 49}),
+        ("age", {"age_s": 7 * 86400}, {"age_s": 7 * 86400 - 1}),
+        # half-width = 1.96 * sqrt(0.04/400 * 2) = 0.02772: a drop just past it fires, just under does not
+        ("sag", {"now": Window(400, 0.30 - 0.0278, 0.04)}, {"now": Window(400, 0.30 - 0.0277, 0.04)}),
+    ],
+)
+def test_each_trigger_fires_at_its_bound_and_not_below(
+    trigger: str, at_bound: dict[str, object], below: dict[str, object]
+) -> None:
+    got = fired(dataclasses.replace(QUIET, **at_bound), BOUNDS)  # type: ignore[arg-type]
+    assert [f.trigger for f in got] == [trigger], got
+    assert got[0].figure >= got[0].bound
+    assert fired(dataclasses.replace(QUIET, **below), BOUNDS) == []  # type: ignore[arg-type]
+
+
+def test_a_trigger_set_to_zero_is_off_and_the_sag_waits_for_enough_lists() -> None:
+    loud = dataclasses.replace(QUIET, pending=10**6, recent_unknown=1000, age_s=10**9, now=Window(400, 0.0, 0.0))
+    off = Bounds(min_events=0, unknown_share=0, sag=False, min_lists=200, max_age_s=0)
+    assert fired(loud, off) == []
+    assert {f.trigger for f in fired(loud, BOUNDS)} == {"events", "unknown", "sag", "age"}
+    few = dataclasses.replace(loud, now=Window(199, 0.0, 0.0))
+    assert {f.trigger for f in fired(few, BOUNDS)} == {"events", "unknown", "age"}
+
+
+def test_the_sag_compares_the_window_as_live_with_everything_before_it() -> None:
+    def sums(n: float, mean: float) -> Sums:
+        return Sums(n=n, hits=0, ndcg=n * mean, ndcg2=n * mean * mean, rr=0)
+
+    online = {
+        ("m", "v2", "canary", 100.0): sums(100, 0.4),  # its trial: part of the level it was promoted on
+        ("m", "v2", "live", 200.0): sums(300, 0.2),
+        ("m", "v2", "live", 400.0): sums(50, 0.1),  # in the window
+        ("m", "v2", "canary", 460.0): sums(999, 0.9),  # not as the live version: not counted
+        ("m", "v1", "live", 400.0): sums(999, 0.9),  # another version
+    }
+    before, now = online_windows(online, "v2", since=400.0)
+    assert (before.n, round(before.mean, 6), now.n, now.mean) == (400, 0.25, 50, 0.1)
+    assert round(before.var, 6) == round(0.25 * 0.16 + 0.75 * 0.04 - 0.25**2, 6)  # E[x^2] - E[x]^2
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_retrainer_retrains_when_events_pile_up_and_the_service_tries_the_result(
+    tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arts = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts, arts)
+    stale = arts / "sasrec-tiny" / f"{TMP_PREFIX}dead-run"
+    stale.mkdir()
+    os.utime(stale, (time.time() - STALE_TMP_S - 60,) * 2)
+    fresh = arts / "sasrec-tiny" / f"{TMP_PREFIX}writing-now"  # another job's, being published: kept
+    fresh.mkdir()
+    env = {
+        "SEQSERVE_ARTIFACTS_DIR": str(arts),
+        "SEQSERVE_HISTORY_PATH": str(tmp_path / "h.sqlite3"),
+        "SEQSERVE_ADMIN_API_KEY": "admin-key",
+        "SEQSERVE_NEW_VERSIONS": "canary",
+        "SEQSERVE_CANARY_SHARE": "0.5",
+    }
+    proc, url = start_api(arts, env)
+    store = SQLiteStore(tmp_path / "h.sqlite3")
+    clock = Clock()
+    retrainer_env = {
+        "SEQSERVE_API_URL": url,
+        "SEQSERVE_RETRAIN_MODELS": "sasrec-tiny",
+        "SEQSERVE_RETRAIN_MIN_EVENTS": "3",
+        "SEQSERVE_RETRAIN_MINUTES": "0.05",
+        "SEQSERVE_RETRAIN_LEASE_S": "60",
+    }
+    for key, value in {**env, **retrainer_env}.items():  # what its retrain's own process reads too
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    metrics = Metrics()
+    first = Retrainer(settings, histories=store, state=store, metrics=metrics, clock=clock)
+    other = Retrainer(settings, histories=store, state=store, metrics=Metrics(), clock=clock)
+    other.holder = "another-host:1"
+    try:
+        before, t0 = {v.name for v in versions(arts / "sasrec-tiny")}, time.time() - 100
+        events = [{"event_id": f"e{n}", "user_id": "u1", "item_id": str(n + 2), "timestamp": t0 + n} for n in range(2)]
+        assert httpx.post(f"{url}/events", json={"model": "sasrec-tiny", "events": events}).json()["stored"] == 2
+        assert first.check() == []  # 2 new events: under the bound
+        assert not stale.exists() and fresh.exists()  # taking the lease cleared what a dead run left
+        assert other.check() == []  # the lease is held: the other retrainer waits
+        event = {"event_id": "e9", "user_id": "u2", "item_id": "brand-new", "timestamp": t0}
+        assert httpx.post(f"{url}/events", json={"model": "sasrec-tiny", "events": [event]}).json()["stored"] == 1
+        assert first.check() == ["sasrec-tiny"]
+        (new,) = {v.name for v in versions(arts / "sasrec-tiny")} - before
+        cand = store.candidates()["sasrec-tiny"]
+        assert (cand.version, cand.mode, cand.running) == (new, "canary", True)  # the service's rule decides
+        sample = metrics.registry.get_sample_value
+        assert sample("seqserve_retrainer_triggers_total", {"model": "sasrec-tiny", "trigger": "events"}) == 1
+        # the one event stored since the first check names an item the version does not know: 1 of 1
+        assert sample("seqserve_retrainer_triggers_total", {"model": "sasrec-tiny", "trigger": "unknown"}) == 1
+        assert sample("seqserve_retrainer_runs_total", {"model": "sasrec-tiny", "outcome": "published"}) == 1
+        clock.now += settings.retrain_cooldown_s + 1
+        assert first.check() == []  # its trial runs: not retrained again meanwhile
+        clock.now += settings.retrain_lease_s + 1  # `first` stops renewing, as a dead one would
+        assert other.hold() and not first.hold()
+    finally:
+        stop(proc)
+        store.close()
+
+
+def test_a_killed_retrain_leaves_no_training_running(tmp_path: Path) -> None:
+    """The child a retrain starts dies with it (PR_SET_PDEATHSIG): kill -9 of the retrainer stops the run."""
+    pid_file = tmp_path / "child"
+    code = (
+        "import subprocess, sys; from app.retrain import die_with_parent; "
+        "p = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); p.wait()"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    try:
+        wait_until(lambda: pid_file.exists() and pid_file.read_text() != "", timeout=30)
+        child = int(pid_file.read_text())
+        parent.kill()
+        parent.wait()
+
+        def child_gone() -> bool:
+            try:
+                return Path(f"/proc/{child}/stat").read_text().split()[2] == "Z"  # reaped by init soon
+            except FileNotFoundError:
+                return True
+
+        wait_until(child_gone)
+    finally:
+        parent.kill()
+
+
+def test_the_retrainer_process_holds_the_lease_counts_and_gives_it_up_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "SEQSERVE_ARTIFACTS_DIR": str(tmp_path / "arts"),
+        "SEQSERVE_HISTORY_PATH": str(tmp_path / "h.sqlite3"),
+        "SEQSERVE_API_URL": f"http://127.0.0.1:{free_port()}",  # nothing answers there
+        "SEQSERVE_RETRAIN_CHECK_S": "0.2",
+        "SEQSERVE_RETRAINER_METRICS_PORT": str(port),
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "app.retrainer"], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    store = SQLiteStore(tmp_path / "h.sqlite3")
+    try:
+
+        def scraped() -> str:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            except httpx.TransportError:
+                return ""
+
+        wait_until(lambda: "seqserve_retrainer_lease_held 1.0" in scraped(), timeout=60)
+        assert not store.take_lease(LEASE, "someone-else", ttl_s=60, now=time.time())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert store.take_lease(LEASE, "someone-else", ttl_s=60, now=time.time())  # given up, not left to expire
+        assert proc.stderr is not None and "does not answer" in proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        store.close()
