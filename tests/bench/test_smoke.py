@@ -231,3 +231,18 @@ def test_store_fill_measures_each_store_against_its_empty_fill(tiny_artifacts: P
     fills = json.loads(out.read_text())["fills"]["sqlite"]
     assert set(fills) == {"empty", "0", "500"} and fills["0"]["ratio_median"] == 1.0
     assert all(f["rps"][0] > 0 for f in fills.values())
+
+
+def test_retrain_beside_alternates_the_api_alone_and_beside_each_job(
+    tiny_artifacts: Path, synthetic_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "beside.json"
+    _run(
+        "production.retrain_beside",
+        *("--artifacts", str(tiny_artifacts), "--model", "sasrec-tiny", "--data", str(synthetic_dir)),
+        *("--concurrency", "2", "--seconds", "0.5", "--warmup", "0.1", "--lead", "2", "--rounds", "1"),
+        *("--port", str(free_port()), "--out", str(out)),
+    )
+    got = json.loads(out.read_text())["conditions"]
+    assert set(got) == {"alone", "retrainer", "unbounded"} and all(c["errors"] == 0 for c in got.values())
+    assert got["alone"]["job_cores"]["median"] == 0 and got["retrainer"]["job_cores"]["median"] > 0
