@@ -29,9 +29,9 @@ fi
 .venv/bin/mypy bench  # the benchmarks (run as `python -m bench.<folder>.<script>`), checked on their own
 .venv/bin/vulture  # dead code; paths and allowed names in pyproject.toml [tool.vulture]
 # A full run fails when coverage slides below the floor (95.1% when it was set at 94.5: the margin absorbs
-# a test that skips on another machine), and runs on two processes that take the next test as they finish
-# one (most of the suite waits on the servers and jobs it starts: docs/decisions/test-suite-time.md);
-# a run of chosen tests (arguments given) has no floor and runs in this process.
+# a test that skips on another machine), and runs on two processes, one taking the other's queued tests
+# when its own are done (most of the suite waits on the servers and jobs it starts:
+# docs/decisions/test-suite-time.md); a run of chosen tests (arguments given) has no floor and runs here.
 full=()
 [ "$#" -eq 0 ] && full=(--cov-fail-under=94.5 -n 2 --dist worksteal)
 .venv/bin/python -m pytest --cov=app --cov=models --cov=training --cov-report=term:skip-covered "${full[@]}" "$@"

@@ -18,30 +18,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# The modules whose tests take seconds each (they start servers, jobs and benches): collected first, so
-# that scripts/test.sh's two processes start on them and end on the quick ones instead of one process
-# finishing a long test alone (docs/decisions/test-suite-time.md).
-SLOW_FIRST = (
-    "tests/bench/",
-    "tests/app/test_versions.py",
-    "tests/app/test_retrain",
-    "tests/training/test_copy_task.py",
-    "tests/app/test_contract.py",
-    "tests/app/test_trials.py",
-    "tests/app/test_durability.py",
-    "tests/app/test_server.py",
-    "tests/app/test_observability.py",
-    "tests/app/test_reload.py",
-    "tests/training/test_distributed.py",
-    "tests/test_deploy.py",
-    "tests/app/test_secrets.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FIRST))  # stable: the order within each part stays
-
-
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
 

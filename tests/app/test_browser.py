@@ -67,9 +67,11 @@ def service(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 def _wait(driver: Any, condition: Any, timeout: float = 20) -> Any:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout).until(condition)
+    # A row read while the page redraws its table is gone by the time it is read: asked again.
+    return WebDriverWait(driver, timeout, ignored_exceptions=[StaleElementReferenceException]).until(condition)
 
 
 def _other_hosts(driver: Any, origin: str) -> list[str]:

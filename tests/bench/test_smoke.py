@@ -180,7 +180,7 @@ def rated_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("rated")
     _run(
         "scale.gen_log",
-        *("--rows", "6000", "--users", "200", "--items", "400", "--formats", "csv"),
+        *("--rows", "3000", "--users", "100", "--items", "300", "--formats", "csv"),
         "--out",
         str(folder),
     )
@@ -196,7 +196,7 @@ def test_replay_s_online_figures_equal_its_own_computation(rated_log: Path, tmp_
     _run(
         "production.replay",
         *("--data", str(rated_log), "--minutes", "0.02", "--warm-minutes", "0.02", "--min-events", "20"),
-        *("--workers", "1", "--decide-s", "2", "--port", str(free_port()), "--out", str(out)),
+        *("--workers", "1", "--decide-s", "0.5", "--port", str(free_port()), "--out", str(out)),
         timeout=400,
     )
     report = json.loads(out.read_text())
