@@ -1,8 +1,11 @@
-"""Loaders on the real files beside the project; skipped with a reason where they are absent."""
+"""Loaders and the default job on the real files beside the project; skipped with a reason where they are absent."""
+
+import json
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED_DATA, time_lists
+from tests.conftest import CONFIGS, SHARED_DATA, run_job, time_lists
 from training.data import load_interactions
 
 ML100K = SHARED_DATA / "ml-100k"
@@ -23,3 +26,13 @@ def test_ml100k_counts_and_release_years() -> None:
 def test_beauty_counts() -> None:
     data = load_interactions(BEAUTY)
     assert len(data.users) == 40_226 and data.n_interactions == 353_962 and len(data.item_ids) == 54_542
+
+
+@pytest.mark.skipif(not (ML100K / "ml-100k.inter").exists(), reason=f"real data absent: {ML100K}")
+def test_the_default_movielens_model_is_validated_and_tested_on_every_user(tmp_path: Path) -> None:
+    """The whole evaluation of MovieLens-100k costs about a second: the main command's model covers all 943
+    users in validation and test, even when the loop takes its whole budget (the deadlines are for big logs)."""
+    folder = run_job(["train.max_minutes=0.25"], tmp_path, ML100K / "ml-100k.inter", CONFIGS / "sasrec_ml100k.toml")
+    protocol = json.loads((folder / "metrics.json").read_text())["protocol"]
+    assert protocol["valid_users"] == {"scored": 943, "of": 943}
+    assert (protocol["test_users"]["scored"], protocol["test_users"]["of"]) == (943, 943)

@@ -233,8 +233,10 @@ def test_test_metrics_on_a_seeded_sample_of_users(synthetic_dir: Path, tmp_path:
 
 def test_a_spent_budget_cuts_evaluation_to_whole_batches_of_the_same_users(synthetic_dir: Path, tmp_path: Path) -> None:
     """train.max_minutes covers the phases after the loop: with nothing left, validation and test score
-    one batch of their seeded samples, the model and every baseline the same users, and say so."""
+    one batch of their seeded samples, the model and every baseline the same users, and say so (a phase
+    planned under eval.every_user_s, here 0, would score everyone)."""
     overrides = ["model.kind='sasrec'", "name='spent'", *TINY_REC, "train.max_minutes=0.0001", "eval.batch_size=8"]
+    overrides.append("eval.every_user_s=0")
     metrics = json.loads((run_job(overrides, tmp_path, synthetic_dir) / "metrics.json").read_text())
     assert metrics["protocol"]["test_users"] == {"scored": 8, "of": 40, "sample": 40, "seed": 42}
     assert metrics["protocol"]["valid_users"] == {"scored": 8, "of": 40}
@@ -243,6 +245,8 @@ def test_a_spent_budget_cuts_evaluation_to_whole_batches_of_the_same_users(synth
     assert metrics["protocol"]["baselines_valid_users"] == 8
     assert "time budget" in metrics["stopped"]
     assert metrics["seconds"]["budget"] == pytest.approx(0.006)
+    everyone = json.loads((run_job(overrides[:-1], tmp_path, synthetic_dir) / "metrics.json").read_text())
+    assert everyone["protocol"]["test_users"]["scored"] == everyone["protocol"]["valid_users"]["scored"] == 40
 
 
 def test_predict_covers_every_task_that_keeps_user_histories(

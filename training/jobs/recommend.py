@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,11 @@ EXPORT_HISTORY_BYTES = 16
 # (set after training) and a history one item longer. At 50M rows a test user took 1.10x and 1.19x its
 # price in two runs; pricing 20,000 users 15% higher takes about 7 s from a 30-minute job's loop.
 TEST_MARGIN = 1.3
+# An evaluation planned (before training, at full size) under this share of the budget, or under
+# eval.every_user_s, scores every user whatever its deadline: on a log as small as MovieLens-100k the
+# whole phase costs about a second, and a figure on the half of the users a tight deadline let through
+# is noise (the deadlines are for big logs).
+EVERY_USER_SHARE = 0.05
 
 
 @dataclass
@@ -99,6 +105,9 @@ class RecEval:
     # are more (0 = all): model and baselines alike; metrics.json states how many. The baselines are
     # still fitted on every user.
     test_users: int = 100_000
+    # An end-of-training evaluation planned (before training, at full size) under this many seconds or
+    # EVERY_USER_SHARE of the budget scores every user of its sample whatever its deadline.
+    every_user_s: float = 2.0
     batch_size: int = 512
     protocols: list[str] = field(default_factory=lambda: list(PROTOCOLS))  # test protocols
     baselines: list[str] = field(default_factory=lambda: list(BASELINES))  # scored on test beside the model
@@ -172,6 +181,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     valid_baselines_fitted: dict[str, int] | None = None
     costs: Costs
     plan: dict[str, float]  # seconds kept for each phase after the training loop
+    planned: dict[str, float]  # the same at full size, before the cap: EVERY_USER_SHARE reads it
     transition_weights_tried: dict[float, float] | None = None  # validation NDCG@10 of each prior weight
 
     @classmethod
@@ -202,7 +212,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         self.split = leave_one_out(sequences, full_data=c.full_data)
         self.popularity = item_counts(sequences, len(self.items))
         self.val_set = subsample(self.split.valid, self.cfg.eval.val_users, self.cfg.train.seed)
-        self.costs, self.plan = Costs(), {}
+        self.costs, self.plan, self.planned = Costs(), {}, {}
 
     def _carry_item_meta(self, old: RecArtifact) -> None:
         """A log exported from the service has no item table: the release times and display fields of
@@ -333,6 +343,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             "export": min(EXPORT_SHARE * self.clock.seconds, 2.0 + self._artifact_bytes(model) / EXPORT_BYTES_PER_S),
         }
         total = sum(plan.values())
+        self.planned = plan  # each phase at full size: what decides whether an evaluation scores everyone
         cap = MAX_AFTER_SHARE * self.clock.seconds
         # Over the cap, the phases that can be cut (evaluations by their deadlines, the refit) give way;
         # writing the artifact takes what it takes.
@@ -348,6 +359,14 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     def _deadline(self, *after: str) -> float:
         """When a phase must end so that the planned phases `after` it still fit in the budget."""
         return time.monotonic() + self.clock.left() - sum(self.plan.get(k, 0.0) for k in after)
+
+    def _evaluation_deadline(self, phase: str, *after: str) -> float | None:
+        """An evaluation phase's deadline (`_deadline(*after)`); none, so that every user is scored, when
+        the whole phase was planned under EVERY_USER_SHARE of the budget or eval.every_user_s."""
+        bound = max(EVERY_USER_SHARE * self.clock.seconds, self.cfg.eval.every_user_s)
+        if self.planned.get(phase, math.inf) <= bound:
+            return None
+        return self._deadline(*after)
 
     def preflight(self, model: nn.Module) -> None:
         assert isinstance(model, SequentialRecommender)
@@ -415,7 +434,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         smaller; docs/decisions/transition-prior.md)."""
         e = self.cfg.eval
         protocols = list(dict.fromkeys([e.protocol, *e.protocols]))
-        deadline = self._deadline("refit", "transition_table", "test", "export")
+        deadline = self._evaluation_deadline("valid", "refit", "transition_table", "test", "export")
         if not getattr(model.config, "transition_width", 0):
             return self._evaluate_all({"model": model.scores}, valid, protocols, deadline=deadline)
         model.set_transitions(self.split.train)
@@ -487,7 +506,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         known = self.split.test.histories + short_sequences(self.split)
         fitted = self._fit_baselines(known)
         got = self._evaluate_all(
-            {"model": model.scores, **fitted}, test, e.protocols, deadline=self._deadline("export")
+            {"model": model.scores, **fitted}, test, e.protocols, deadline=self._evaluation_deadline("test", "export")
         )
         return test, list(fitted), got, len(known)
 
