@@ -19,7 +19,7 @@ from app.loaded import LoadedModels, resolve_device
 from app.middleware import BodyBudget, BodyLimit, Observe
 from app.observability import AccessLog, Metrics, configure_logging
 from app.online import ServedLists
-from app.production import ProductionLoop
+from app.production import ProductionLoop, published
 from app.routers import admin, console, events, health, history, metrics, models
 from app.routers.plain import PlainRouter
 from app.routers.tasks import TaskRoute, live_route, plain_router, task_routes
@@ -194,14 +194,15 @@ def _mount_routes(app: FastAPI, settings: Settings, services: Services, routes: 
 
 async def _housekeeping(services: Services) -> None:
     """Each worker, every SEQSERVE_HOUSEKEEPING_S: sets its own queue-depth gauges (with several workers,
-    /metrics sums every worker's), then the production loop's tick (version choices, a reload another
-    worker was asked for, the shared online figures, the promotion rule)."""
+    /metrics sums every worker's) and its models' publish times, then the production loop's tick (version
+    choices, a reload another worker was asked for, the shared online figures, the promotion rule)."""
     production = services.production
     assert production is not None
     while True:
         await asyncio.sleep(services.settings.housekeeping_s)
         try:
             services.metrics.set_queue_depths(services.loaded.queue_depths())
+            services.metrics.set_published({n: published(m.version) for n, m in services.loaded.models.items()})
             services.metrics.forget_dead_workers()
             if services.shadows is not None:
                 services.metrics.count_shadow(*services.shadows.take())

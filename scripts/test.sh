@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test command: environment with dev tools, a redis-server for the store tests, chromium for the
-# browser tests, lint, format, types, dead code, tests with a coverage report. Any failure fails the
-# run, and so does pytest collecting no test (exit code 5).
+# The test command: environment with dev tools, a redis-server for the store tests, promtool for the alert
+# rules, chromium for the browser tests, lint, format, types, dead code, tests with a coverage report.
+# Any failure fails the run, and so does pytest collecting no test (exit code 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh dev
@@ -12,6 +12,15 @@ if ! command -v redis-server >/dev/null; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
     else
         echo "test: redis-server not installed and cannot install it here; Redis tests will skip (fail under CI=true)" >&2
+    fi
+fi
+if ! command -v promtool >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "test: installing prometheus for promtool (tests/test_deploy.py checks ops/prometheus/alerts.yml)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    else
+        echo "test: promtool not installed and cannot install it here; the alert rules test skips (fails under CI=true)" >&2
     fi
 fi
 if ! command -v chromedriver >/dev/null; then

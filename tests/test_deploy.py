@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,20 @@ def test_api_keys_can_come_from_compose_secrets() -> None:
         "SEQSERVE_EVENTS_API_KEY_FILE": "/run/secrets/events_key",
     }
     assert set(override["secrets"]) == {"admin_key", "events_key"}
+
+
+def test_alert_rules_pass_promtool_and_name_metrics_the_code_exports() -> None:
+    """ops/prometheus/alerts.yml: valid rules, their unit tests (alerts_test.yml) pass, and every metric an
+    expression reads is one app/ defines (a renamed metric would leave an alert that never fires)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is not installed; scripts/test.sh installs it (apt-get install prometheus)")
+        pytest.skip("promtool not installed (scripts/test.sh installs it when run as root)")
+    rules = ROOT / "ops" / "prometheus"
+    for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
+        out = subprocess.run([promtool, *args], cwd=rules, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+    exported = "".join(p.read_text() for p in (ROOT / "app").rglob("*.py"))
+    for name in set(re.findall(r"(seqserve_[a-z_]+?)(?:_total)?\b", (rules / "alerts.yml").read_text())):
+        assert f'"{name}' in exported, name

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
-from tests.servers import wait_until_async
+from tests.servers import wait_until, wait_until_async
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -217,3 +217,25 @@ def test_access_lines_are_written_in_batches_in_the_log_format(tmp_path: Path) -
     }
     assert _json.loads(second)["request_id"] == "rid-2"
     assert third.endswith(" INFO app.access: GET /history 401 0.1ms")
+
+
+def test_metrics_say_when_each_serving_version_was_published(tiny_artifacts: Path, tmp_path: Path) -> None:
+    """The gauge ops/prometheus/alerts.yml's SeqserveModelStale reads, set by every housekeeping tick."""
+    from fastapi.testclient import TestClient
+
+    from app.production import published
+    from models.artifact import latest_versions
+
+    settings = Settings(artifacts_dir=tiny_artifacts, device="cpu", history_path=tmp_path / "h.sqlite3")
+    with TestClient(create_app(settings.model_copy(update={"housekeeping_s": 0.05}))) as c:
+        want = published(latest_versions(tiny_artifacts)["sasrec-tiny"].name)
+
+        def shown() -> float | None:
+            for line in c.get("/metrics").text.splitlines():
+                if line.startswith('seqserve_model_published_seconds{model="sasrec-tiny"}'):
+                    return float(line.split()[-1])
+            return None
+
+        wait_until(lambda: shown() is not None)
+        assert shown() == want
+        assert want > 1.7e9  # a real time: the version's name parsed
