@@ -133,15 +133,15 @@ class Recent:
     window_s: float
     seen: dict[str, deque[tuple[float, str]]] = field(default_factory=dict)
 
-    def add(self, arrivals: list[Arrival]) -> None:
+    def add(self, arrivals: list[Arrival], *, now: float) -> None:
         for a in arrivals:
             self.seen.setdefault(a.namespace, deque()).append((a.at, a.item))
+        for q in self.seen.values():  # every namespace, read or not: the process runs for weeks
+            while q and q[0][0] < now - self.window_s:
+                q.popleft()
 
-    def items(self, namespace: str, *, now: float) -> list[str]:
-        q = self.seen.get(namespace, deque())
-        while q and q[0][0] < now - self.window_s:
-            q.popleft()
-        return [item for _, item in q]
+    def items(self, namespace: str) -> list[str]:
+        return [item for _, item in self.seen.get(namespace, ())]
 
 
 class Metrics:
@@ -251,7 +251,7 @@ class Retrainer:
         now = self.clock()
         folder = self.settings.artifacts_dir / name / version
         namespace = read_manifest(folder).namespace
-        items = self.recent.items(namespace, now=now)
+        items = self.recent.items(namespace)
         known = self.known(name, version)
         before, current = online_windows(self.state.online(name), version, since=now - self.settings.retrain_window_s)
         return Reading(
@@ -273,7 +273,7 @@ class Retrainer:
         try:
             while True:
                 self.cursor, got = self.state.arrivals(self.cursor, 5_000)
-                self.recent.add(got)
+                self.recent.add(got, now=self.clock())
                 if not got:
                     break
             candidates = self.state.candidates()

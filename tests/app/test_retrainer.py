@@ -16,9 +16,9 @@ import httpx2 as httpx
 import pytest
 
 from app.promotion import Window, online_windows
-from app.retrainer import LEASE, STALE_TMP_S, Bounds, Metrics, Reading, Retrainer, fired
+from app.retrainer import LEASE, STALE_TMP_S, Bounds, Metrics, Reading, Recent, Retrainer, fired
 from app.settings import Settings
-from app.store import SQLiteStore, Sums
+from app.store import Arrival, SQLiteStore, Sums
 from models.artifact import TMP_PREFIX, versions
 from tests.servers import ROOT, free_port, start_api, stop, wait_until
 
@@ -81,6 +81,16 @@ def test_the_sag_compares_the_window_as_live_with_everything_before_it() -> None
     before, now = online_windows(online, "v2", since=400.0)
     assert (before.n, round(before.mean, 6), now.n, now.mean) == (400, 0.25, 50, 0.1)
     assert round(before.var, 6) == round(0.25 * 0.16 + 0.75 * 0.04 - 0.25**2, 6)  # E[x^2] - E[x]^2
+
+
+def test_recent_events_keep_one_window_in_every_namespace_read_or_not() -> None:
+    """The unknown share's window: a namespace no model of the retrainer reads must not grow for weeks."""
+    recent = Recent(window_s=60)
+    recent.add([Arrival("ml", "u", "a", 100.0), Arrival("geo", "u", "p", 100.0)], now=100.0)
+    recent.add([Arrival("ml", "u", "b", 150.0)], now=150.0)
+    assert recent.items("ml") == ["a", "b"]
+    recent.add([], now=161.0)
+    assert recent.items("ml") == ["b"] and not recent.seen["geo"]  # older than 60 s, in both
 
 
 class Clock:
