@@ -144,9 +144,10 @@ class ProductionLoop:
     async def watch(self) -> None:
         """Probation (SEQSERVE_PROBATION_S): each version promoted within it, as the live version since its
         promotion, against the version it replaced over as long before it; rolled back when lower beyond
-        the interval, with SEQSERVE_PROBATION_MIN_LISTS lists a side."""
+        the interval, with SEQSERVE_PROBATION_MIN_LISTS lists a side. Only with SEQSERVE_EVENTS_API_KEY set:
+        as for the rule, the figures it acts on must come from events posted with a key, not from anyone."""
         s = self.settings
-        if not s.probation_s or self.state is None:
+        if not s.probation_s or self.state is None or s.events_api_key is None:
             return
         now = time.time()
         for name, cand in list(self.choices.last.items()):

@@ -134,7 +134,8 @@ class Settings(BaseSettings):
     # Probation: for this long after a promotion (by the rule or the admin call), the new live version's
     # online NDCG@10 is compared with the version it replaced (its figures until the promotion); lower by
     # more than the 95% interval once each side has probation_min_lists scored lists, and the promotion is
-    # rolled back by itself (docs/decisions/online-evaluation.md). 0 = no probation.
+    # rolled back by itself (docs/decisions/online-evaluation.md). 0 = no probation; without
+    # SEQSERVE_EVENTS_API_KEY there is none either (anyone could post the events that decide it).
     probation_s: float = Field(default=3600.0, ge=0)
     probation_min_lists: int = Field(default=200, ge=1)
     # The retrainer (python -m app.retrainer) and one retrain (python -m app.retrain): when a warm retrain

@@ -216,7 +216,8 @@ def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path,
     first, third = _first(root), "20991231T235958Z"
     shutil.copytree(root / "sasrec-tiny" / first, root / "sasrec-tiny" / third)
     state = tmp_path / "s"
-    with TestClient(create_app(_settings(root, state, probation_min_lists=200, housekeeping_s=3600))) as c:
+    settings = _settings(root, state, probation_min_lists=200, housekeeping_s=3600, events_api_key="events-key")
+    with TestClient(create_app(settings)) as c:
         store = SQLiteStore(state / "h.sqlite3")
         production = c.app.state.services.production  # type: ignore[attr-defined]
 
@@ -247,13 +248,17 @@ def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path,
         tick()
         assert served() == (first, "promoted")
         store.add_online({("sasrec-tiny", first, "live", ended + 61): sums(100, 0.29)})  # 299 lists at 0.097
+        production.settings = settings.model_copy(update={"events_api_key": None})
+        tick()  # /events open: anyone could have posted these figures, so nothing is rolled back
+        assert served() == (first, "promoted")
+        production.settings = settings
         tick()  # judged: rolled back in the store
         tick()  # followed
         assert served() == (NEWER, "rolled_back")
         assert (
             'seqserve_candidate_changes_total{action="rolled_back",model="sasrec-tiny"} 1.0' in c.get("/metrics").text
         )
-        assert _ask(c, ["u1"])["version"] == NEWER
+        assert _ask(c, ["u1"], headers=EVENTS)["version"] == NEWER
         # Another version promoted, as good as what it replaced within the interval: it stays.
         ended = promote(third)
         store.add_online({("sasrec-tiny", third, "live", ended + 1): sums(300, 0.295)})
