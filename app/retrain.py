@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from app import export_history
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 from models.artifact import ArtifactError, read_manifest, versions
 
 
@@ -67,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, help="the training job's threads (SEQSERVE_RETRAIN_THREADS)")
     p.add_argument("--api-url", help="the running service (SEQSERVE_API_URL)")
     args = p.parse_args(argv)
-    settings = Settings()
+    try:
+        settings = Settings()
+    except SettingsError as exc:  # its text names each variable and never a value
+        raise SystemExit(f"retrain: {exc}") from None
     args.api_url = settings.api_url if args.api_url is None else args.api_url
     minutes = args.minutes or settings.retrain_minutes
     threads = settings.retrain_threads if args.threads is None else args.threads

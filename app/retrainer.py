@@ -47,7 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from app.production import published
 from app.promotion import Window, online_windows, sagged
 from app.retrain import die_with_parent
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 from app.store import Arrival, ProductionState, StoreError, open_store
 from app.store.histories import HistoryStore
 from models.artifact import ITEMS, TMP_PREFIX, ArtifactError, read_id_map, read_manifest
@@ -367,7 +367,10 @@ class Retrainer:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings()
+    try:
+        settings = Settings()
+    except SettingsError as exc:  # its text names each variable and never a value
+        raise SystemExit(f"retrainer: {exc}") from None
     store = open_store(**settings.store_args())
     metrics = Metrics()
     if settings.retrainer_metrics_port:

@@ -217,3 +217,16 @@ def test_the_retrainer_process_holds_the_lease_counts_and_gives_it_up_on_sigterm
     finally:
         proc.kill()
         store.close()
+
+
+@pytest.mark.parametrize("entry", ["app.retrainer", "app.retrain"])
+def test_a_bad_setting_stops_the_start_in_one_line_without_a_value(entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    monkeypatch.setenv("SEQSERVE_RETRAIN_MIN_EVENTS", "not-a-number")
+    monkeypatch.setenv("SEQSERVE_ADMIN_API_KEY", "s3cret-value")
+    with pytest.raises(SystemExit) as stop:
+        main = importlib.import_module(entry).main
+        main([]) if entry == "app.retrain" else main()  # no arguments: pytest's own are in sys.argv
+    message = str(stop.value.code)
+    assert "SEQSERVE_RETRAIN_MIN_EVENTS" in message and "not-a-number" not in message and "s3cret" not in message
