@@ -41,13 +41,20 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
+def served_models(api_url: str) -> list[dict[str, object]]:
+    """The service's models as GET /models lists them (OSError or ValueError when it does not answer)."""
+    with urllib.request.urlopen(f"{api_url}/models", timeout=10) as r:
+        models = json.load(r)["models"]
+    if not isinstance(models, list):
+        raise ValueError("GET /models: no list of models")
+    return models
+
+
 def serving_version(api_url: str, name: str) -> str | None:
     """The version of `name` the service at `api_url` serves (pinned, or the newest that loads); None
     when it cannot say."""
     try:
-        with urllib.request.urlopen(f"{api_url}/models", timeout=10) as r:
-            models = json.load(r)["models"]
-        return str(next(m["version"] for m in models if m["name"] == name))
+        return str(next(m["version"] for m in served_models(api_url) if m["name"] == name))
     except (OSError, StopIteration, KeyError, ValueError, TypeError):
         return None
 

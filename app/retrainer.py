@@ -26,7 +26,6 @@ Why each trigger and default: docs/decisions/retrainer.md.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -37,7 +36,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,7 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from app.production import published
 from app.promotion import Window, online_windows, sagged
-from app.retrain import die_with_parent
+from app.retrain import die_with_parent, served_models
 from app.settings import Settings, SettingsError
 from app.store import Arrival, ProductionState, StoreError, open_store
 from app.store.histories import HistoryStore
@@ -226,8 +224,7 @@ class Retrainer:
     def served(self) -> list[dict[str, object]]:
         """The service's models (GET /models); [] when it does not answer."""
         try:
-            with urllib.request.urlopen(f"{self.settings.api_url}/models", timeout=10) as r:
-                return list(json.load(r)["models"])
+            return served_models(self.settings.api_url)
         except (OSError, ValueError, KeyError) as exc:
             log.warning("retrainer: the service at %s does not answer: %s", self.settings.api_url, exc)
             return []
@@ -257,7 +254,7 @@ class Retrainer:
         return Reading(
             name=name,
             version=version,
-            age_s=now - published(version) if published(version) else 0.0,
+            age_s=now - born if (born := published(version)) else 0.0,
             pending=self.histories.pending(namespace),
             recent=len(items),
             recent_unknown=sum(i not in known for i in items),
