@@ -32,7 +32,7 @@ def test_beauty_counts() -> None:
 def test_the_default_movielens_model_is_validated_and_tested_on_every_user(tmp_path: Path) -> None:
     """The whole evaluation of MovieLens-100k costs about a second: the main command's model covers all 943
     users in validation and test, even when the loop takes its whole budget (the deadlines are for big logs)."""
-    folder = run_job(["train.max_minutes=0.25"], tmp_path, ML100K / "ml-100k.inter", CONFIGS / "sasrec_ml100k.toml")
+    folder = run_job(["train.max_minutes=0.1"], tmp_path, ML100K / "ml-100k.inter", CONFIGS / "sasrec_ml100k.toml")
     protocol = json.loads((folder / "metrics.json").read_text())["protocol"]
     assert protocol["valid_users"] == {"scored": 943, "of": 943}
     assert (protocol["test_users"]["scored"], protocol["test_users"]["of"]) == (943, 943)
