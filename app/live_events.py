@@ -92,7 +92,14 @@ def validate_events(
                 }
             )
         else:
-            valid.append((n, Event(e.event_id, e.user_id, e.item_id, e.timestamp, e.action)))
+            valid.append(
+                (
+                    n,
+                    Event(
+                        e.event_id, e.user_id, e.item_id, e.timestamp, e.action, recommendation_id=e.recommendation_id
+                    ),
+                )
+            )
     return valid, rejected
 
 

@@ -90,6 +90,19 @@ class Metrics:
             ["model", "reason"],
             registry=self.registry,
         )
+        self.interleave_credits = Counter(
+            "seqserve_interleave_credits",
+            "Interleaved answers scored, by the side the user's item credited (candidate, live, neither)",
+            ["model", "side"],
+            registry=self.registry,
+        )
+        self.online_attributed = Counter(
+            "seqserve_online_attributed",
+            "Served lists scored by an event naming their recommendation_id (the rest of"
+            " seqserve_online_scored_total: by the user's next event)",
+            ["model", "version", "variant"],
+            registry=self.registry,
+        )
         self.trial_changes = Counter(
             "seqserve_candidate_changes",
             "Candidate trials started, promoted and retired",
@@ -125,6 +138,12 @@ class Metrics:
         self.online_hits.labels(*labels).inc(scored.hits)
         self.online_ndcg.labels(*labels).inc(scored.ndcg)
         self.online_rr.labels(*labels).inc(scored.rr)
+        if scored.attributed:
+            self.online_attributed.labels(*labels).inc(scored.attributed)
+
+    def count_credits(self, credits: dict[tuple[str, str], int]) -> None:
+        for (model, side), n in credits.items():
+            self.interleave_credits.labels(model, side).inc(n)
 
     def count_unscored(self, **reasons: int) -> None:
         for reason, n in reasons.items():

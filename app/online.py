@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from app.interleave import credit
 from app.store import Arrival, OnlineKey, Sums, UserKey
 
 CUT = 10  # the online figures' K: HR@10, NDCG@10
@@ -38,6 +39,8 @@ class ServedList(NamedTuple):
     items: tuple[str, ...]
     at: float  # the server's clock when it was served
     trial_start: float | None = None  # when the running trial began, as it was served (its figures count per user)
+    teams: str = ""  # an interleaved list's: each position's team (app/interleave.py)
+    recommendation_id: str = ""  # an event naming it scores this list (attribution)
 
 
 def score(items: Sequence[str], target: str) -> Sums:
@@ -62,8 +65,10 @@ class Tally:
     """What one worker counted since its sums last went to the store."""
 
     sums: dict[OnlineKey, Sums] = field(default_factory=dict)
-    # (model, trial start, version, variant, user) -> [lists, NDCG@10 sum]: the rule's unit is the user
+    # (model, trial start, version, variant, user) -> [lists, NDCG@10 sum] (interleaved: [lists, credits]):
+    # the rule's unit is the user
     users: dict[UserKey, list[float]] = field(default_factory=dict)
+    credits: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, side credited) -> interleaved answers
     superseded: int = 0
     expired: int = 0
     evicted: int = 0
@@ -128,15 +133,27 @@ class ServedLists:
             newest: dict[tuple[str, str], ServedList] = {}
             for s in before:  # oldest first: the last one of each model and variant wins
                 newest[(s.model, s.variant)] = s
+            named = None
+            if a.recommendation_id:  # the list the event names, in place of its model and variant's newest
+                named = next((s for s in before if s.recommendation_id == a.recommendation_id), None)
+                if named is not None:
+                    newest[(named.model, named.variant)] = named
             for s in newest.values():
                 scored = score(s.items, a.item)
+                scored.attributed = float(s is named)
                 key = (s.model, s.version, s.variant, math.floor(a.at / BUCKET_S) * BUCKET_S)
                 self.tally.sums.setdefault(key, Sums()).add(scored)
                 if s.trial_start is not None:
                     ukey = (s.model, s.trial_start, s.version, s.variant, a.user)
                     per_user = self.tally.users.setdefault(ukey, [0.0, 0.0])
                     per_user[0] += 1
-                    per_user[1] += scored.ndcg
+                    if s.variant == "interleave":
+                        got = credit(s.items, s.teams, a.item)
+                        per_user[1] += got
+                        side = "candidate" if got > 0 else "live" if got < 0 else "neither"
+                        self.tally.credits[(s.model, side)] = self.tally.credits.get((s.model, side), 0) + 1
+                    else:
+                        per_user[1] += scored.ndcg
                 out.append((s, scored))
             self.tally.superseded += len(before) - len(newest)
             left = tuple(s for s in kept if not (s[AT] <= a.at and (s[0], s[2]) in newest))
@@ -174,6 +191,7 @@ class Figures:
     ndcg10: float
     ndcg10_ci: tuple[float, float]
     mrr: float
+    attributed: int  # of the n, those scored by an event naming their recommendation_id
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -183,6 +201,7 @@ class Figures:
             "ndcg10": round(self.ndcg10, 5),
             "ndcg10_ci": [round(x, 5) for x in self.ndcg10_ci],
             "mrr": round(self.mrr, 5),
+            "attributed": self.attributed,
         }
 
 
@@ -210,6 +229,7 @@ def figures(s: Sums) -> Figures | None:
         ndcg10=mean,
         ndcg10_ci=(max(0.0, mean - h), min(1.0, mean + h)),
         mrr=s.rr / n,
+        attributed=int(s.attributed),
     )
 
 

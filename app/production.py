@@ -21,9 +21,9 @@ from app.choices import VersionChoices
 from app.loaded import LoadedModels
 from app.observability import Metrics
 from app.online import ServedLists
-from app.promotion import Window, judge, sagged
+from app.promotion import Verdict, Window, sagged, verdict
 from app.settings import Settings
-from app.store import Candidate, OnlineKey, ProductionState, StoreError, Sums, UserKey, UserStats
+from app.store import Candidate, OnlineKey, ProductionState, StoreError, Sums, UserKey
 from app.workers import Coordinator
 from models.artifact import artifact_names
 
@@ -54,6 +54,8 @@ class ProductionLoop:
         self.online: dict[str, dict[OnlineKey, Sums]] = {}  # model name -> the shared totals, as last read
         self._unsent: dict[OnlineKey, Sums] = {}  # sums the store did not take yet (it was away)
         self._unsent_users: dict[UserKey, list[float]] = {}
+        # Model name -> its running trial and what the rule reads of it, as of the last housekeeping tick.
+        self.trials: dict[str, tuple[Candidate, Verdict]] = {}
 
     def begin(self) -> None:
         """Start reading arrivals from now: lists served from here on are scored by events from here on."""
@@ -94,6 +96,7 @@ class ProductionLoop:
             self.lists.expire()
             tally = self.lists.take()
             self.metrics.count_unscored(superseded=tally.superseded, expired=tally.expired, evicted=tally.evicted)
+            self.metrics.count_credits(tally.credits)
             for key, sums in tally.sums.items():
                 self._unsent.setdefault(key, Sums()).add(sums)
             for ukey, pair in tally.users.items():
@@ -117,10 +120,12 @@ class ProductionLoop:
         await self.watch()
 
     async def judge(self) -> None:
-        """The promotion rule (SEQSERVE_PROMOTE_MIN_EVENTS) on each candidate, from the shared figures."""
+        """The promotion rule (SEQSERVE_PROMOTE_MIN_EVENTS; 0: off) on each candidate, from the shared figures;
+        what it reads is kept in `trials` either way (GET /models/{name}/online shows it)."""
         need = self.settings.promote_min_events
-        if not need or self.state is None:
+        if self.state is None:
             return
+        self.trials = {n: t for n, t in self.trials.items() if n in self.choices.candidates}
         for name, cand in list(self.choices.candidates.items()):
             live = self.loaded.models.get(name)
             if live is None or cand.version == live.version:
@@ -131,15 +136,10 @@ class ProductionLoop:
             except StoreError as exc:
                 log.warning("the promotion rule waits for the store: %s", exc)
                 return
-            verdict = judge(
-                sides.get((cand.version, cand.mode), UserStats()),
-                sides.get((live.version, "live"), UserStats()),
-                min_events=need,
-            )
-            if verdict.action != "wait":
-                await self.settle(
-                    name, cand.version, promote=verdict.action == "promote", reason=f"rule: {verdict.reason}"
-                )
+            found = verdict(cand, live.version, sides, min_events=need)
+            self.trials[name] = (cand, found)
+            if need and found.action != "wait":
+                await self.settle(name, cand.version, promote=found.action == "promote", reason=f"rule: {found.reason}")
 
     async def watch(self) -> None:
         """Probation (SEQSERVE_PROBATION_S): each version promoted within it, as the live version since its

@@ -1,23 +1,27 @@
 """The promotion rule: whether a candidate on trial is promoted, retired, or waited on, from each side's
-per-user online figures since the trial began (the production loop applies it: app/production.py).
-Why the user is the unit and what the interval means: docs/decisions/online-evaluation.md.
+per-user online figures since the trial began, or an interleaved trial's per-user credits (the production
+loop applies it: app/production.py). Why the user is the unit and what the interval means:
+docs/decisions/online-evaluation.md; the sign test: docs/decisions/interleaving.md.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.online import Z95
-from app.store import Sums, UserStats
+from app.store import Candidate, Sums, UserStats
 
 MIN_USERS = 30  # the rule decides only with this many users on each side (its unit)
+ALPHA = 0.05  # two-sided: the 95% of the canary's interval, for the interleaved sign test
+SIGN_EXACT = 1000  # users up to which the sign test sums the binomial tail exactly
 
 
 @dataclass(frozen=True)
 class Verdict:
     action: str  # "promote" | "retire" | "wait"
     reason: str
+    figures: dict[str, float | None] = field(default_factory=dict)  # what the reason states, by name
 
 
 def clustered(side: UserStats) -> tuple[float, float, float]:
@@ -41,18 +45,75 @@ def judge(candidate: UserStats, live: UserStats, *, min_events: int) -> Verdict:
     unless its NDCG@10 is below the live version's by more than the 95% interval of the difference
     (users as the unit); retire it when it is."""
     (nc, mc, vc), (nl, ml, vl) = clustered(candidate), clustered(live)
+    diff, half = mc - ml, Z95 * math.sqrt(vc + vl)
+    figures: dict[str, float | None] = {
+        "candidate_users": candidate.users,
+        "live_users": live.users,
+        "candidate_lists": nc,
+        "live_lists": nl,
+        "difference": diff if nc and nl else None,
+        "half_width": half if math.isfinite(half) else None,
+    }
     if nc < min_events or nl < min_events or min(candidate.users, live.users) < MIN_USERS:
         return Verdict(
             "wait",
             f"{int(nc)} and {int(nl)} scored lists of {candidate.users} and {live.users} users;"
             f" {min_events} lists and {MIN_USERS} users needed on each side",
+            figures,
         )
-    diff, half = mc - ml, Z95 * math.sqrt(vc + vl)
     text = (
         f"NDCG@10 difference {diff:+.4f}, interval half-width {half:.4f} (users as the unit), "
         f"lists {int(nc)} vs {int(nl)}, users {candidate.users} vs {live.users}"
     )
-    return Verdict("promote" if diff >= -half else "retire", text)
+    return Verdict("promote" if diff >= -half else "retire", text, figures)
+
+
+def sign_test(positive: int, negative: int) -> float:
+    """Two-sided p-value of `positive` against `negative` (ties left out) when either is as likely: the
+    binomial tail, exact up to SIGN_EXACT users and the normal approximation with continuity beyond."""
+    n, low = positive + negative, min(positive, negative)
+    if n == 0:
+        return 1.0
+    if n <= SIGN_EXACT:
+        return min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2**n)
+    z = (n / 2 - low - 0.5) / math.sqrt(n / 4)
+    return min(1.0, math.erfc(z / math.sqrt(2)))
+
+
+def judge_interleaved(side: UserStats, *, min_events: int) -> Verdict:
+    """The promotion rule on an interleaved trial, from its per-user credits since it began (s_u > 0: the
+    user's events favoured the candidate's items): once `min_events` answers were scored and MIN_USERS
+    users favoured a side, promote the candidate unless a sign test (users as the unit) finds the live
+    version favoured at 95%; retire it when it does."""
+    wins, losses = side.positive, side.negative
+    p = sign_test(wins, losses)
+    text = (
+        f"users favouring the candidate {wins}, the live version {losses}, neither {side.users - wins - losses};"
+        f" sign test p {p:.4f}; {int(side.n)} interleaved answers scored"
+    )
+    figures: dict[str, float | None] = {
+        "answers": side.n,
+        "favour_candidate": wins,
+        "favour_live": losses,
+        "favour_neither": side.users - wins - losses,
+        "p_value": p,
+    }
+    if side.n < min_events or wins + losses < MIN_USERS:
+        return Verdict("wait", f"{text}; {min_events} answers and {MIN_USERS} users favouring a side needed", figures)
+    return Verdict("retire" if losses > wins and p < ALPHA else "promote", text, figures)
+
+
+def verdict(
+    candidate: Candidate, live_version: str, sides: dict[tuple[str, str], UserStats], *, min_events: int
+) -> Verdict:
+    """The rule on a running trial, from its sides' per-user sums (ProductionState.trial_stats)."""
+    if candidate.mode == "interleave":
+        return judge_interleaved(sides.get((candidate.version, "interleave"), UserStats()), min_events=min_events)
+    return judge(
+        sides.get((candidate.version, candidate.mode), UserStats()),
+        sides.get((live_version, "live"), UserStats()),
+        min_events=min_events,
+    )
 
 
 @dataclass(frozen=True)

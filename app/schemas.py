@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 from fastapi import Path
 from pydantic import (
@@ -28,6 +28,7 @@ from pydantic.json_schema import WithJsonSchema
 
 from app.bodies import token_budget
 from app.limits import Limits
+from app.store.state import Mode
 from models.engine import FIELD_NAME
 from models.ids import encodable, trainable
 
@@ -116,6 +117,16 @@ class EventIn(Strict):
             "service adds that step to the target's timeline itself)"
         ),
     )
+    recommendation_id: str | None = Field(
+        None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description=(
+            "the recommendation_id of the answer (POST /recommend) the user took this item from: online evaluation "
+            "scores exactly that list; absent, or naming no list this user was given, the user's newest answer "
+            "before the event is scored"
+        ),
+    )
 
 
 class EventsRequest(Strict):
@@ -136,7 +147,7 @@ class ErrorDetail(BaseModel):
 
 class CandidateInfo(BaseModel):
     version: str
-    mode: Literal["canary", "shadow"]
+    mode: Mode
     share: float
     since: float = Field(description="unix seconds it became the candidate")
 

@@ -123,8 +123,8 @@ class Settings(BaseSettings):
     online_max_lists: int = Field(default=200_000, ge=1)
     online_score_s: float = Field(default=0.25, gt=0)  # how often a worker scores its lists against new events
     # What a reload does with a version newer than the live one: serve it ("serve"), or try it beside the
-    # live one as a "canary" (SEQSERVE_CANARY_SHARE of the users) or a "shadow" candidate.
-    new_versions: Literal["serve", "canary", "shadow"] = "serve"
+    # live one as a "canary" (SEQSERVE_CANARY_SHARE of the users), a "shadow" or an "interleave" candidate.
+    new_versions: Literal["serve", "canary", "shadow", "interleave"] = "serve"
     canary_share: float = Field(default=0.1, gt=0, le=1)
     # The promotion rule: once a candidate and the live version each have this many scored lists since the
     # trial began, promote it unless its online NDCG@10 is below the live one's by more than the 95%

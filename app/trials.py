@@ -1,18 +1,21 @@
 """A candidate on trial beside the live version, on the request path: a canary answers its share of the
-users, a shadow is offered the by-user queries once the live answer is ready (never awaited by a
-request), and what each side served by user is kept for online evaluation (app/online.py). A trial is a
-candidate's run from its `since` (app/choices.py).
+users, an interleaved candidate's list is mixed with the live one in every by-user answer
+(app/interleave.py), a shadow is offered the by-user queries once the live answer is ready (never awaited
+by a request), and what each side served by user is kept for online evaluation (app/online.py), under
+the answer's recommendation_id. A trial is a candidate's run from its `since` (app/choices.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.interleave import seed_of, team_draft
 from app.loaded import Served, held
 from app.online import CUT, ServedLists, in_canary
 from app.serving import answer, subject
@@ -43,13 +46,15 @@ class ShadowWork:
         store: HistoryStore | None,
         timeout_s: float,
         lists: ServedLists | None,
+        recommendation_ids: Sequence[str | None],
     ) -> None:
+        """`recommendation_ids`: the live answers' (an event naming one scores the shadow's list of that query too)."""
         if self.running >= self.max_in_flight or live.batcher.depth > 0 or beside.batcher.depth > 0:
             self.shed[live.name] = self.shed.get(live.name, 0) + 1
             return
         self.running += 1
         task = asyncio.get_running_loop().create_task(
-            self._run(beside, queries, store=store, timeout_s=timeout_s, lists=lists)
+            self._run(beside, queries, store=store, timeout_s=timeout_s, lists=lists, ids=recommendation_ids)
         )
         self._tasks.add(task)  # a reference, so the task is not collected while it runs
         task.add_done_callback(self._tasks.discard)
@@ -62,13 +67,14 @@ class ShadowWork:
         store: HistoryStore | None,
         timeout_s: float,
         lists: ServedLists | None,
+        ids: Sequence[str | None],
     ) -> None:
         try:
             with held(beside):
                 results = await answer(beside, queries, store=store, timeout_s=timeout_s)
             if lists is not None:
                 since = beside.candidate.since if beside.candidate is not None else None
-                record(lists, beside, queries, results, variant="shadow", now=time.time(), trial_start=since)
+                record(lists, beside, queries, results, variant="shadow", now=time.time(), trial_start=since, ids=ids)
         except Exception as exc:  # a shadow's failure is its own: counted, never seen by a client
             self.failed[beside.name] = self.failed.get(beside.name, 0) + 1
             log.debug("shadow %s/%s failed: %s", beside.name, beside.version, exc)
@@ -87,6 +93,11 @@ class ShadowWork:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
+def new_id() -> str:
+    """A recommendation_id: 96 random bits, so nobody can name (and score) an answer they were not given."""
+    return secrets.token_urlsafe(12)
+
+
 def record(
     lists: ServedLists,
     served: Served,
@@ -95,20 +106,26 @@ def record(
     *,
     variant: str,
     now: float,
+    ids: Sequence[str | None],
     trial_start: float | None = None,
+    teams: Sequence[str] | None = None,
 ) -> None:
-    """Keep what each by-user query was served, to score it against the user's next event; `trial_start`:
-    when the trial running for this model began (its candidate's `since`), whose figures are also kept per user."""
+    """Keep what each by-user query was served, to score it against the user's next event or the event
+    naming its recommendation_id (`ids`, per query); `trial_start`: when the trial running for this model
+    began (its candidate's `since`), whose figures are also kept per user; `teams`: an interleaved answer's."""
     engine = served.engine
     if not isinstance(engine, UserHistories):
         return
     namespace = engine.namespace
-    for q, r in zip(queries, results, strict=True):
+    for n, (q, r, rid) in enumerate(zip(queries, results, ids, strict=True)):
         user = engine.subject(q)
         if user is not None:
             # Only the top CUT: what the figures score; a list of k = 1000 held whole was 8-11 KB a user.
             top = tuple(engine.ranked(r))[:CUT]
-            lists.record(namespace, user, (served.name, served.version, variant, top, now, trial_start))
+            team = teams[n][:CUT] if teams is not None else ""
+            lists.record(
+                namespace, user, (served.name, served.version, variant, top, now, trial_start, team, rid or "")
+            )
 
 
 async def answer_with_candidate(
@@ -121,24 +138,33 @@ async def answer_with_candidate(
     abandoned: Callable[[], bool] | None = None,
     lists: ServedLists | None = None,
     shadows: ShadowWork | None = None,
-) -> tuple[list[Any], list[str]]:
-    """The live answer (a canary's, for the queries by users in its share), each result with the
-    version that gave it; the by-user answers are kept in `lists`, and a shadow candidate is offered
-    the by-user queries once the live answer is ready."""
+) -> tuple[list[Any], list[str], list[str | None]]:
+    """The live answer (a canary's, for the queries by users in its share; an interleaving of both, for
+    every by-user query while the candidate is interleaved), each result with the version that gave it
+    (an interleaved one: the candidate's) and, for a by-user query, a new recommendation_id; the by-user
+    answers are kept in `lists`, and a shadow candidate is offered the by-user queries once the live
+    answer is ready."""
     if beside is not None and (beside.candidate is None or beside.version == served.version):
         beside = None  # promoted a moment ago: it is dropped once this reload ends
-    canary = beside is not None and beside.candidate is not None and beside.candidate.mode == "canary"
+    mode = beside.candidate.mode if beside is not None and beside.candidate is not None else None
+    users = [subject(served, q) for q in queries]
+    ids = [new_id() if u is not None else None for u in users]
+    if mode == "interleave" and any(u is not None for u in users):
+        assert beside is not None
+        return await _interleaved(
+            served, beside, queries, users, ids, store=store, timeout_s=timeout_s, abandoned=abandoned, lists=lists
+        )
     picks = [False] * len(queries)
-    if canary:
+    if mode == "canary":
         assert beside is not None and beside.candidate is not None
         share = beside.candidate.share
-        picks = [(u := subject(served, q)) is not None and in_canary(served.name, u, share) for q in queries]
-    # (entry, its queries, their results, variant): the live version alone, or it and the canary
-    parts: list[tuple[Served, Sequence[Any], Sequence[Any], str]]
+        picks = [u is not None and in_canary(served.name, u, share) for u in users]
+    # (entry, its queries, their results, their ids, variant): the live version alone, or it and the canary
+    parts: list[tuple[Served, Sequence[Any], Sequence[Any], Sequence[str | None], str]]
     if not any(picks):
         results = await answer(served, queries, store=store, timeout_s=timeout_s, abandoned=abandoned)
         versions = [served.version] * len(results)
-        parts = [(served, queries, results, "live")]
+        parts = [(served, queries, results, ids, "live")]
     else:
         assert beside is not None
         live_q = [q for q, p in zip(queries, picks, strict=True) if not p]
@@ -150,17 +176,74 @@ async def answer_with_candidate(
         live_it, cand_it = iter(live_r), iter(cand_r)
         results = [next(cand_it) if p else next(live_it) for p in picks]
         versions = [beside.version if p else served.version for p in picks]
-        parts = [(served, live_q, live_r, "live"), (beside, cand_q, cand_r, "canary")]
+        live_ids = [i for i, p in zip(ids, picks, strict=True) if not p]
+        cand_ids = [i for i, p in zip(ids, picks, strict=True) if p]
+        parts = [(served, live_q, live_r, live_ids, "live"), (beside, cand_q, cand_r, cand_ids, "canary")]
     if lists is not None:
         now = time.time()
         since = beside.candidate.since if beside is not None and beside.candidate is not None else None
-        for entry, qs, rs, variant in parts:
-            record(lists, entry, qs, rs, variant=variant, now=now, trial_start=since)
-    if beside is not None and not canary and shadows is not None:
-        by_user = [q for q in queries if subject(served, q) is not None]
+        for entry, qs, rs, its, variant in parts:
+            record(lists, entry, qs, rs, variant=variant, now=now, ids=its, trial_start=since)
+    if beside is not None and mode == "shadow" and shadows is not None:
+        by_user = [n for n, u in enumerate(users) if u is not None]
         if by_user:
-            shadows.offer(served, beside, by_user, store=store, timeout_s=timeout_s, lists=lists)
-    return results, versions
+            shadows.offer(
+                served,
+                beside,
+                [queries[n] for n in by_user],
+                store=store,
+                timeout_s=timeout_s,
+                lists=lists,
+                recommendation_ids=[ids[n] for n in by_user],
+            )
+    return results, versions, ids
+
+
+async def _interleaved(
+    served: Served,
+    beside: Served,
+    queries: Sequence[Any],
+    users: Sequence[str | None],
+    ids: Sequence[str | None],
+    *,
+    store: HistoryStore | None,
+    timeout_s: float,
+    abandoned: Callable[[], bool] | None,
+    lists: ServedLists | None,
+) -> tuple[list[Any], list[str], list[str | None]]:
+    """Every query answered by the live version, and each by-user one by the candidate too, its answer
+    then a Team-Draft interleaving of the two seeded by the model, user and recommendation_id."""
+    assert beside.candidate is not None and isinstance(served.engine, UserHistories)
+    engine = served.engine
+    by_user = [n for n, u in enumerate(users) if u is not None]
+    cand_q = [queries[n] for n in by_user]
+    live_r, cand_r = await asyncio.gather(
+        answer(served, queries, store=store, timeout_s=timeout_s, abandoned=abandoned),
+        answer(beside, cand_q, store=store, timeout_s=timeout_s, abandoned=abandoned),
+    )
+    results, versions = list(live_r), [served.version] * len(live_r)
+    teams: list[str] = []
+    for n, theirs in zip(by_user, cand_r, strict=True):
+        mine, other = engine.ranked(live_r[n]), engine.ranked(theirs)
+        seed = seed_of(served.name, str(users[n]), str(ids[n]))
+        picks, team = team_draft(mine, other, max(len(mine), len(other)), seed=seed)
+        results[n] = engine.interleaved(live_r[n], theirs, picks)
+        versions[n] = beside.version
+        teams.append(team)
+    if lists is not None:
+        mixed = [results[n] for n in by_user]
+        record(
+            lists,
+            beside,
+            cand_q,
+            mixed,
+            variant="interleave",
+            now=time.time(),
+            ids=[ids[n] for n in by_user],
+            trial_start=beside.candidate.since,
+            teams=teams,
+        )
+    return results, versions, list(ids)
 
 
 async def _none() -> list[Any]:

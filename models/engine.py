@@ -165,6 +165,12 @@ class UserHistories(ABC, Generic[Q, R]):
         """The raw ids of an answer, best first (what a user was shown)."""
 
     @abstractmethod
+    def interleaved(self, first: R, second: R, picks: Sequence[tuple[int, int]]) -> R:
+        """One answer made of two answers to the same query: its i-th item is `picks[i]` = (0: `first`'s,
+        1: `second`'s; that answer's index), each with its own score; the rest (exclusions, unknown ids)
+        is `first`'s."""
+
+    @abstractmethod
     def stored_timeline(self, user: str) -> Timeline:
         """The artifact's history of `user`, oldest first; empty when it has none."""
 

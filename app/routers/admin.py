@@ -17,7 +17,7 @@ from app.errors import BrokenVersion, NoOlderVersion, NoTrial, StoreUnavailable,
 from app.production import ProductionLoop
 from app.routers.docs import body_doc, errors
 from app.schemas import CandidateInfo, ModelNamePath, Strict
-from app.store import Candidate, StoreError
+from app.store import Candidate, Mode, StoreError
 from models.artifact import versions as version_folders
 
 # The bodies of these routes (app/schemas.py keeps what several routes share).
@@ -57,9 +57,11 @@ class CandidateRequest(Strict):
     version: str = Field(
         min_length=1, max_length=64, pattern=r"^\d{8}T\d{6}Z(-\d+)?$", description="a version folder's name"
     )
-    mode: Literal["canary", "shadow"] = Field(
+    mode: Mode = Field(
         description="canary: `share` of the users (sticky by user id) get its answers; shadow: it also scores "
-        "the by-user queries off the response path, its answers never returned"
+        "the by-user queries off the response path, its answers never returned; interleave: every by-user answer "
+        "mixes its list with the live version's (Team-Draft), and the item the user takes credits the side that "
+        "alone put it there (the rule then decides by a sign test over users)"
     )
     share: float | None = Field(
         default=None, gt=0, le=1, description="canary: the share of users it answers (default SEQSERVE_CANARY_SHARE)"

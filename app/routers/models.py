@@ -28,6 +28,27 @@ class OnlineFigures(BaseModel):
         description="95% interval (normal, lists as the unit; the promotion rule's takes users as the unit)"
     )
     mrr: float = Field(description="mean reciprocal rank within each list's top 10 (MRR@10)")
+    attributed: int = Field(
+        description="of the n, the lists scored by an event naming their recommendation_id; the others by the "
+        "user's next event"
+    )
+
+
+class TrialFigures(BaseModel):
+    """The running trial as the promotion rule last read it (each housekeeping tick)."""
+
+    version: str
+    mode: str
+    verdict: str | None = Field(
+        description="what the rule says now: promote, retire or wait; null while the rule is off "
+        "(SEQSERVE_PROMOTE_MIN_EVENTS=0)"
+    )
+    reason: str
+    figures: dict[str, float | None] = Field(
+        description="canary or shadow: each side's users and lists, the NDCG@10 difference and the half-width of "
+        "its 95% interval (users as the unit); interleave: answers scored, users favouring the candidate, the "
+        "live version or neither, and the sign test's two-sided p-value"
+    )
 
 
 class OnlineResponse(BaseModel):
@@ -38,6 +59,7 @@ class OnlineResponse(BaseModel):
         description="'version/variant' -> [bucket start, scored lists, NDCG@10 of the bucket], oldest first"
     )
     totals: dict[str, OnlineFigures] = Field(description="'version/variant' -> figures over every bucket kept")
+    trial: TrialFigures | None = Field(description="the running trial as the rule reads it; null without one")
 
 
 class ModelInfo(BaseModel):
@@ -67,7 +89,8 @@ class ModelInfo(BaseModel):
         default_factory=dict,
         description="'version/variant' -> online figures of the live version and a candidate; variants: live, "
         "canary (the fair comparison: its users saw its lists), shadow (its lists were never shown: biased "
-        "toward the live version, whose list the user acted on)",
+        "toward the live version, whose list the user acted on), interleave (the mixed answers themselves; "
+        "which side won is the trial's sign test, GET /models/{name}/online)",
     )
 
 
@@ -168,6 +191,18 @@ async def online_series(services: ServicesDep, name: ModelNamePath) -> OnlineRes
         if s.n:
             series.setdefault(f"{version}/{variant}", []).append((bucket, int(s.n), round(s.ndcg / s.n, 5)))
     every = totals(rows)
+    read = services.production.trials.get(name) if services.production is not None else None
+    cand = services.loaded.choices.candidates.get(name)
+    trial = None
+    if read is not None and cand is not None and read[0] == cand:
+        found = read[1]
+        trial = TrialFigures(
+            version=cand.version,
+            mode=cand.mode,
+            verdict=found.action if services.settings.promote_min_events else None,
+            reason=found.reason,
+            figures=found.figures,
+        )
     return OnlineResponse(
         name=name,
         bucket_s=BUCKET_S,
@@ -178,6 +213,7 @@ async def online_series(services: ServicesDep, name: ModelNamePath) -> OnlineRes
             for (v, var), s in sorted(every.items())
             if (f := figures(s)) is not None
         },
+        trial=trial,
     )
 
 

@@ -97,10 +97,16 @@ class RecommendResult(BaseModel):
     unknown_items: list[str]
     excluded: Excluded
     history_truncated: bool = Field(description="longer than the model reads: its most recent part was used")
+    recommendation_id: str | None = Field(
+        default=None,
+        description="present on an answer by user_id: name it on the event the user took from this list "
+        "(POST /events) and online evaluation scores exactly this list; unguessable, and good for this user only",
+    )
     version: str | None = Field(
         default=None,
-        description="the version that answered this query (a canary's for users in its share); only for a caller "
-        "with a key (admin, events or read) where any is set, so nobody else learns which side a user is on",
+        description="the version that answered this query (a canary's for users in its share; an interleaved "
+        "candidate's when the answer mixes it with the live version's); only for a caller with a key (admin, "
+        "events or read) where any is set, so nobody else learns which side a user is on",
     )
 
 

@@ -71,7 +71,7 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
             ):
                 check_history_reader(services.settings, request.headers.get("x-api-key"))
             with loaded.lease_candidate(served.name) as candidate:
-                results, versions = await trials.answer_with_candidate(
+                results, versions, ids = await trials.answer_with_candidate(
                     served,
                     candidate,
                     queries,
@@ -86,8 +86,10 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
             keys = services.settings.any_keys
             reveal = not keys or holds_key(keys, request.headers.get("x-api-key"))
             out = []
-            for r, v in zip(results, versions, strict=True):
+            for r, v, rid in zip(results, versions, ids, strict=True):
                 answer = spec.result(r)
+                if rid is not None:
+                    answer["recommendation_id"] = rid
                 if reveal:
                     answer["version"] = v
                 out.append(answer)

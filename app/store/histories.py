@@ -36,6 +36,8 @@ class Event:
     timestamp: float  # unix seconds; NaN when the data has no times
     action: str | None = None
     received: bool = False  # a step another user's event adds to this user's timeline (capped apart)
+    # The answer the user took this item from (online evaluation's attribution); not part of the payload.
+    recommendation_id: str | None = None
 
     @property
     def digest(self) -> str:

@@ -47,12 +47,13 @@ T = TypeVar("T")
 # so equal times keep arrival order), the set is trimmed to `keep`, and an event trimmed at once is
 # reported (4: dropped_old). Own events also join the namespace's `recent` set (member = the arrival
 # number + [user, item, action]), trimmed to `horizon` seconds before its newest, and the `arrivals`
-# stream shared by every namespace (online evaluation), capped at about `maxlen` entries.
+# stream shared by every namespace (online evaluation; with the answer the event names, if any), capped at
+# about `maxlen` entries.
 _APPEND_LUA = """
 local prefix, keep, rprefix, horizon = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local ns, now, maxlen = ARGV[5], ARGV[6], ARGV[7]
 local out, known, conflict, written = {}, {}, false, {}
-for n = 8, #ARGV, 7 do
+for n = 8, #ARGV, 8 do
   local id, digest = ARGV[n], ARGV[n + 2]
   local prev = known[id]
   if prev == nil then prev = redis.call('HGET', KEYS[1], id) end
@@ -71,8 +72,8 @@ if conflict then
   return out
 end
 local recent = false
-for n = 8, #ARGV, 7 do
-  local i = (n - 8) / 7 + 1
+for n = 8, #ARGV, 8 do
+  local i = (n - 8) / 8 + 1
   if out[i] == 1 then
     local id, user, digest, score, payload = ARGV[n], ARGV[n + 1], ARGV[n + 2], ARGV[n + 3], ARGV[n + 4]
     redis.call('HSET', KEYS[1], id, digest)
@@ -88,7 +89,9 @@ for n = 8, #ARGV, 7 do
       redis.call('ZADD', KEYS[4], score, seq .. ARGV[n + 6])
       recent = true
       local item = cjson.decode(payload)[1]
-      redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*', 'ns', ns, 'user', user, 'item', item, 'at', now)
+      local fields = {'ns', ns, 'user', user, 'item', item, 'at', now}
+      if ARGV[n + 7] ~= '' then fields[#fields + 1] = 'rid'; fields[#fields + 1] = ARGV[n + 7] end
+      redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*', unpack(fields))
     end
   end
 end
@@ -138,10 +141,12 @@ if redis.call('HGET', KEYS[1], 'holder') == ARGV[1] then redis.call('DEL', KEYS[
 return 1
 """
 # Adds per-user sums of one trial (KEYS: its per-user hash, its sides' hash; ARGV: version, variant, the
-# user's two field names, lists, NDCG@10 sum, repeated) and moves each side's running sums (UserStats,
+# user's two field names, lists, score sum, repeated) and moves each side's running sums (UserStats,
 # fields "<version>\0<variant>\0<stat>") in the same call. A trial whose per-user hash predates the
-# sides' hash has them rebuilt from it first.
+# sides' hash has them rebuilt from it first. (Sign counts appeared after the sides' hash: a canary trial
+# running across that upgrade lacks them for its earlier users, and only an interleaved side reads them.)
 _USER_SUMS_LUA = """
+local function sign(x) if x > 0 then return 1 elseif x < 0 then return -1 else return 0 end end
 local function move(side, old_n, old_s, new_n, new_s)
   if old_n == nil then redis.call('HINCRBYFLOAT', KEYS[2], side .. 'users', 1); old_n, old_s = 0, 0 end
   redis.call('HINCRBYFLOAT', KEYS[2], side .. 'n', new_n - old_n)
@@ -149,6 +154,13 @@ local function move(side, old_n, old_s, new_n, new_s)
   redis.call('HINCRBYFLOAT', KEYS[2], side .. 'nn', new_n * new_n - old_n * old_n)
   redis.call('HINCRBYFLOAT', KEYS[2], side .. 'ss', new_s * new_s - old_s * old_s)
   redis.call('HINCRBYFLOAT', KEYS[2], side .. 'ns', new_n * new_s - old_n * old_s)
+  local was, now = sign(old_s), sign(new_s)
+  if was ~= now then
+    if was == 1 then redis.call('HINCRBYFLOAT', KEYS[2], side .. 'positive', -1) end
+    if was == -1 then redis.call('HINCRBYFLOAT', KEYS[2], side .. 'negative', -1) end
+    if now == 1 then redis.call('HINCRBYFLOAT', KEYS[2], side .. 'positive', 1) end
+    if now == -1 then redis.call('HINCRBYFLOAT', KEYS[2], side .. 'negative', 1) end
+  end
 end
 if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('EXISTS', KEYS[1]) == 1 then
   local users = {}
@@ -308,6 +320,7 @@ class RedisStore(HistoryStore, ProductionState):
                 json.dumps([e.item_id, json_ts(e.timestamp), e.action]),
                 int(e.received),
                 _recent_payload(e.user_id, e.item_id, e.action),
+                e.recommendation_id or "",
             ]
         keys = [
             self._k(namespace, "eids"),
@@ -390,7 +403,7 @@ class RedisStore(HistoryStore, ProductionState):
             last = cast(Entries, self._call(lambda: self.r.xrevrange(key, count=1)))
             return (last[0][0] if last else "0-0"), []
         found = cast(Entries, self._call(lambda: self.r.xrange(key, min=f"({cursor}", max="+", count=limit)))
-        out = [Arrival(f["ns"], f["user"], f["item"], float(f["at"])) for _, f in found]
+        out = [Arrival(f["ns"], f["user"], f["item"], float(f["at"]), f.get("rid")) for _, f in found]
         return (found[-1][0] if found else cursor), out
 
     def add_online(self, sums: Mapping[OnlineKey, Sums]) -> None:
@@ -441,7 +454,7 @@ class RedisStore(HistoryStore, ProductionState):
         for field_name, value in found.items():
             version, variant, stat = str(field_name).split("\0")
             got = out.setdefault((version, variant), UserStats())
-            setattr(got, stat, round(float(value)) if stat == "users" else float(value))
+            setattr(got, stat, round(float(value)) if stat in UserStats.COUNTS else float(value))
         return out
 
     def _trial(self, name: str, trial: float, what: str = "") -> str:

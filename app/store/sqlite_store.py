@@ -52,7 +52,7 @@ class SQLiteStore(HistoryStore, ProductionState):
 
     kind = "sqlite"
     local_reads = True
-    SCHEMA_VERSION = 8
+    SCHEMA_VERSION = 9
     _SCHEMA = """
     -- The data hash whose trained events were last dropped, per namespace (column `token`: that hash).
     CREATE TABLE IF NOT EXISTS seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
@@ -75,7 +75,7 @@ class SQLiteStore(HistoryStore, ProductionState):
     CREATE TABLE IF NOT EXISTS pins (name TEXT PRIMARY KEY, version TEXT NOT NULL, at REAL NOT NULL);
     -- Own events in the order they were stored, for online evaluation (kept ARRIVALS_KEEP_S).
     CREATE TABLE IF NOT EXISTS arrivals (seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,
-        user TEXT NOT NULL, item TEXT NOT NULL, at REAL NOT NULL);
+        user TEXT NOT NULL, item TEXT NOT NULL, at REAL NOT NULL, recommendation_id TEXT);
     CREATE INDEX IF NOT EXISTS arrivals_by_time ON arrivals (at);
     -- The version tried beside the live one per model name (Candidate as JSON).
     CREATE TABLE IF NOT EXISTS candidates (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
@@ -84,7 +84,8 @@ class SQLiteStore(HistoryStore, ProductionState):
     -- Online evaluation sums of every worker and host, per model, version, variant and time bucket.
     CREATE TABLE IF NOT EXISTS online (name TEXT NOT NULL, version TEXT NOT NULL, variant TEXT NOT NULL,
         bucket REAL NOT NULL, n REAL NOT NULL, hits REAL NOT NULL, ndcg REAL NOT NULL, ndcg2 REAL NOT NULL,
-        rr REAL NOT NULL, PRIMARY KEY (name, version, variant, bucket)) WITHOUT ROWID;
+        rr REAL NOT NULL, attributed REAL NOT NULL DEFAULT 0, PRIMARY KEY (name, version, variant, bucket))
+        WITHOUT ROWID;
     -- A running trial's scored lists per user (the promotion rule's unit), both sides.
     CREATE TABLE IF NOT EXISTS trial_users (name TEXT NOT NULL, trial REAL NOT NULL, version TEXT NOT NULL,
         variant TEXT NOT NULL, user TEXT NOT NULL, n REAL NOT NULL, ndcg REAL NOT NULL,
@@ -92,7 +93,8 @@ class SQLiteStore(HistoryStore, ProductionState):
     -- Each side's running sums over those users (UserStats), moved in the same write as trial_users.
     CREATE TABLE IF NOT EXISTS trial_stats (name TEXT NOT NULL, trial REAL NOT NULL, version TEXT NOT NULL,
         variant TEXT NOT NULL, users REAL NOT NULL, n REAL NOT NULL, s REAL NOT NULL, nn REAL NOT NULL,
-        ss REAL NOT NULL, ns REAL NOT NULL, PRIMARY KEY (name, trial, version, variant)) WITHOUT ROWID;
+        ss REAL NOT NULL, ns REAL NOT NULL, positive REAL NOT NULL, negative REAL NOT NULL,
+        PRIMARY KEY (name, trial, version, variant)) WITHOUT ROWID;
     """
 
     def __init__(self, path: Path, keep: int = LIVE_EVENTS) -> None:
@@ -134,15 +136,24 @@ class SQLiteStore(HistoryStore, ProductionState):
             # Before version 8 by-user reads went through this index, and the planner could prefer a scan of
             # the namespace by time to it (21 ms a read at 45,846 events): events_live replaces it.
             conn.execute("DROP INDEX IF EXISTS events_by_user")
+            # Version 9 added the sign counts to trial_stats (rebuilt from trial_users below) and the answer an
+            # arrival names.
+            conn.execute("DROP TABLE IF EXISTS trial_stats")
+            arrival_columns = {r[1] for r in conn.execute("PRAGMA table_info(arrivals)")}
+            if arrival_columns and "recommendation_id" not in arrival_columns:
+                conn.execute("ALTER TABLE arrivals ADD COLUMN recommendation_id TEXT")
+            online_columns = {r[1] for r in conn.execute("PRAGMA table_info(online)")}
+            if online_columns and "attributed" not in online_columns:
+                conn.execute("ALTER TABLE online ADD COLUMN attributed REAL NOT NULL DEFAULT 0")
             # One statement at a time: executescript() would commit the open transaction first.
             for statement in self._SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
-            # Trials running across the upgrade: their sides' sums from their users (version 8 added them).
-            conn.execute("DELETE FROM trial_stats")
+            # Trials running across the upgrade: their sides' sums from their users.
             conn.execute(
                 "INSERT INTO trial_stats SELECT name, trial, version, variant, COUNT(*), SUM(n), SUM(ndcg), SUM(n * n),"
-                " SUM(ndcg * ndcg), SUM(n * ndcg) FROM trial_users GROUP BY name, trial, version, variant"
+                " SUM(ndcg * ndcg), SUM(n * ndcg), SUM(ndcg > 0), SUM(ndcg < 0) FROM trial_users"
+                " GROUP BY name, trial, version, variant"
             )
             rows = conn.execute("SELECT ns, event_id, user, item, ts, action FROM events").fetchall()
             conn.executemany(
@@ -252,8 +263,8 @@ class SQLiteStore(HistoryStore, ProductionState):
                 ),
             )
             conn.executemany(
-                "INSERT INTO arrivals (ns, user, item, at) VALUES (?, ?, ?, ?)",
-                ((namespace, e.user_id, e.item_id, now) for e in new if not e.received),
+                "INSERT INTO arrivals (ns, user, item, at, recommendation_id) VALUES (?, ?, ?, ?, ?)",
+                ((namespace, e.user_id, e.item_id, now, e.recommendation_id) for e in new if not e.received),
             )
             conn.execute("DELETE FROM arrivals WHERE at < ?", (now - ARRIVALS_KEEP_S,))
             for user, received in {(e.user_id, int(e.received)) for e in new}:  # the newest `keep` of each kind
@@ -348,18 +359,21 @@ class SQLiteStore(HistoryStore, ProductionState):
             return str(last), []
         rows = self._read(
             lambda c: c.execute(
-                "SELECT seq, ns, user, item, at FROM arrivals WHERE seq > ? ORDER BY seq LIMIT ?", (int(cursor), limit)
+                "SELECT seq, ns, user, item, at, recommendation_id FROM arrivals WHERE seq > ? ORDER BY seq LIMIT ?",
+                (int(cursor), limit),
             ).fetchall()
         )
-        return (str(rows[-1][0]) if rows else cursor), [Arrival(ns, u, i, float(at)) for _, ns, u, i, at in rows]
+        return (str(rows[-1][0]) if rows else cursor), [
+            Arrival(ns, u, i, float(at), rid) for _, ns, u, i, at, rid in rows
+        ]
 
     def add_online(self, sums: Mapping[OnlineKey, Sums]) -> None:
         def do(conn: sqlite3.Connection) -> None:
             conn.executemany(
-                "INSERT INTO online (name, version, variant, bucket, n, hits, ndcg, ndcg2, rr)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name, version, variant, bucket) DO UPDATE SET"
+                "INSERT INTO online (name, version, variant, bucket, n, hits, ndcg, ndcg2, rr, attributed)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name, version, variant, bucket) DO UPDATE SET"
                 " n = n + excluded.n, hits = hits + excluded.hits, ndcg = ndcg + excluded.ndcg,"
-                " ndcg2 = ndcg2 + excluded.ndcg2, rr = rr + excluded.rr",
+                " ndcg2 = ndcg2 + excluded.ndcg2, rr = rr + excluded.rr, attributed = attributed + excluded.attributed",
                 ((*key, *s.values()) for key, s in sums.items()),
             )
             conn.execute("DELETE FROM online WHERE bucket < ?", (time.time() - ONLINE_KEEP_S,))
@@ -370,7 +384,8 @@ class SQLiteStore(HistoryStore, ProductionState):
     def online(self, name: str) -> dict[OnlineKey, Sums]:
         rows = self._read(
             lambda c: c.execute(
-                "SELECT version, variant, bucket, n, hits, ndcg, ndcg2, rr FROM online WHERE name = ?", (name,)
+                "SELECT version, variant, bucket, n, hits, ndcg, ndcg2, rr, attributed FROM online WHERE name = ?",
+                (name,),
             ).fetchall()
         )
         return {(name, v, var, float(b)): Sums(*vals) for v, var, b, *vals in rows}
@@ -393,10 +408,11 @@ class SQLiteStore(HistoryStore, ProductionState):
                 )
                 moved.setdefault((name, trial, version, variant), UserStats()).move(old, new)
             conn.executemany(
-                "INSERT INTO trial_stats (name, trial, version, variant, users, n, s, nn, ss, ns)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name, trial, version, variant) DO UPDATE SET"
+                "INSERT INTO trial_stats (name, trial, version, variant, users, n, s, nn, ss, ns, positive, negative)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name, trial, version, variant) DO UPDATE SET"
                 " users = users + excluded.users, n = n + excluded.n, s = s + excluded.s, nn = nn + excluded.nn,"
-                " ss = ss + excluded.ss, ns = ns + excluded.ns",
+                " ss = ss + excluded.ss, ns = ns + excluded.ns, positive = positive + excluded.positive,"
+                " negative = negative + excluded.negative",
                 ((*key, *delta.values()) for key, delta in moved.items()),
             )
 
@@ -406,11 +422,15 @@ class SQLiteStore(HistoryStore, ProductionState):
     def trial_stats(self, name: str, trial: float) -> dict[tuple[str, str], UserStats]:
         rows = self._read(
             lambda c: c.execute(
-                "SELECT version, variant, users, n, s, nn, ss, ns FROM trial_stats WHERE name = ? AND trial = ?",
+                "SELECT version, variant, users, n, s, nn, ss, ns, positive, negative FROM trial_stats"
+                " WHERE name = ? AND trial = ?",
                 (name, trial),
             ).fetchall()
         )
-        return {(v, var): UserStats(int(u), *map(float, rest)) for v, var, u, *rest in rows}
+        return {
+            (v, var): UserStats(int(u), float(n), float(s), float(nn), float(ss), float(ns), int(pos), int(neg))
+            for v, var, u, n, s, nn, ss, ns, pos, neg in rows
+        }
 
     def candidates(self) -> dict[str, Candidate]:
         rows = self._read(lambda c: c.execute("SELECT name, spec FROM candidates").fetchall())

@@ -18,14 +18,15 @@ from app.store.base import Store
 ARRIVALS_KEEP_S = 900.0
 # Online evaluation sums per (model, version, variant, bucket start): buckets older than this are dropped.
 ONLINE_KEEP_S = 30 * 24 * 3600.0
-Mode = Literal["canary", "shadow"]
-Variant = Literal["live", "canary", "shadow"]
+Mode = Literal["canary", "shadow", "interleave"]
+Variant = Literal["live", "canary", "shadow", "interleave"]
 
 
 @dataclass(frozen=True)
 class Candidate:
     """A version of a model tried beside the live one: `canary` answers `share` of the users (sticky
-    by user id); `shadow` scores the same by-user queries off the response path. `since`: when it
+    by user id); `shadow` scores the same by-user queries off the response path; `interleave` mixes its
+    list with the live one in every by-user answer (app/interleave.py). `since`: when it
     became the candidate (its online figures are compared with the live version's from then on)."""
 
     version: str
@@ -57,7 +58,7 @@ class Candidate:
     def from_json(cls, text: str) -> Candidate:
         raw = json.loads(text)
         mode = raw["mode"]
-        if mode not in ("canary", "shadow"):
+        if mode not in ("canary", "shadow", "interleave"):
             raise ValueError(f"unknown candidate mode {mode!r}")
         ended = raw.get("ended")
         return cls(
@@ -80,20 +81,23 @@ class Arrival:
     user: str
     item: str
     at: float
+    recommendation_id: str | None = None  # the answer the event names (POST /events), if it named one
 
 
 @dataclass
 class Sums:
     """Online evaluation sums of scored lists: count, hits@10, NDCG@10 (and its square, for the
-    interval), reciprocal rank."""
+    interval), reciprocal rank, and how many were scored by an event naming their recommendation_id
+    (the others by the user's next event)."""
 
     n: float = 0.0
     hits: float = 0.0
     ndcg: float = 0.0
     ndcg2: float = 0.0
     rr: float = 0.0
+    attributed: float = 0.0
 
-    FIELDS = ("n", "hits", "ndcg", "ndcg2", "rr")
+    FIELDS = ("n", "hits", "ndcg", "ndcg2", "rr", "attributed")
 
     def add(self, other: Sums) -> None:
         for f in self.FIELDS:
@@ -106,8 +110,10 @@ class Sums:
 @dataclass
 class UserStats:
     """One side of a trial with the user as the unit, as running sums over its users u of (lists k_u,
-    NDCG@10 sum s_u): the promotion rule's clustered variance needs no more (app.promotion.clustered), so
-    the store keeps these up to date as per-user sums grow instead of the rule reading every user."""
+    score sum s_u): the promotion rule's clustered variance needs no more (app.promotion.clustered), and its
+    sign test the users whose s_u is above and below zero, so the store keeps these up to date as per-user
+    sums grow instead of the rule reading every user. s_u is a sum of NDCG@10 on a canary or shadow side,
+    of credits (+1 candidate, -1 live) on an interleaved one."""
 
     users: int = 0
     n: float = 0.0  # sum of k_u
@@ -115,8 +121,11 @@ class UserStats:
     nn: float = 0.0  # sum of k_u^2
     ss: float = 0.0  # sum of s_u^2
     ns: float = 0.0  # sum of k_u s_u
+    positive: int = 0  # users with s_u > 0
+    negative: int = 0  # users with s_u < 0
 
-    FIELDS = ("users", "n", "s", "nn", "ss", "ns")
+    FIELDS = ("users", "n", "s", "nn", "ss", "ns", "positive", "negative")
+    COUNTS = ("users", "positive", "negative")  # whole numbers
 
     def move(self, old: tuple[float, float] | None, new: tuple[float, float]) -> None:
         """A user's sums went from `old` (None: a user new to this side) to `new`."""
@@ -127,6 +136,8 @@ class UserStats:
         self.nn += k1 * k1 - k0 * k0
         self.ss += s1 * s1 - s0 * s0
         self.ns += k1 * s1 - k0 * s0
+        self.positive += (s1 > 0) - (s0 > 0)
+        self.negative += (s1 < 0) - (s0 < 0)
 
     @classmethod
     def of(cls, users: Sequence[tuple[float, float]]) -> UserStats:
@@ -171,7 +182,7 @@ class ProductionState(Store):
 
     @abstractmethod
     def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:
-        """Add per-user (lists, NDCG@10 sum) of a trial to the shared ones, and move its sides' UserStats."""
+        """Add per-user (lists, score sum) of a trial to the shared ones, and move its sides' UserStats."""
 
     @abstractmethod
     def trial_stats(self, name: str, trial: float) -> dict[tuple[str, str], UserStats]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -185,6 +185,14 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult], UserHistories[RecQu
 
     def ranked(self, result: RecResult) -> list[str]:
         return [raw for raw, _ in result.items]
+
+    def interleaved(self, first: RecResult, second: RecResult, picks: Sequence[tuple[int, int]]) -> RecResult:
+        both = (first, second)
+        items = [both[side].items[i] for side, i in picks]
+        fields = None
+        if first.fields is not None and second.fields is not None:
+            fields = [both[side].fields[i] for side, i in picks]  # type: ignore[index]
+        return replace(first, items=items, fields=fields)
 
     def stored_users(self) -> Iterator[str]:
         return self.histories.users()

@@ -16,8 +16,8 @@ def served(items: str, at: float, *, model: str = "m", variant: str = "live", ve
 
 
 def test_score_by_rank() -> None:
-    assert score(["a", "b", "c"], "c").values() == pytest.approx((1, 1, 0.5, 0.25, 1 / 3))
-    assert score(["a"], "z").values() == (1, 0, 0, 0, 0)
+    assert score(["a", "b", "c"], "c").values() == pytest.approx((1, 1, 0.5, 0.25, 1 / 3, 0))
+    assert score(["a"], "z").values() == (1, 0, 0, 0, 0, 0)
     eleventh = score([str(n) for n in range(20)], "10")  # rank 11: outside @10, still in MRR
     assert (eleventh.hits, eleventh.ndcg, eleventh.rr) == (0, 0, pytest.approx(1 / 11))
 
@@ -36,6 +36,43 @@ def test_an_arrival_scores_the_newest_list_before_it_once() -> None:
     tally = lists.take()
     assert tally.superseded == 1 and lists.size == 0
     assert tally.sums[("m", "v1", "live", 0.0)].n == 2  # per model, version, variant and minute
+
+
+def test_an_event_naming_a_recommendation_id_scores_that_list_and_only_its_user_s() -> None:
+    lists = ServedLists(window_s=100, max_lists=100)
+    lists.record("ns", "u", ServedList("m", "v1", "live", ("a", "b"), 10, recommendation_id="r1"))
+    lists.record("ns", "u", ServedList("m", "v1", "live", ("c", "d"), 20, recommendation_id="r2"))
+    lists.record("ns", "w", ServedList("m", "v1", "live", ("a",), 20, recommendation_id="w1"))
+    got = lists.score([Arrival("ns", "u", "b", 30, recommendation_id="r1")])  # taken from the older list
+    assert [(s.recommendation_id, sc.rr, sc.attributed) for s, sc in got] == [("r1", 0.5, 1)]
+    assert lists.size == 1  # both of u's lists are done with: the one named, and the one it stands in for
+    # Another user's id names nothing of this user's: the next-event rule scores w's own newest list.
+    lists.record("ns", "u", ServedList("m", "v1", "live", ("a",), 40, recommendation_id="r3"))
+    got = lists.score([Arrival("ns", "w", "a", 50, recommendation_id="r3")])
+    assert [(s.recommendation_id, sc.hits, sc.attributed) for s, sc in got] == [("w1", 1, 0)]
+    got = lists.score([Arrival("ns", "u", "zz", 60, recommendation_id="gone")])  # unknown id: the newest
+    assert [(s.recommendation_id, sc.attributed) for s, sc in got] == [("r3", 0)]
+    assert lists.take().sums[("m", "v1", "live", 0.0)].attributed == 1
+
+
+def test_an_interleaved_list_credits_the_side_that_alone_held_the_item_per_user() -> None:
+    lists = ServedLists(window_s=100, max_lists=100)
+
+    def mixed(user: str, at: float) -> None:  # x: the candidate's alone, y: the live version's, z: both lists'
+        lists.record("ns", user, ServedList("m", "v2", "interleave", ("x", "y", "z"), at, 5.0, "CLB"))
+
+    for user, items in (("u", ["x", "x", "y"]), ("w", ["y", "z"]), ("v", ["z"])):
+        for n, item in enumerate(items):
+            mixed(user, 10 * n)
+            lists.score([Arrival("ns", user, item, 10 * n + 1)])
+    tally = lists.take()
+    assert tally.users == {
+        ("m", 5.0, "v2", "interleave", "u"): [3, 1],  # +1 +1 -1
+        ("m", 5.0, "v2", "interleave", "w"): [2, -1],  # -1, then an item both held: 0
+        ("m", 5.0, "v2", "interleave", "v"): [1, 0],
+    }
+    assert tally.credits == {("m", "candidate"): 2, ("m", "live"): 2, ("m", "neither"): 2}
+    assert tally.sums[("m", "v2", "interleave", 0.0)].n == 6  # the mixed lists' own figures, as served
 
 
 def test_a_list_older_than_the_window_is_not_scored_and_expires() -> None:

@@ -38,15 +38,49 @@ def test_arrivals_come_in_store_order_from_a_cursor(histories: HistoryStore, sta
     cursor, got = state.arrivals(cursor)
     assert [(a.namespace, a.user, a.item) for a in got] == [("beauty", "u1", "z")]  # received steps are not arrivals
     assert state.arrivals(cursor) == (cursor, [])
+    # The answer an event names travels with its arrival (online evaluation's attribution).
+    histories.append("ml", [Event("e3", "u1", "w", 40.0, recommendation_id="r-1"), Event("e4", "u3", "v", 41.0)])
+    _, got = state.arrivals(cursor)
+    assert [(a.user, a.recommendation_id) for a in got] == [("u1", "r-1"), ("u3", None)]
+
+
+def test_a_sqlite_file_of_the_previous_schema_keeps_its_figures_and_gains_sign_counts(tmp_path: Path) -> None:
+    import sqlite3
+
+    p = tmp_path / "v8.sqlite3"
+    with sqlite3.connect(p) as conn:  # the production tables as version 8 wrote them
+        conn.executescript("""
+        CREATE TABLE arrivals (seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL, user TEXT NOT NULL,
+            item TEXT NOT NULL, at REAL NOT NULL);
+        CREATE TABLE online (name TEXT NOT NULL, version TEXT NOT NULL, variant TEXT NOT NULL, bucket REAL NOT NULL,
+            n REAL NOT NULL, hits REAL NOT NULL, ndcg REAL NOT NULL, ndcg2 REAL NOT NULL, rr REAL NOT NULL,
+            PRIMARY KEY (name, version, variant, bucket)) WITHOUT ROWID;
+        CREATE TABLE trial_users (name TEXT NOT NULL, trial REAL NOT NULL, version TEXT NOT NULL, variant TEXT NOT NULL,
+            user TEXT NOT NULL, n REAL NOT NULL, ndcg REAL NOT NULL, PRIMARY KEY (name, trial, version, variant, user))
+            WITHOUT ROWID;
+        CREATE TABLE trial_stats (name TEXT NOT NULL, trial REAL NOT NULL, version TEXT NOT NULL,
+            variant TEXT NOT NULL, users REAL NOT NULL, n REAL NOT NULL, s REAL NOT NULL, nn REAL NOT NULL,
+            ss REAL NOT NULL, ns REAL NOT NULL, PRIMARY KEY (name, trial, version, variant)) WITHOUT ROWID;
+        INSERT INTO arrivals (ns, user, item, at) VALUES ('ml', 'u1', 'x', 1.0);
+        INSERT INTO online VALUES ('m', 'v1', 'live', 60.0, 2, 1, 0.5, 0.25, 0.5);
+        INSERT INTO trial_users VALUES ('m', 5.0, 'v2', 'canary', 'a', 2, 0.5), ('m', 5.0, 'v2', 'canary', 'b', 1, 0);
+        PRAGMA user_version = 8;
+        """)
+    s = SQLiteStore(p)
+    assert [(a.user, a.recommendation_id) for a in s.arrivals("0")[1]] == [("u1", None)]
+    assert s.online("m")[("m", "v1", "live", 60.0)].values() == pytest.approx((2, 1, 0.5, 0.25, 0.5, 0))
+    assert s.trial_stats("m", 5.0)[("v2", "canary")] == UserStats.of([(2.0, 0.5), (1.0, 0.0)])
+    assert s.trial_stats("m", 5.0)[("v2", "canary")].positive == 1
+    s.close()
 
 
 def test_online_sums_add_up_across_writers(state: ProductionState) -> None:
     key = ("sasrec", "v1", "live", 1_800_000_000.0)
-    state.add_online({key: Sums(1, 1, 0.5, 0.25, 0.5)})
+    state.add_online({key: Sums(1, 1, 0.5, 0.25, 0.5, 1)})
     state.add_online({key: Sums(1, 0, 0, 0, 0.1), ("sasrec", "v2", "canary", 1_800_000_000.0): Sums(1, 1, 1, 1, 1)})
     state.add_online({("other", "v1", "live", 1_800_000_000.0): Sums(5, 5, 5, 5, 5)})
     got = state.online("sasrec")
-    assert got[key].values() == pytest.approx((2, 1, 0.5, 0.25, 0.6))
+    assert got[key].values() == pytest.approx((2, 1, 0.5, 0.25, 0.6, 1))
     assert set(got) == {key, ("sasrec", "v2", "canary", 1_800_000_000.0)}
 
 
@@ -90,11 +124,13 @@ def test_a_trials_running_sums_equal_its_users_whatever_order_they_came_in(state
 
     rng = random.Random(3)
     users: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for _ in range(6):  # several ticks, each adding to some users of both sides, new and known
+    for _ in range(6):  # several ticks, each adding to some users of every side, new and known
         tick = {}
-        for _ in range(40):
-            side = rng.choice([("v1", "live"), ("v2", "canary")])
+        for _ in range(60):
+            side = rng.choice([("v1", "live"), ("v2", "canary"), ("v2", "interleave")])
             user, k, s = f"u{rng.randrange(25)}", float(rng.randrange(1, 4)), rng.random()
+            if side[1] == "interleave":  # credits: a user's sum crosses zero both ways (the sign counts)
+                s = float(rng.choice([-1, 0, 1]))
             got = users.setdefault(side, {}).setdefault(user, [0.0, 0.0])
             got[0] += k
             got[1] += s
@@ -104,8 +140,13 @@ def test_a_trials_running_sums_equal_its_users_whatever_order_they_came_in(state
     stats = state.trial_stats("m", 7.0)
     for side, per_user in users.items():
         expected = UserStats.of([(k, s) for k, s in per_user.values()])
-        assert stats[side].users == expected.users
+        assert (stats[side].users, stats[side].positive, stats[side].negative) == (
+            expected.users,
+            expected.positive,
+            expected.negative,
+        )
         assert stats[side].values() == pytest.approx(expected.values())
+    assert stats[("v2", "interleave")].positive > 0 and stats[("v2", "interleave")].negative > 0
 
 
 def test_sqlite_arrivals_past_their_keep_are_dropped_on_expire(tmp_path: Path) -> None:

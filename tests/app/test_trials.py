@@ -116,6 +116,10 @@ def test_a_shadow_never_changes_or_holds_up_the_live_answer(
         # Answered while the shadow's call was still held: a request that awaited it would come back
         # only after the 30 s wait gave up.
         assert not gave_up.is_set()
+        # The same answers, each under its own new recommendation_id.
+        assert [r.pop("recommendation_id") for r in after["results"]] != [
+            r.pop("recommendation_id") for r in before["results"]
+        ]
         assert after["results"] == [{**r, "version": NEWER} for r in before["results"]]
         assert all(r["version"] == NEWER for r in after["results"])
         for _ in range(5):  # while two shadow batches run, more are shed, not queued
@@ -175,6 +179,120 @@ def test_online_scores_equal_a_hand_computation(root: Path, tmp_path: Path) -> N
         assert f'seqserve_online_scored_total{{model="sasrec-tiny",variant="live",version="{NEWER}"}} 12.0' in metrics
         series = c.get("/models/sasrec-tiny/online").json()["series"][f"{NEWER}/live"]
         assert sum(n for _, n, _ in series) == 12
+
+
+def _perturbed(folder: Path, seed: int) -> None:
+    """Give a version weights of its own (the fixture's versions are copies of one another)."""
+    import torch
+
+    ckpt = torch.load(folder / "model.pt", weights_only=True)
+    g = torch.Generator().manual_seed(seed)
+    ckpt["state_dict"] = {
+        k: v + torch.randn(v.shape, generator=g) * v.std() if v.is_floating_point() and v.numel() > 1 else v
+        for k, v in ckpt["state_dict"].items()
+    }
+    torch.save(ckpt, folder / "model.pt")
+
+
+def test_an_interleaved_candidate_mixes_every_by_user_answer_and_the_users_credits_decide(
+    root: Path, tmp_path: Path
+) -> None:
+    from app.interleave import seed_of, team_draft
+    from models.tasks.recommend import RecQuery
+
+    first = _first(root)
+    _perturbed(root / "sasrec-tiny" / first, seed=1)
+    settings = _settings(root, tmp_path / "s", events_api_key="events-key", promote_min_events=30)
+    with TestClient(create_app(settings)) as c:
+        _start(c, first, "interleave")
+        loaded = c.app.state.services.loaded  # type: ignore[attr-defined]
+        live, cand = loaded.models["sasrec-tiny"].engine, loaded.candidate_models["sasrec-tiny"].engine
+        out = _ask(c, USERS, headers=EVENTS)
+        takes, favour_live = [], 0
+        for n, r in enumerate(out["results"]):
+            user, rid = r["user_id"], r["recommendation_id"]
+            mine = live.ranked(live.infer(live.prepare([RecQuery(user)], {}))[0])
+            theirs = cand.ranked(cand.infer(cand.prepare([RecQuery(user)], {}))[0])
+            picks, teams = team_draft(mine, theirs, 10, seed=seed_of("sasrec-tiny", user, rid))
+            assert [i["item_id"] for i in r["items"]] == [(mine, theirs)[side][i] for side, i in picks]
+            assert r["version"] == first
+            # Each user takes an item only the live version's list held, where there is one; else the top item.
+            at = teams.find("L")
+            favour_live += at >= 0
+            item = r["items"][max(at, 0)]["item_id"]
+            takes.append({"event_id": f"e{n}", "user_id": user, "item_id": item, "timestamp": 1e9 + n})
+        assert favour_live >= 30  # enough for the rule: MIN_USERS users favouring a side
+        history = {"model": "sasrec-tiny", "queries": [{"history": [{"item_id": "1"}], "k": 5}]}
+        assert "recommendation_id" not in c.post("/recommend", json=history).json()["results"][0]  # not by user
+        r = c.post("/events", json={"model": "sasrec-tiny", "events": takes}, headers=EVENTS)
+        assert r.status_code == 200 and r.json()["stored"] == len(USERS)
+        # The rule (a sign test over users) retires the candidate; what it read stays in the counters.
+        wait_until(lambda: c.get("/models/sasrec-tiny/versions").json()["candidate"] is None, timeout=20)
+        assert SQLiteStore(tmp_path / "s" / "h.sqlite3").candidates()["sasrec-tiny"].outcome == "retired"
+        metrics = c.get("/metrics").text
+        assert f'seqserve_interleave_credits_total{{model="sasrec-tiny",side="live"}} {favour_live}.0' in metrics
+        assert 'seqserve_candidate_changes_total{action="retired",model="sasrec-tiny"} 1.0' in metrics
+
+
+def test_the_online_figures_show_what_the_rule_reads_of_the_running_trial(root: Path, tmp_path: Path) -> None:
+    first = _first(root)
+    with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:  # the rule off: figures, no verdict
+        _start(c, first, "interleave")
+        since = c.app.state.services.loaded.choices.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
+        store = SQLiteStore(tmp_path / "s" / "h.sqlite3")
+        store.add_user_sums(
+            {("sasrec-tiny", since, first, "interleave", f"u{n}"): (2, (-1.0, 0.0, 1.0, -1.0)[n % 4]) for n in range(8)}
+        )
+        store.close()
+
+        def trial() -> dict[str, Any]:
+            return dict(c.get("/models/sasrec-tiny/online").json()["trial"] or {})
+
+        wait_until(lambda: trial().get("figures", {}).get("answers") == 16, timeout=10)
+        got = trial()
+        assert (got["version"], got["mode"], got["verdict"]) == (first, "interleave", None)
+        figures = got["figures"]
+        assert (figures["favour_candidate"], figures["favour_live"], figures["favour_neither"]) == (2, 4, 2)
+        assert figures["p_value"] == pytest.approx(2 * (1 + 6 + 15) / 64)
+
+
+def test_an_event_naming_its_answer_scores_exactly_that_list(root: Path, tmp_path: Path) -> None:
+    with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:
+        first = _ask(c, ["u1"])["results"][0]
+        top = first["items"][0]["item_id"]
+        body = {"model": "sasrec-tiny", "queries": [{"user_id": "u1", "k": 10, "exclude_items": [top]}]}
+        second = c.post("/recommend", json=body).json()["results"][0]  # newer, without the item u1 will take
+        assert top not in [i["item_id"] for i in second["items"]]
+        assert len({first["recommendation_id"], second["recommendation_id"]}) == 2
+        other = _ask(c, ["u2"])["results"][0]
+        named = first["recommendation_id"]
+        events = [
+            # u1 took the top item of the older list, and says so: that list is scored (rank 1), not the newest.
+            {"event_id": "e1", "user_id": "u1", "item_id": top, "timestamp": 1e9, "recommendation_id": named},
+            # u2 names u1's answer: nothing of u2's, so u2's newest list is scored (its second item: rank 2).
+            {"event_id": "e2", "user_id": "u2", "item_id": other["items"][1]["item_id"], "timestamp": 1e9},
+        ]
+        events[1]["recommendation_id"] = named
+        bad = [{**events[0], "event_id": "e3", "recommendation_id": "not an id!"}]
+        r = c.post("/events", json={"model": "sasrec-tiny", "events": bad})
+        assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == [
+            "body",
+            "events",
+            0,
+            "recommendation_id",
+        ]
+        assert c.post("/events", json={"model": "sasrec-tiny", "events": events}).json()["stored"] == 2
+
+        def figures() -> dict[str, Any]:
+            return dict(c.get("/models/sasrec-tiny/online").json()["totals"].get(f"{NEWER}/live", {}))
+
+        wait_until(lambda: figures().get("n") == 2, timeout=10)
+        assert figures()["ndcg10"] == pytest.approx((1.0 + 1 / math.log2(3)) / 2, abs=1e-5)
+        assert figures()["attributed"] == 1
+        metrics = c.get("/metrics").text
+        assert (
+            f'seqserve_online_attributed_total{{model="sasrec-tiny",variant="live",version="{NEWER}"}} 1.0' in metrics
+        )
 
 
 def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> None:
