@@ -29,6 +29,7 @@ from app.schemas import EventsRequest, RequestModels, bounded
 from app.serving import off_loop
 from app.settings import Settings
 from app.store import HistoryStore, ProductionState
+from app.traffic import VersionTraffic
 from app.trials import ShadowWork
 from app.workers import Coordinator
 
@@ -51,6 +52,7 @@ class Services:
     lists: ServedLists | None = None  # what this worker served by user, for online evaluation; None: off
     shadows: ShadowWork | None = None  # shadow candidates' work off the response path
     production: ProductionLoop | None = None  # online scoring, shared figures, the promotion rule
+    traffic: VersionTraffic = field(default_factory=VersionTraffic)  # this worker's answers per version
 
     def __post_init__(self) -> None:
         self.schemas = bounded(self.settings.limits)

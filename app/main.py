@@ -83,7 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, budget=BodyBudget(settings.max_body_bytes_in_flight)
     )
-    app.add_middleware(Observe, metrics=services.metrics, access=access)
+    app.add_middleware(Observe, metrics=services.metrics, access=access, traffic=services.traffic)
 
     def openapi() -> dict[str, Any]:
         """The generated document plus the request bodies the dependencies parse, with this app's bounds."""
@@ -143,6 +143,7 @@ async def _start_production(settings: Settings, services: Services) -> None:
         state=services.state,
         metrics=services.metrics,
         lists=services.lists,
+        traffic=services.traffic,
     )
     await asyncio.to_thread(services.production.begin)
     await services.production.follow_choices()

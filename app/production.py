@@ -21,9 +21,10 @@ from app.choices import VersionChoices
 from app.loaded import LoadedModels
 from app.observability import Metrics
 from app.online import ServedLists
-from app.promotion import Verdict, Window, sagged, verdict
+from app.promotion import Verdict, probation_findings, verdict
 from app.settings import Settings
-from app.store import Candidate, OnlineKey, ProductionState, StoreError, Sums, UserKey
+from app.store import Candidate, OnlineKey, ProductionState, StoreError, Sums, Traffic, TrafficKey, UserKey
+from app.traffic import VersionTraffic
 from app.workers import Coordinator
 from models.artifact import artifact_names
 
@@ -48,8 +49,11 @@ class ProductionLoop:
         state: ProductionState | None,
         metrics: Metrics,
         lists: ServedLists | None,
+        traffic: VersionTraffic | None = None,
     ) -> None:
         self.settings, self.loaded, self.state, self.metrics, self.lists = settings, loaded, state, metrics, lists
+        self.traffic = traffic  # this worker's answers per version, added to the shared ones every tick
+        self._unsent_traffic: dict[TrafficKey, Traffic] = {}
         self.cursor: str | None = None
         self.online: dict[str, dict[OnlineKey, Sums]] = {}  # model name -> the shared totals, as last read
         self._unsent: dict[OnlineKey, Sums] = {}  # sums the store did not take yet (it was away)
@@ -103,9 +107,15 @@ class ProductionLoop:
                 got = self._unsent_users.setdefault(ukey, [0.0, 0.0])
                 got[0] += pair[0]
                 got[1] += pair[1]
+        if self.traffic is not None:
+            for tkey, t in self.traffic.take().items():
+                self._unsent_traffic.setdefault(tkey, Traffic()).add(t)
         state, names = self.state, self.loaded.names
         try:
             await asyncio.to_thread(partial(state.expire, now=time.time()))
+            if self._unsent_traffic:
+                await asyncio.to_thread(state.add_traffic, self._unsent_traffic)
+                self._unsent_traffic = {}
             if self._unsent:
                 await asyncio.to_thread(state.add_online, self._unsent)
                 self._unsent = {}  # only once taken: while the store is away they wait for the next tick
@@ -143,11 +153,12 @@ class ProductionLoop:
 
     async def watch(self) -> None:
         """Probation (SEQSERVE_PROBATION_S): each version promoted within it, as the live version since its
-        promotion, against the version it replaced over as long before it; rolled back when lower beyond
-        the interval, with SEQSERVE_PROBATION_MIN_LISTS lists a side. Only with SEQSERVE_EVENTS_API_KEY set:
-        as for the rule, the figures it acts on must come from events posted with a key, not from anyone."""
+        promotion, against the version it replaced over as long before it; rolled back by itself when one of
+        its figures is worse beyond its bound (app.promotion.probation_findings): its online NDCG@10 (only
+        with SEQSERVE_EVENTS_API_KEY set: as for the rule, those figures must come from events posted with a
+        key), its answers' 5xx share or their p99 latency (the service's own measurements)."""
         s = self.settings
-        if not s.probation_s or self.state is None or s.events_api_key is None:
+        if not s.probation_s or self.state is None:
             return
         now = time.time()
         for name, cand in list(self.choices.last.items()):
@@ -155,28 +166,25 @@ class ProductionLoop:
                 continue
             if now - cand.ended > s.probation_s or self.choices.pins.get(name) != cand.version:
                 continue
-            old, new = Sums(), Sums()
-            for (_, version, variant, bucket), sums in self.online.get(name, {}).items():
-                if version == cand.version and variant == "live" and bucket >= cand.ended:  # whole minutes after it
-                    new.add(sums)
-                elif (
-                    version == cand.replaced and variant == "live" and cand.ended - s.probation_s <= bucket < cand.ended
-                ):
-                    old.add(sums)
-            before, after = Window.of(old), Window.of(new)
-            if min(before.n, after.n) < s.probation_min_lists:
-                continue
-            drop, half = sagged(before, after)
-            if drop <= half:
-                continue
-            figures = (
-                f"probation: online NDCG@10 {after.mean:.4f} over {int(after.n)} lists since promotion against"
-                f" {before.mean:.4f} over {int(before.n)} of {cand.replaced} before it, {drop:.4f} lower,"
-                f" interval half-width {half:.4f}"
-            )
             state = self.state
+            try:
+                traffic = await asyncio.to_thread(state.traffic, name)
+            except StoreError as exc:
+                log.warning("probation waits for the store: %s", exc)
+                return
+            findings = probation_findings(
+                cand, self.online.get(name, {}) if s.events_api_key is not None else {}, traffic, settings=s
+            )
+            if not findings:
+                continue
             if await asyncio.to_thread(state.roll_back, name, cand.version):
-                log.error("version %s/%s rolled back to %s (%s)", name, cand.version, cand.replaced, figures)
+                log.error(
+                    "version %s/%s rolled back to %s (probation: %s)",
+                    name,
+                    cand.version,
+                    cand.replaced,
+                    "; ".join(findings),
+                )
                 self.metrics.count_trial_change(name, "rolled_back")
 
     async def settle(self, name: str, version: str, *, promote: bool, reason: str) -> bool:

@@ -7,10 +7,12 @@ docs/decisions/online-evaluation.md; the sign test: docs/decisions/interleaving.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from app.online import Z95
-from app.store import Candidate, Sums, UserStats
+from app.settings import Settings
+from app.store import Candidate, OnlineKey, Sums, Traffic, TrafficKey, UserStats
 
 MIN_USERS = 30  # the rule decides only with this many users on each side (its unit)
 ALPHA = 0.05  # two-sided: the 95% of the canary's interval, for the interleaved sign test
@@ -153,3 +155,52 @@ def sagged(before: Window, now: Window) -> tuple[float, float]:
     difference), lists as the unit: the shared per-minute sums hold each list's NDCG@10 and its square,
     not per-user sums outside a trial, so the interval is narrower than the rule's per-user one."""
     return before.mean - now.mean, Z95 * math.sqrt(before.var / before.n + now.var / now.n)
+
+
+def probation_findings(
+    cand: Candidate, online: Mapping[OnlineKey, Sums], traffic: Mapping[TrafficKey, Traffic], *, settings: Settings
+) -> list[str]:
+    """What is worse beyond its bound about `cand`, a promoted version, as the live version since its
+    promotion (whole minutes after it) against the version it replaced over as long before: each finding
+    with its figures; [] while nothing is, or while a side lacks the figures to say."""
+    s, ended, old_version = settings, cand.ended, cand.replaced
+    assert ended is not None and old_version is not None
+    found = []
+    old, new = Sums(), Sums()
+    for (_, version, variant, bucket), sums in online.items():
+        if version == cand.version and variant == "live" and bucket >= ended:
+            new.add(sums)
+        elif version == old_version and variant == "live" and ended - s.probation_s <= bucket < ended:
+            old.add(sums)
+    before, after = Window.of(old), Window.of(new)
+    if min(before.n, after.n) >= s.probation_min_lists:
+        drop, half = sagged(before, after)
+        if drop > half:
+            found.append(
+                f"online NDCG@10 {after.mean:.4f} over {int(after.n)} lists since promotion against"
+                f" {before.mean:.4f} over {int(before.n)} of {old_version} before it, {drop:.4f} lower,"
+                f" interval half-width {half:.4f}"
+            )
+    served_old, served_new = Traffic(), Traffic()
+    for (_, version, bucket), t in traffic.items():
+        if version == cand.version and bucket >= ended:
+            served_new.add(t)
+        elif version == old_version and ended - s.probation_s <= bucket < ended:
+            served_old.add(t)
+    if min(served_old.n, served_new.n) < s.probation_min_requests:
+        return found
+    p0, p1 = served_old.errors / served_old.n, served_new.errors / served_new.n
+    pooled = (served_old.errors + served_new.errors) / (served_old.n + served_new.n)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / served_old.n + 1 / served_new.n))
+    if p1 - p0 > s.probation_max_5xx_rise and (se == 0 or (p1 - p0) / se > Z95):
+        found.append(
+            f"5xx share {p1:.4f} of {int(served_new.n)} answers since promotion against {p0:.4f} of"
+            f" {int(served_old.n)} before it, above the {s.probation_max_5xx_rise} rise allowed"
+        )
+    q_old, q_new = served_old.quantile(0.99), served_new.quantile(0.99)
+    if q_old is not None and q_new is not None and q_new > q_old * s.probation_max_p99_ratio:
+        found.append(
+            f"p99 latency {q_new * 1000:.1f} ms over {int(served_new.n)} answers since promotion against"
+            f" {q_old * 1000:.1f} ms before it, above {s.probation_max_p99_ratio}x (histogram steps of 25%)"
+        )
+    return found

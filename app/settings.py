@@ -132,12 +132,18 @@ class Settings(BaseSettings):
     promote_min_events: int = Field(default=0, ge=0)
     shadow_max_in_flight: int = Field(default=2, ge=1)  # shadow query batches running at once, per worker
     # Probation: for this long after a promotion (by the rule or the admin call), the new live version's
-    # online NDCG@10 is compared with the version it replaced (its figures until the promotion); lower by
+    # online NDCG@10 is compared with the version it replaced (its figures until the promotion), lower by
     # more than the 95% interval once each side has probation_min_lists scored lists, and the promotion is
     # rolled back by itself (docs/decisions/online-evaluation.md). 0 = no probation; without
     # SEQSERVE_EVENTS_API_KEY there is none either (anyone could post the events that decide it).
     probation_s: float = Field(default=3600.0, ge=0)
     probation_min_lists: int = Field(default=200, ge=1)
+    # ...and its answers (the task routes' requests for it on every worker and host), once each side has
+    # probation_min_requests: rolled back when its 5xx share is higher by more than probation_max_5xx_rise
+    # (and beyond chance at 95%), or its p99 latency above probation_max_p99_ratio times the old one's.
+    probation_min_requests: int = Field(default=200, ge=1)
+    probation_max_5xx_rise: float = Field(default=0.01, ge=0, le=1)
+    probation_max_p99_ratio: float = Field(default=1.5, gt=1)
     # The retrainer (python -m app.retrainer) and one retrain (python -m app.retrain): when a warm retrain
     # starts by itself, and what it may take from the box (docs/decisions/retrainer.md). 0 turns a trigger off.
     api_url: str = ""  # the running service: its /models says what serves, /admin/reload takes a new version

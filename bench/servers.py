@@ -76,6 +76,9 @@ def start_server(
     root: Path = ROOT,
 ) -> subprocess.Popen[bytes]:
     """The service from the checkout at `root` (its .venv and its code), ready to answer."""
+    with socket.socket() as s:  # a server left on the port would answer the readiness check and every request
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            raise RuntimeError(f"port {port} already answers: stop what listens there, or pick another --port")
     # MALLOC_ARENA_MAX as scripts/serve.sh sets it.
     env = {
         **os.environ,

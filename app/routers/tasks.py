@@ -63,6 +63,7 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
         loaded = services.loaded
         with loaded.lease(body.model, spec.name, services.settings.default_model) as served:  # type: ignore[attr-defined]
             request.state.model = served.name
+            request.state.version = served.version  # its answers' traffic (a canary's share counts here too)
             queries = spec.queries(body)
             if (
                 private

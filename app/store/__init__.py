@@ -28,7 +28,19 @@ from app.store.base import Store, StoreError, redact
 from app.store.histories import RECENT_KEEP_S, Event, HistoryStore, Outcome, StoredEvents
 from app.store.redis_store import RedisStore
 from app.store.sqlite_store import SQLiteStore
-from app.store.state import Arrival, Candidate, Mode, OnlineKey, ProductionState, Sums, UserKey, UserStats, Variant
+from app.store.state import (
+    Arrival,
+    Candidate,
+    Mode,
+    OnlineKey,
+    ProductionState,
+    Sums,
+    Traffic,
+    TrafficKey,
+    UserKey,
+    UserStats,
+    Variant,
+)
 from models.engine import LIVE_EVENTS
 
 __all__ = [
@@ -47,6 +59,8 @@ __all__ = [
     "StoreError",
     "StoredEvents",
     "Sums",
+    "Traffic",
+    "TrafficKey",
     "UserKey",
     "UserStats",
     "Variant",

@@ -32,6 +32,8 @@ from app.store.state import (
     OnlineKey,
     ProductionState,
     Sums,
+    Traffic,
+    TrafficKey,
     UserKey,
     UserStats,
 )
@@ -196,7 +198,8 @@ class RedisStore(HistoryStore, ProductionState):
     trained events were last dropped),
     `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of the user's
     own events), `r:<user>` (sorted set of the steps it received), `recent` (every user's own events of
-    the last `recent_keep_s`, for recent activity).
+    the last `recent_keep_s`, for recent activity). Under <prefix>: the production state (`pins`,
+    `candidates`, `arrivals`, `online:<name>`, `traffic:<name>`, `trial:<name>:<start>`, `lease:<name>`).
 
     The append script derives the per-user keys inside it, so this needs one Redis server, not a cluster.
     """
@@ -433,6 +436,40 @@ class RedisStore(HistoryStore, ProductionState):
             version, variant, bucket, metric = str(field_name).split("|")
             sums = out.setdefault((name, version, variant, float(bucket)), Sums())
             setattr(sums, metric, float(value))
+        return out
+
+    def add_traffic(self, rows: Mapping[TrafficKey, Traffic]) -> None:
+        if not rows:
+            return
+
+        def do() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            for (name, version, bucket), t in rows.items():
+                key, head = f"{self.prefix}traffic:{name}", f"{version}|{bucket:.0f}|"
+                pipe.hincrbyfloat(key, f"{head}n", t.n)
+                pipe.hincrbyfloat(key, f"{head}errors", t.errors)
+                for i, count in t.hist.items():
+                    pipe.hincrbyfloat(key, f"{head}h{i}", count)
+            pipe.execute()
+            for name in {k[0] for k in rows}:
+                key = f"{self.prefix}traffic:{name}"
+                fields = cast(list[str], self.r.hkeys(key))
+                old = [f for f in fields if float(f.split("|")[1]) < time.time() - ONLINE_KEEP_S]
+                if old:
+                    self.r.hdel(key, *old)
+
+        self._call(do)
+
+    def traffic(self, name: str) -> dict[TrafficKey, Traffic]:
+        found = self._call(lambda: self.r.hgetall(f"{self.prefix}traffic:{name}"))
+        out: dict[TrafficKey, Traffic] = {}
+        for field_name, value in found.items():
+            version, bucket, metric = str(field_name).split("|")
+            t = out.setdefault((name, version, float(bucket)), Traffic())
+            if metric.startswith("h"):
+                t.hist[int(metric[1:])] = float(value)
+            else:
+                setattr(t, metric, float(value))
         return out
 
     def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import sqlite3
 import threading
@@ -31,6 +32,8 @@ from app.store.state import (
     OnlineKey,
     ProductionState,
     Sums,
+    Traffic,
+    TrafficKey,
     UserKey,
     UserStats,
 )
@@ -86,6 +89,10 @@ class SQLiteStore(HistoryStore, ProductionState):
         bucket REAL NOT NULL, n REAL NOT NULL, hits REAL NOT NULL, ndcg REAL NOT NULL, ndcg2 REAL NOT NULL,
         rr REAL NOT NULL, attributed REAL NOT NULL DEFAULT 0, PRIMARY KEY (name, version, variant, bucket))
         WITHOUT ROWID;
+    -- Every worker's answers per model, version and minute: count, 5xx, latency histogram (Traffic, its JSON
+    -- object of LATENCY_EDGES_S's index -> count), what probation compares after a promotion.
+    CREATE TABLE IF NOT EXISTS traffic (name TEXT NOT NULL, version TEXT NOT NULL, bucket REAL NOT NULL,
+        n REAL NOT NULL, errors REAL NOT NULL, hist TEXT NOT NULL, PRIMARY KEY (name, version, bucket)) WITHOUT ROWID;
     -- A running trial's scored lists per user (the promotion rule's unit), both sides.
     CREATE TABLE IF NOT EXISTS trial_users (name TEXT NOT NULL, trial REAL NOT NULL, version TEXT NOT NULL,
         variant TEXT NOT NULL, user TEXT NOT NULL, n REAL NOT NULL, ndcg REAL NOT NULL,
@@ -389,6 +396,37 @@ class SQLiteStore(HistoryStore, ProductionState):
             ).fetchall()
         )
         return {(name, v, var, float(b)): Sums(*vals) for v, var, b, *vals in rows}
+
+    def add_traffic(self, rows: Mapping[TrafficKey, Traffic]) -> None:
+        def do(conn: sqlite3.Connection) -> None:
+            for (name, version, bucket), t in rows.items():
+                old = conn.execute(
+                    "SELECT n, errors, hist FROM traffic WHERE name = ? AND version = ? AND bucket = ?",
+                    (name, version, bucket),
+                ).fetchone()
+                total = Traffic()
+                if old is not None:
+                    total = Traffic(old[0], old[1], {int(i): c for i, c in json.loads(old[2]).items()})
+                total.add(t)
+                conn.execute(
+                    "INSERT OR REPLACE INTO traffic (name, version, bucket, n, errors, hist) VALUES (?, ?, ?, ?, ?, ?)",
+                    (name, version, bucket, total.n, total.errors, json.dumps(total.hist)),
+                )
+            conn.execute("DELETE FROM traffic WHERE bucket < ?", (time.time() - ONLINE_KEEP_S,))
+
+        if rows:
+            self._write(do)
+
+    def traffic(self, name: str) -> dict[TrafficKey, Traffic]:
+        rows = self._read(
+            lambda c: c.execute(
+                "SELECT version, bucket, n, errors, hist FROM traffic WHERE name = ?", (name,)
+            ).fetchall()
+        )
+        return {
+            (name, v, float(b)): Traffic(float(n), float(e), {int(i): float(c) for i, c in json.loads(h).items()})
+            for v, b, n, e, h in rows
+        }
 
     def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:
         def do(conn: sqlite3.Connection) -> None:

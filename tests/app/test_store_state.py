@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from app.store import Candidate, Event, HistoryStore, ProductionState, RedisStore, SQLiteStore, Sums, UserStats
+from app.store import (
+    Candidate,
+    Event,
+    HistoryStore,
+    ProductionState,
+    RedisStore,
+    SQLiteStore,
+    Sums,
+    Traffic,
+    UserStats,
+)
 from app.store.state import ARRIVALS_KEEP_S
 
 
@@ -200,3 +210,13 @@ def test_a_promotion_is_rolled_back_once_to_the_version_it_replaced(state: Produ
     state.set_candidate("sasrec", Candidate("v3", "canary", 0.5, 200.0))
     assert state.settle("sasrec", "v3", promote=False)
     assert not state.roll_back("sasrec", "v3")  # retired, not promoted
+
+
+def test_traffic_adds_up_across_writers(state: ProductionState) -> None:
+    one, two = 1_800_000_000.0, 1_800_000_060.0
+    state.add_traffic({("m", "v1", one): Traffic(2, 1, {3: 1.0, 7: 1.0})})
+    state.add_traffic({("m", "v1", one): Traffic(1, 0, {7: 1.0}), ("m", "v2", two): Traffic(1, 0, {0: 1.0})})
+    state.add_traffic({("other", "v1", one): Traffic(5, 5, {1: 5.0}), ("m", "v1", 60.0): Traffic(1, 1, {})})
+    got = state.traffic("m")  # the minute of 1970 is past the keep: dropped
+    assert set(got) == {("m", "v1", one), ("m", "v2", two)}
+    assert got[("m", "v1", one)] == Traffic(3, 1, {3: 1.0, 7: 2.0})

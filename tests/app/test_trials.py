@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.online import ServedList, in_canary
 from app.settings import Settings, SettingsError
-from app.store import SQLiteStore, Sums
+from app.store import SQLiteStore, Sums, Traffic
 from tests.servers import NEWER, wait_until
 
 ADMIN = {"X-API-Key": "admin-key"}
@@ -383,6 +383,39 @@ def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path,
         tick()
         tick()
         assert served() == (third, "promoted")
+        store.close()
+
+
+def test_probation_rolls_back_a_promotion_whose_answers_fail_more(root: Path, tmp_path: Path) -> None:
+    """The answers' figures are the service's own: counted per version by the request path, shared through the
+    store, compared after a promotion with no events key needed."""
+    first, state = _first(root), tmp_path / "s"
+    with TestClient(create_app(_settings(root, state, housekeeping_s=3600))) as c:
+        store = SQLiteStore(state / "h.sqlite3")
+        production = c.app.state.services.production  # type: ignore[attr-defined]
+
+        def tick() -> None:
+            c.portal.call(production.tick, root, None)  # type: ignore[union-attr]
+
+        _ask(c, ["u1", "u2"])
+        _ask(c, ["u3"])
+        tick()
+        counted = [t for (_, v, _), t in store.traffic("sasrec-tiny").items() if v == NEWER]
+        assert sum(t.n for t in counted) == 2 and sum(t.errors for t in counted) == 0  # two answers, by request
+        _start(c, first, "canary", 0.5)
+        assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
+        ended = store.candidates()["sasrec-tiny"].ended
+        assert ended is not None
+        store.add_traffic(
+            {
+                ("sasrec-tiny", NEWER, ended - 600): Traffic(1000, 1, {5: 1000.0}),
+                ("sasrec-tiny", first, ended + 60): Traffic(1000, 30, {5: 1000.0}),  # 3% failed, from 0.1%
+            }
+        )
+        tick()  # judged: rolled back in the store
+        tick()  # followed
+        assert c.get("/models/sasrec-tiny/versions").json()["pinned"] == NEWER
+        assert store.candidates()["sasrec-tiny"].outcome == "rolled_back"
         store.close()
 
 
