@@ -5,13 +5,14 @@
 The replay's split and models (bench/production/replay.py, reused from its --work folder when there):
 MovieLens-100k by time, the live version trained on the first 80%, the worse one on a tenth of that.
 For each mode (a 50% canary, then interleaving) a fresh service with its own store serves the live
-version and tries the worse one in that mode, the promotion rule off; the last 20% of the log is
-replayed in time order, each user's events in sequence (POST /recommend by user, then POST /events),
-in blocks. After each block, once the service has scored everything sent, the trial's figures as the
-rule reads them (GET /models/{name}/online, `trial`) say whether the worse version is told apart at 95%:
-canary, the NDCG@10 difference's interval (users as the unit) entirely below zero; interleaving, the sign
-test over users (two-sided p < 0.05, more users favouring the live version). Reported per mode: the
-events replayed when that first held and when it held from then on, and every block's figures.
+version and tries the worse one (or --candidate, any version folder of the model) in that mode, the
+promotion rule off; the last 20% of the log is replayed in time order, each user's events in sequence
+(POST /recommend by user, then POST /events), in blocks. After each block, once the service has scored
+everything sent, the trial's figures as the rule reads them (GET /models/{name}/online, `trial`) say
+whether the candidate is told apart at 95%: canary, the NDCG@10 difference's interval (users as the
+unit) entirely below zero; interleaving, the sign test over users (two-sided p < 0.05, more users
+favouring the live version). Reported per mode: the events replayed when that first held and when it
+held from then on, and every block's figures.
 """
 
 from __future__ import annotations
@@ -125,12 +126,15 @@ def main() -> None:
     p.add_argument("--modes", nargs="+", default=["canary", "interleave"])
     p.add_argument("--shards", type=int, default=16, help="users replayed at once")
     p.add_argument("--port", type=int, default=8941)
+    p.add_argument("--candidate", type=Path, help="another version folder to try (default: the tenth-of-the-data one)")
     args = p.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="interleave-"))
     _, held, _, worse = prepare(args, work)
+    worse = args.candidate or worse
     shutil.copytree(worse, work / "arts" / NAME / TENTH)  # an old-named version: never "new"
     report: dict[str, Any] = {
         "data": args.data.name,
+        "candidate": str(worse),
         "replayed_at_most": min(len(held), args.max_events or len(held)),
         "block": args.block,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",

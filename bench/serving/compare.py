@@ -48,6 +48,7 @@ def main() -> None:
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--port", type=int, default=8900)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "compare.json")
+    p.add_argument("--api-key", help="sent as X-API-Key with every request (a variant whose by-user reads need one)")
     args = p.parse_args()
     variants = [parse_variant(v) for v in args.variant]
     procs = {}
@@ -72,7 +73,15 @@ def main() -> None:
             for path in args.paths:
                 targets = {n: (procs[n][0], f"http://127.0.0.1:{procs[n][1]}{path}") for n in names}
                 for c in args.concurrency:
-                    res = alternate(targets, bodies, c, rounds=args.rounds, seconds=args.seconds, warmup=args.warmup)
+                    res = alternate(
+                        targets,
+                        bodies,
+                        c,
+                        rounds=args.rounds,
+                        seconds=args.seconds,
+                        warmup=args.warmup,
+                        api_key=args.api_key,
+                    )
                     base = res[names[0]]["rps"] or float("nan")
                     for n in names:
                         rows.append(

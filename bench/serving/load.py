@@ -108,7 +108,13 @@ async def _raw_post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
 
 
 async def _measure(
-    url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float, client_kind: str = "raw"
+    url: str,
+    bodies: list[dict],
+    concurrency: int,
+    seconds: float,
+    warmup: float,
+    client_kind: str = "raw",
+    api_key: str | None = None,
 ) -> tuple[list[float], int, tuple[int, int]]:
     """N workers, each with its own keep-alive connection, posting back to back for `seconds`.
 
@@ -129,7 +135,8 @@ async def _measure(
         payload = json.dumps(body, separators=(",", ":")).encode()
         return (
             f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n"
+            + (f"X-API-Key: {api_key}\r\n" if api_key else "")
+            + f"Content-Length: {len(payload)}\r\n\r\n"
         ).encode() + payload
 
     encoded = [encode(b) for b in bodies]
@@ -179,16 +186,23 @@ async def _measure(
         await asyncio.gather(mark_start(), *[raw_worker(i) for i in range(concurrency)])
     else:
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+        keyed = {"X-API-Key": api_key} if api_key else {}
+        async with httpx.AsyncClient(limits=limits, timeout=30, headers=keyed) as client:
             await asyncio.gather(mark_start(), *[httpx_worker(client, i) for i in range(concurrency)])
     end = machine_jiffies()
     return lat, errors, (end[0] - start[0], end[1] - start[1])
 
 
 def _measure_in_process(
-    url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float, client_kind: str
+    url: str,
+    bodies: list[dict],
+    concurrency: int,
+    seconds: float,
+    warmup: float,
+    client_kind: str,
+    api_key: str | None = None,
 ) -> tuple[list[float], int, tuple[int, int]]:
-    return asyncio.run(_measure(url, bodies, concurrency, seconds, warmup, client_kind))
+    return asyncio.run(_measure(url, bodies, concurrency, seconds, warmup, client_kind, api_key))
 
 
 def drive(
@@ -220,18 +234,19 @@ def collect(
     *,
     client_kind: str = "raw",
     procs: int = 1,
+    api_key: str | None = None,
 ) -> tuple[list[float], int, tuple[int, int]]:
     """drive()'s measurement: the latencies (seconds) of the requests answered 200, the error count, and
     the machine's (busy, total) clock ticks over the measured span (the first generator process's span:
-    the machine is one, whatever the number of processes)."""
+    the machine is one, whatever the number of processes). `api_key`: sent as X-API-Key with each request."""
     procs = max(1, min(procs, concurrency))
     if procs == 1:
-        return _measure_in_process(url, bodies, concurrency, seconds, warmup, client_kind)
+        return _measure_in_process(url, bodies, concurrency, seconds, warmup, client_kind, api_key)
     else:
         shares = [concurrency // procs + (i < concurrency % procs) for i in range(procs)]
         with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [
-                pool.submit(_measure_in_process, url, bodies[i::procs], n, seconds, warmup, client_kind)
+                pool.submit(_measure_in_process, url, bodies[i::procs], n, seconds, warmup, client_kind, api_key)
                 for i, n in enumerate(shares)
             ]
             parts = [f.result() for f in futures]
@@ -250,6 +265,7 @@ def alternate(
     warmup: float,
     client_kind: str = "raw",
     procs: int = 1,
+    api_key: str | None = None,
 ) -> dict[str, dict]:
     """Servers taking turns: `rounds` windows of seconds/rounds each per target (name -> (server, URL)),
     the order flipped every round, each server paused outside its windows. -> name -> summary, with
@@ -262,7 +278,14 @@ def alternate(
             pause(proc, False)
             try:
                 lat, errors, ticks = collect(
-                    url, bodies, concurrency, seconds / rounds, warmup, client_kind=client_kind, procs=procs
+                    url,
+                    bodies,
+                    concurrency,
+                    seconds / rounds,
+                    warmup,
+                    client_kind=client_kind,
+                    procs=procs,
+                    api_key=api_key,
                 )
             finally:
                 pause(proc, True)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from models.artifact import latest_versions
 from tests.servers import ROOT, free_port
 
 
@@ -191,12 +193,14 @@ def rated_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "log.inter"
 
 
-def test_replay_s_online_figures_equal_its_own_computation(rated_log: Path, tmp_path: Path) -> None:
-    out = tmp_path / "replay.json"
+def test_replay_then_interleave_power_on_the_models_it_trained(rated_log: Path, tmp_path: Path) -> None:
+    """The replay's online figures equal its own computation; interleave_power then reuses its --work folder
+    (the two trained models), as docs/BENCHMARKS.md runs them."""
+    out, work = tmp_path / "replay.json", tmp_path / "work"
     _run(
         "production.replay",
         *("--data", str(rated_log), "--minutes", "0.02", "--warm-minutes", "0.02", "--min-events", "20"),
-        *("--workers", "1", "--decide-s", "0.5", "--port", str(free_port()), "--out", str(out)),
+        *("--workers", "1", "--decide-s", "0.5", "--port", str(free_port()), "--work", str(work), "--out", str(out)),
         timeout=400,
     )
     report = json.loads(out.read_text())
@@ -204,6 +208,35 @@ def test_replay_s_online_figures_equal_its_own_computation(rated_log: Path, tmp_
     # On a busy box the scoring loop can fall behind a user's quick answers and evict lists unscored;
     # the service then counts them, and that is the only way its figures may differ from the bench's.
     assert report["equal"] is True or report["unscored"], report["online"]
+    out = tmp_path / "power.json"
+    trained = sorted(p.name for p in work.glob("*/sasrec-ml100k/2*"))
+    _run(
+        "production.interleave_power",
+        *("--data", str(rated_log), "--work", str(work), "--block", "150", "--max-events", "300"),
+        *("--port", str(free_port()), "--out", str(out)),
+        timeout=400,
+    )
+    assert set(p.name for p in work.glob("*/sasrec-ml100k/2*")) <= set(trained)  # the replay's models, no new one
+    modes = json.loads(out.read_text())["modes"]
+    assert [len(modes[m]["blocks"]) for m in ("canary", "interleave")] == [2, 2]
+    assert all(m["errors"] == 0 for m in modes.values())
+    assert {"difference", "half_width"} <= set(modes["canary"]["blocks"][-1])
+    assert modes["interleave"]["blocks"][-1]["answers"] > 0 and "p_value" in modes["interleave"]["blocks"][-1]
+
+
+def test_trial_cost_alternates_the_loop_and_each_trial_mode(tiny_artifacts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cost.json"
+    version = latest_versions(tiny_artifacts)["sasrec-tiny"]
+    other = tmp_path / "other" / "sasrec-tiny" / "20000101T000000Z"
+    shutil.copytree(version, other)
+    _run(
+        "production.trial_cost",
+        *("--live", str(version), "--candidate", str(other), "--concurrency", "1", "--rounds", "1"),
+        *("--seconds", "0.5", "--port", str(free_port()), "--out", str(out)),
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["off", "loop", "canary", "interleave"]
+    assert all(r["errors"] == 0 and r["rps"] > 0 for r in rows)
 
 
 def test_warm_retrain_publishes_a_version_and_tests_it_beside_a_cold_one(rated_log: Path, tmp_path: Path) -> None:
