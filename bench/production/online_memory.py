@@ -23,6 +23,7 @@ from pathlib import Path
 
 from app.online import ServedList, ServedLists
 from app.store import Arrival
+from app.trials import new_id
 
 
 def through_service(args: argparse.Namespace) -> None:
@@ -83,10 +84,10 @@ def main() -> None:
     def fill(lists: ServedLists, now: float) -> None:
         for n in range(args.users):
             items = tuple(catalog[(n + j) % args.catalog] for j in range(args.k))
-            # the user id as a request brings it: a new string, kept by the list's key
-            lists.record(
-                "ml-100k", f"user-{n:07d}", ServedList("sasrec-ml100k", "20261126T000000Z", "live", items, now)
-            )
+            # the user id as a request brings it: a new string, kept by the list's key; each answer's own
+            # recommendation_id, as the service makes one
+            served = ServedList("sasrec-ml100k", "20261126T000000Z", "live", items, now, None, "", new_id())
+            lists.record("ml-100k", f"user-{n:07d}", served)
 
     now = time.time()
     t0 = time.perf_counter()

@@ -85,6 +85,7 @@ async def run(args: argparse.Namespace) -> None:
                 (b"host", b"bench"),
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                *([(b"x-api-key", args.api_key.encode())] if args.api_key else []),
             ],
         }
         sent = False
@@ -147,6 +148,7 @@ def main() -> None:
     p.add_argument("--canned", action="store_true", help="answer model calls with precomputed results")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N functions")
     p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--api-key", help="sent as X-API-Key (a deployment whose by-user reads need one: set its key too)")
     args = p.parse_args()
     os.environ.update(
         {
