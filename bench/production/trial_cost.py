@@ -51,7 +51,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--seconds", type=float, default=40.0)
-    p.add_argument("--port", type=int, default=8950, help="the first variant's; the others' follow it")
+    p.add_argument("--port", type=int, default=8950, help="the first variant's; the others' follow it; 0: any free")
     p.add_argument("--out", type=Path, default=ROOT / "runs/trial_cost.json")
     args = p.parse_args()
     name = args.live.parent.name

@@ -22,7 +22,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench.servers import ROOT, pause, start_server, stop
+from bench.servers import ROOT, free_port, pause, start_server, stop
 from bench.serving.load import alternate, bodies_for
 
 
@@ -46,7 +46,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=15.0, help="measured seconds per variant and point")
     p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds at the start of each window")
     p.add_argument("--torch-threads", type=int, default=1)
-    p.add_argument("--port", type=int, default=8900)
+    p.add_argument("--port", type=int, default=8900, help="the first variant's, the others' follow; 0: any free ones")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "compare.json")
     p.add_argument("--api-key", help="sent as X-API-Key with every request (a variant whose by-user reads need one)")
     args = p.parse_args()
@@ -63,8 +63,15 @@ def main() -> None:
             if workers > 1:
                 env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="seqserve-metrics-")
             procs[name] = (
-                start_server(args.artifacts, args.port + i, env, workers=workers, root=root, http=http),
-                args.port + i,
+                start_server(
+                    args.artifacts,
+                    port := args.port + i if args.port else free_port(),
+                    env,
+                    workers=workers,
+                    root=root,
+                    http=http,
+                ),
+                port,
             )
             pause(procs[name][0], True)
         names = [v[0] for v in variants]

@@ -18,6 +18,7 @@ from app.main import app_from_env, create_app
 from app.routers.plain import PlainRouter
 from app.routers.recommend import result_json, to_query
 from app.settings import Settings
+from app.trials import new_id
 from models.tasks.recommend import RecResult
 
 router = PlainRouter(tags=["bench"], include_in_schema=False)
@@ -30,6 +31,8 @@ async def noop(request: Request) -> Response:
     for q in map(to_query, body.queries):  # type: ignore[attr-defined]
         items = [(str(i), 0.0) for i in range(q.k)]
         answer = result_json(RecResult(q.user_id, items, [], {"seen": 0, "future": 0, "requested": 0}))
+        if q.user_id is not None:
+            answer["recommendation_id"] = new_id()
         answer["version"] = "0"
         results.append(answer)
     return json_response({"model": "noop", "version": "0", "results": results})
