@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx2 as httpx
 
-from bench.production.replay import ADMIN, EVENTS, NAME, TENTH, Replayer, prepare
+from bench.production.replay import ADMIN, EVENTS, NAME, TENTH, Replayer, prepare, tenth, train
 from bench.servers import ROOT, start_server, stop
 
 ALPHA = 0.05
@@ -127,10 +127,23 @@ def main() -> None:
     p.add_argument("--shards", type=int, default=16, help="users replayed at once")
     p.add_argument("--port", type=int, default=8941)
     p.add_argument("--candidate", type=Path, help="another version folder to try (default: the tenth-of-the-data one)")
+    p.add_argument(
+        "--fraction",
+        type=float,
+        help="instead, a candidate trained here on this share of each user's base rows (the last kept), "
+        "with the live version's budget: a smaller gap than the tenth's",
+    )
     args = p.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="interleave-"))
-    _, held, _, worse = prepare(args, work)
+    base, held, _, worse = prepare(args, work)
     worse = args.candidate or worse
+    if args.fraction:
+        share = work / f"fraction-{args.fraction}"
+        shutil.rmtree(share, ignore_errors=True)
+        share.mkdir()
+        tenth(base, frac=args.fraction).to_csv(share / "log.csv", index=False)
+        config = ROOT / "training/configs/sasrec_ml100k.toml"
+        worse = train(config, share / "log.csv", share / "arts", args.minutes, NAME)
     shutil.copytree(worse, work / "arts" / NAME / TENTH)  # an old-named version: never "new"
     report: dict[str, Any] = {
         "data": args.data.name,

@@ -57,10 +57,10 @@ def load_ml100k(path: Path) -> pd.DataFrame:
     return df.sort_values(["timestamp", "user_id"], kind="stable").reset_index(drop=True)
 
 
-def tenth(base: pd.DataFrame, seed: int = 7) -> pd.DataFrame:
-    """Each user's rows sampled 1 in 10, the user's last row always kept (so every user stays known)."""
+def tenth(base: pd.DataFrame, seed: int = 7, *, frac: float = 0.1) -> pd.DataFrame:
+    """Each user's rows sampled 1 in 10 (`frac`), the user's last row always kept (so every user stays known)."""
     last = base.groupby("user_id").tail(1).index
-    keep = base.sample(frac=0.1, random_state=seed).index.union(last)
+    keep = base.sample(frac=frac, random_state=seed).index.union(last)
     return base.loc[keep].sort_values(["timestamp", "user_id"], kind="stable")
 
 
