@@ -103,6 +103,12 @@ class Metrics:
             ["model", "version", "variant"],
             registry=self.registry,
         )
+        self.candidate_failures = Counter(
+            "seqserve_candidate_failures",
+            "Interleaved candidates' answers that failed; the live version's answers were served alone",
+            ["model", "mode"],
+            registry=self.registry,
+        )
         self.trial_changes = Counter(
             "seqserve_candidate_changes",
             "Candidate trials started, promoted and retired",
@@ -140,6 +146,9 @@ class Metrics:
         self.online_rr.labels(*labels).inc(scored.rr)
         if scored.attributed:
             self.online_attributed.labels(*labels).inc(scored.attributed)
+
+    def count_candidate_failure(self, model: str, mode: str) -> None:
+        self.candidate_failures.labels(model, mode).inc()
 
     def count_credits(self, credits: dict[tuple[str, str], int]) -> None:
         for (model, side), n in credits.items():

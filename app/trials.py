@@ -17,6 +17,7 @@ from typing import Any
 
 from app.interleave import seed_of, team_draft
 from app.loaded import Served, held
+from app.observability import Metrics
 from app.online import CUT, ServedLists, in_canary
 from app.serving import answer, subject
 from app.store import HistoryStore
@@ -138,6 +139,7 @@ async def answer_with_candidate(
     abandoned: Callable[[], bool] | None = None,
     lists: ServedLists | None = None,
     shadows: ShadowWork | None = None,
+    metrics: Metrics | None = None,
 ) -> tuple[list[Any], list[str], list[str | None]]:
     """The live answer (a canary's, for the queries by users in its share; an interleaving of both, for
     every by-user query while the candidate is interleaved), each result with the version that gave it
@@ -152,7 +154,16 @@ async def answer_with_candidate(
     if mode == "interleave" and any(u is not None for u in users):
         assert beside is not None
         return await _interleaved(
-            served, beside, queries, users, ids, store=store, timeout_s=timeout_s, abandoned=abandoned, lists=lists
+            served,
+            beside,
+            queries,
+            users,
+            ids,
+            store=store,
+            timeout_s=timeout_s,
+            abandoned=abandoned,
+            lists=lists,
+            metrics=metrics,
         )
     picks = [False] * len(queries)
     if mode == "canary":
@@ -210,18 +221,33 @@ async def _interleaved(
     timeout_s: float,
     abandoned: Callable[[], bool] | None,
     lists: ServedLists | None,
+    metrics: Metrics | None,
 ) -> tuple[list[Any], list[str], list[str | None]]:
     """Every query answered by the live version, and each by-user one by the candidate too, its answer
-    then a Team-Draft interleaving of the two seeded by the model, user and recommendation_id."""
+    then a Team-Draft interleaving of the two seeded by the model, user and recommendation_id; when the
+    candidate's call fails, the live answers alone (counted)."""
     assert beside.candidate is not None and isinstance(served.engine, UserHistories)
     engine = served.engine
     by_user = [n for n, u in enumerate(users) if u is not None]
     cand_q = [queries[n] for n in by_user]
-    live_r, cand_r = await asyncio.gather(
+    both: tuple[list[Any] | BaseException, list[Any] | BaseException] = await asyncio.gather(
         answer(served, queries, store=store, timeout_s=timeout_s, abandoned=abandoned),
         answer(beside, cand_q, store=store, timeout_s=timeout_s, abandoned=abandoned),
+        return_exceptions=True,
     )
+    live_r, cand_r = both
+    if isinstance(live_r, BaseException):
+        raise live_r
     results, versions = list(live_r), [served.version] * len(live_r)
+    if isinstance(cand_r, BaseException):  # the candidate's failure is its own: the live answers go out alone
+        log.warning(
+            "interleaved candidate %s/%s failed, the live answers served: %s", beside.name, beside.version, cand_r
+        )
+        if metrics is not None:
+            metrics.count_candidate_failure(beside.name, "interleave")
+        if lists is not None:
+            record(lists, served, queries, results, variant="live", now=time.time(), ids=ids)
+        return results, versions, list(ids)
     teams: list[str] = []
     for n, theirs in zip(by_user, cand_r, strict=True):
         mine, other = engine.ranked(live_r[n]), engine.ranked(theirs)

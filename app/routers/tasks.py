@@ -81,6 +81,7 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
                     abandoned=closed_connection(request),
                     lists=services.lists,
                     shadows=services.shadows,
+                    metrics=services.metrics,
                 )
             # Which side of a trial answered a user is for key holders only: with it, anyone could post
             # the events that favour one side (docs/decisions/online-evaluation.md).

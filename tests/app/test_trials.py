@@ -234,6 +234,26 @@ def test_an_interleaved_candidate_mixes_every_by_user_answer_and_the_users_credi
         assert 'seqserve_candidate_changes_total{action="retired",model="sasrec-tiny"} 1.0' in metrics
 
 
+def test_an_interleaved_candidate_that_fails_leaves_the_live_answers_to_go_out_alone(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = _first(root)
+    with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:
+        before = _ask(c, USERS[:4])  # the live version's own answers
+        _start(c, first, "interleave")
+        cand = c.app.state.services.loaded.candidate_models["sasrec-tiny"]  # type: ignore[attr-defined]
+
+        def broken(batch: list[Any]) -> list[Any]:
+            raise RuntimeError("the candidate's model call failed")
+
+        monkeypatch.setattr(cand.batcher, "fn", broken)
+        out = _ask(c, USERS[:4])
+        assert [r["items"] for r in out["results"]] == [r["items"] for r in before["results"]]
+        assert {r["version"] for r in out["results"]} == {NEWER}
+        metrics = c.get("/metrics").text
+        assert 'seqserve_candidate_failures_total{mode="interleave",model="sasrec-tiny"} 1.0' in metrics
+
+
 def test_the_online_figures_show_what_the_rule_reads_of_the_running_trial(root: Path, tmp_path: Path) -> None:
     first = _first(root)
     with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:  # the rule off: figures, no verdict
