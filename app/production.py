@@ -168,7 +168,7 @@ class ProductionLoop:
                 continue
             state = self.state
             try:
-                traffic = await asyncio.to_thread(state.traffic, name)
+                traffic = await asyncio.to_thread(partial(state.traffic, name, since=cand.ended - s.probation_s))
             except StoreError as exc:
                 log.warning("probation waits for the store: %s", exc)
                 return

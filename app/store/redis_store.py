@@ -191,6 +191,7 @@ return 1
 ARRIVALS_MAX = 200_000
 _OUTCOMES: dict[int, Outcome] = {1: "stored", 0: "duplicate", 2: "conflict", 3: "skipped", 4: "dropped_old"}
 _SEQ_WIDTH = 20
+_DAY_S = 86_400.0
 
 
 class RedisStore(HistoryStore, ProductionState):
@@ -199,7 +200,7 @@ class RedisStore(HistoryStore, ProductionState):
     `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of the user's
     own events), `r:<user>` (sorted set of the steps it received), `recent` (every user's own events of
     the last `recent_keep_s`, for recent activity). Under <prefix>: the production state (`pins`,
-    `candidates`, `arrivals`, `online:<name>`, `traffic:<name>`, `trial:<name>:<start>`, `lease:<name>`).
+    `candidates`, `arrivals`, `online:<name>`, `traffic:<name>:<day>`, `trial:<name>:<start>`, `lease:<name>`).
 
     The append script derives the per-user keys inside it, so this needs one Redis server, not a cluster.
     """
@@ -445,32 +446,42 @@ class RedisStore(HistoryStore, ProductionState):
         def do() -> None:
             pipe = self.r.pipeline(transaction=True)
             for (name, version, bucket), t in rows.items():
-                key, head = f"{self.prefix}traffic:{name}", f"{version}|{bucket:.0f}|"
+                key, head = self._traffic(name, bucket), f"{version}|{bucket:.0f}|"
                 pipe.hincrbyfloat(key, f"{head}n", t.n)
                 pipe.hincrbyfloat(key, f"{head}errors", t.errors)
                 for i, count in t.hist.items():
                     pipe.hincrbyfloat(key, f"{head}h{i}", count)
+                pipe.expire(key, int(ONLINE_KEEP_S + _DAY_S))  # a day's hash goes as a whole once past the keep
             pipe.execute()
-            for name in {k[0] for k in rows}:
-                key = f"{self.prefix}traffic:{name}"
-                fields = cast(list[str], self.r.hkeys(key))
-                old = [f for f in fields if float(f.split("|")[1]) < time.time() - ONLINE_KEEP_S]
-                if old:
-                    self.r.hdel(key, *old)
 
         self._call(do)
 
-    def traffic(self, name: str) -> dict[TrafficKey, Traffic]:
-        found = self._call(lambda: self.r.hgetall(f"{self.prefix}traffic:{name}"))
+    def traffic(self, name: str, *, since: float) -> dict[TrafficKey, Traffic]:
+        # The day hashes from `since` to tomorrow (hosts' clocks differ), then their minutes from `since` on.
+        days = range(int(since // _DAY_S), int(time.time() // _DAY_S) + 2)
+
+        def do() -> list[dict[str, str]]:
+            pipe = self.r.pipeline(transaction=False)
+            for day in days:
+                pipe.hgetall(self._traffic(name, day * _DAY_S))
+            return cast(list[dict[str, str]], pipe.execute())
+
         out: dict[TrafficKey, Traffic] = {}
-        for field_name, value in found.items():
-            version, bucket, metric = str(field_name).split("|")
-            t = out.setdefault((name, version, float(bucket)), Traffic())
-            if metric.startswith("h"):
-                t.hist[int(metric[1:])] = float(value)
-            else:
-                setattr(t, metric, float(value))
+        for found in self._call(do):
+            for field_name, value in found.items():
+                version, bucket, metric = str(field_name).split("|")
+                if float(bucket) < since:
+                    continue
+                t = out.setdefault((name, version, float(bucket)), Traffic())
+                if metric.startswith("h"):
+                    t.hist[int(metric[1:])] = float(value)
+                else:
+                    setattr(t, metric, float(value))
         return out
+
+    def _traffic(self, name: str, bucket: float) -> str:
+        """The hash of `name`'s traffic on the UTC day of `bucket`: a read covers only the days it asks for."""
+        return f"{self.prefix}traffic:{name}:{int(bucket // _DAY_S)}"
 
     def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:
         per_trial: dict[tuple[str, float], list[str | float]] = {}

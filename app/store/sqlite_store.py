@@ -93,6 +93,7 @@ class SQLiteStore(HistoryStore, ProductionState):
     -- object of LATENCY_EDGES_S's index -> count), what probation compares after a promotion.
     CREATE TABLE IF NOT EXISTS traffic (name TEXT NOT NULL, version TEXT NOT NULL, bucket REAL NOT NULL,
         n REAL NOT NULL, errors REAL NOT NULL, hist TEXT NOT NULL, PRIMARY KEY (name, version, bucket)) WITHOUT ROWID;
+    CREATE INDEX IF NOT EXISTS traffic_by_time ON traffic (name, bucket);
     -- A running trial's scored lists per user (the promotion rule's unit), both sides.
     CREATE TABLE IF NOT EXISTS trial_users (name TEXT NOT NULL, trial REAL NOT NULL, version TEXT NOT NULL,
         variant TEXT NOT NULL, user TEXT NOT NULL, n REAL NOT NULL, ndcg REAL NOT NULL,
@@ -417,10 +418,10 @@ class SQLiteStore(HistoryStore, ProductionState):
         if rows:
             self._write(do)
 
-    def traffic(self, name: str) -> dict[TrafficKey, Traffic]:
+    def traffic(self, name: str, *, since: float) -> dict[TrafficKey, Traffic]:
         rows = self._read(
             lambda c: c.execute(
-                "SELECT version, bucket, n, errors, hist FROM traffic WHERE name = ?", (name,)
+                "SELECT version, bucket, n, errors, hist FROM traffic WHERE name = ? AND bucket >= ?", (name, since)
             ).fetchall()
         )
         return {

@@ -219,8 +219,9 @@ class ProductionState(Store):
         """Add a worker's answers per version and minute to the shared ones (and drop those past ONLINE_KEEP_S)."""
 
     @abstractmethod
-    def traffic(self, name: str) -> dict[TrafficKey, Traffic]:
-        """Every worker's and host's answers of model `name`, per version and minute."""
+    def traffic(self, name: str, *, since: float) -> dict[TrafficKey, Traffic]:
+        """Every worker's and host's answers of model `name`, per version and minute, from `since` on (the
+        read covers the span asked for, not the ONLINE_KEEP_S kept)."""
 
     @abstractmethod
     def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:

@@ -212,11 +212,14 @@ def test_a_promotion_is_rolled_back_once_to_the_version_it_replaced(state: Produ
     assert not state.roll_back("sasrec", "v3")  # retired, not promoted
 
 
-def test_traffic_adds_up_across_writers(state: ProductionState) -> None:
-    one, two = 1_800_000_000.0, 1_800_000_060.0
-    state.add_traffic({("m", "v1", one): Traffic(2, 1, {3: 1.0, 7: 1.0})})
+def test_traffic_adds_up_across_writers_and_is_read_from_a_time_on(state: ProductionState) -> None:
+    now = time.time() // 60 * 60
+    one, two, old = now - 120.0, now - 60.0, now - 3 * 86_400.0  # the last: another day, before `since`
+    state.add_traffic({("m", "v1", one): Traffic(2, 1, {3: 1.0, 7: 1.0}), ("m", "v1", old): Traffic(9, 9, {})})
     state.add_traffic({("m", "v1", one): Traffic(1, 0, {7: 1.0}), ("m", "v2", two): Traffic(1, 0, {0: 1.0})})
-    state.add_traffic({("other", "v1", one): Traffic(5, 5, {1: 5.0}), ("m", "v1", 60.0): Traffic(1, 1, {})})
-    got = state.traffic("m")  # the minute of 1970 is past the keep: dropped
+    state.add_traffic({("other", "v1", one): Traffic(5, 5, {1: 5.0})})
+    got = state.traffic("m", since=now - 86_400.0)
     assert set(got) == {("m", "v1", one), ("m", "v2", two)}
+    assert set(state.traffic("m", since=old)) == {("m", "v1", old), ("m", "v1", one), ("m", "v2", two)}
+    assert set(state.traffic("m", since=two)) == {("m", "v2", two)}  # minutes of a day read before `since`: left out
     assert got[("m", "v1", one)] == Traffic(3, 1, {3: 1.0, 7: 2.0})

@@ -420,7 +420,7 @@ def test_probation_rolls_back_a_promotion_whose_answers_fail_more(root: Path, tm
         _ask(c, ["u1", "u2"])
         _ask(c, ["u3"])
         tick()
-        counted = [t for (_, v, _), t in store.traffic("sasrec-tiny").items() if v == NEWER]
+        counted = [t for (_, v, _), t in store.traffic("sasrec-tiny", since=0.0).items() if v == NEWER]
         assert sum(t.n for t in counted) == 2 and sum(t.errors for t in counted) == 0  # two answers, by request
         _start(c, first, "canary", 0.5)
         assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
