@@ -8,6 +8,7 @@ logs to a file, never to a pipe nobody reads.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,11 +23,22 @@ import httpx2 as httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Ports handed out for servers lie below Linux's ephemeral range (32768-60999 by default), where the system
+# takes the local port of every outgoing connection: a port it picked there could be some client's before
+# the server bound it (a test once lost its port to that: EADDRINUSE).
+SERVER_PORTS = range(20_000, 32_768)
+
+
 def free_port() -> int:
-    """A loopback port free at the time of asking."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free at the time of asking, outside the range outgoing connections draw from."""
+    for port in random.sample(SERVER_PORTS, 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free loopback port found in 64 tries")
 
 
 def uvicorn_process(

@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
+from bench.servers import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,12 +39,6 @@ async def wait_until_async(predicate: Callable[[], bool], timeout: float = 10.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"not true within {timeout:g} s: {getattr(predicate, '__name__', predicate)}")
         await asyncio.sleep(every)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 NEWER = "20991231T235959Z"  # a version name later than any real one (tests/app/conftest.py's `root`)

@@ -13,7 +13,7 @@ import torch
 
 from models.artifact import latest_versions
 from models.tasks.recommend import load_artifact as load_rec_artifact
-from tests.servers import ROOT, free_port
+from tests.servers import ROOT
 from training.distributed import Dist, resolve_device
 
 
@@ -45,10 +45,7 @@ def test_torchrun_two_cpu_ranks_write_one_artifact(tmp_path: Path, synthetic_dir
             "1",
             "--nproc-per-node",
             "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
+            "--standalone",  # torchrun binds a port the system picks: one chosen here could be taken before it binds
             "-m",
             "training",
             "train",
