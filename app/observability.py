@@ -10,12 +10,13 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
-from app.store import Sums
+from app.online import segment_parts
+from app.store import Exposure, Sums
 from app.workers import alive
 
 _LIVE_GAUGE = re.compile(r"^gauge_live\w*_(\d+)\.db$")
@@ -103,6 +104,39 @@ class Metrics:
             ["model", "version", "variant"],
             registry=self.registry,
         )
+        segment_labels = ["model", "version", "variant", "users", "items"]
+        self.online_segment_scored = Counter(
+            "seqserve_online_segment_scored",
+            "Scored lists by segment: users the serving version's artifact held (known) or not (new); lists holding"
+            " an item first seen live (fresh) or not (catalog)",
+            segment_labels,
+            registry=self.registry,
+        )
+        self.online_segment_ndcg = Counter(
+            "seqserve_online_segment_ndcg",
+            "Sum of NDCG@10 of scored lists by segment",
+            segment_labels,
+            registry=self.registry,
+        )
+        self.exposure_slots = Counter(
+            "seqserve_exposure_slots",
+            "Item slots of the by-user lists shown (their top 10)",
+            ["model", "version", "variant"],
+            registry=self.registry,
+        )
+        self.exposure_head_slots = Counter(
+            "seqserve_exposure_head_slots",
+            "Item slots shown holding one of the 1% most frequent items of the version's data",
+            ["model", "version", "variant"],
+            registry=self.registry,
+        )
+        self.exposure_coverage = Gauge(
+            "seqserve_exposure_coverage",
+            "Distinct items shown over the online window as a share of the catalog, every worker and host",
+            ["model", "version", "variant"],
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
         self.candidate_failures = Counter(
             "seqserve_candidate_failures",
             "Interleaved candidates' answers that failed; the live version's answers were served alone",
@@ -138,7 +172,7 @@ class Metrics:
         children[0].inc()
         children[1].observe(seconds)
 
-    def observe_online(self, model: str, version: str, variant: str, scored: Sums) -> None:
+    def observe_online(self, model: str, version: str, variant: str, scored: Sums, *, segment: str = "") -> None:
         labels = (model, version, variant)
         self.online_scored.labels(*labels).inc(scored.n)
         self.online_hits.labels(*labels).inc(scored.hits)
@@ -146,6 +180,20 @@ class Metrics:
         self.online_rr.labels(*labels).inc(scored.rr)
         if scored.attributed:
             self.online_attributed.labels(*labels).inc(scored.attributed)
+        parts = segment_parts(segment)
+        if parts is not None:
+            by = (*labels, *parts)
+            self.online_segment_scored.labels(*by).inc(scored.n)
+            self.online_segment_ndcg.labels(*by).inc(scored.ndcg)
+
+    def count_exposure(self, shown: Mapping[tuple[str, str, str], Exposure]) -> None:
+        for labels, e in shown.items():
+            self.exposure_slots.labels(*labels).inc(e.slots)
+            self.exposure_head_slots.labels(*labels).inc(e.head)
+
+    def set_coverage(self, model: str, coverage: Mapping[tuple[str, str], float]) -> None:
+        for (version, variant), share in coverage.items():
+            self.exposure_coverage.labels(model, version, variant).set(share)
 
     def count_candidate_failure(self, model: str, mode: str) -> None:
         self.candidate_failures.labels(model, mode).inc()

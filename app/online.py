@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from app.interleave import credit
-from app.store import Arrival, OnlineKey, Sums, UserKey
+from app.store import Arrival, Exposure, OnlineKey, Sums, UserKey
 
 CUT = 10  # the online figures' K: HR@10, NDCG@10
 BUCKET_S = 60.0  # online sums are kept per minute (the console's time axis)
@@ -41,6 +41,7 @@ class ServedList(NamedTuple):
     trial_start: float | None = None  # when the running trial began, as it was served (its figures count per user)
     teams: str = ""  # an interleaved list's: each position's team (app/interleave.py)
     recommendation_id: str = ""  # an event naming it scores this list (attribution)
+    segment: str = ""  # segment_of(...) as it was served; "" before segments were kept
 
 
 def score(items: Sequence[str], target: str) -> Sums:
@@ -51,6 +52,27 @@ def score(items: Sequence[str], target: str) -> Sums:
         return Sums(n=1)
     ndcg = 1.0 / math.log2(rank + 1) if rank <= CUT else 0.0
     return Sums(n=1, hits=float(rank <= CUT), ndcg=ndcg, ndcg2=ndcg * ndcg, rr=1.0 / rank)
+
+
+def segment_of(*, known_user: bool, fresh: bool) -> str:
+    """A served list's segment: whether the serving version's artifact held its user ("known") or the user
+    is known from live events only ("new"), and whether it holds an item first seen live ("+fresh")."""
+    return ("known" if known_user else "new") + ("+fresh" if fresh else "")
+
+
+def segment_parts(segment: str) -> tuple[str, str] | None:
+    """A segment's users ("known", "new") and items ("fresh", "catalog"); None for sums kept before segments."""
+    if not segment:
+        return None
+    users, _, fresh = segment.partition("+")
+    return users, "fresh" if fresh else "catalog"
+
+
+def segment_groups(segment: str) -> tuple[str, str] | None:
+    """The groups a segment's lists are shown in, one of users and one of lists: users_known or users_new,
+    lists_fresh or lists_catalog."""
+    parts = segment_parts(segment)
+    return None if parts is None else (f"users_{parts[0]}", f"lists_{parts[1]}")
 
 
 def in_canary(model: str, user: str, share: float) -> bool:
@@ -69,6 +91,8 @@ class Tally:
     # the rule's unit is the user
     users: dict[UserKey, list[float]] = field(default_factory=dict)
     credits: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, side credited) -> interleaved answers
+    # (model, version, variant) -> what its lists showed users (shadow lists are never shown)
+    exposure: dict[tuple[str, str, str], Exposure] = field(default_factory=dict)
     superseded: int = 0
     expired: int = 0
     evicted: int = 0
@@ -110,6 +134,16 @@ class ServedLists:
             self.size -= len(oldest)
             self.tally.evicted += len(oldest)
 
+    def expose(self, model: str, version: str, variant: str, items: Sequence[str], *, head: int) -> None:
+        """Count a list shown to a user: its items (`head` of them in the popular head)."""
+        e = self.tally.exposure.get((model, version, variant))
+        if e is None:
+            e = self.tally.exposure[(model, version, variant)] = Exposure()
+        e.lists += 1
+        e.slots += len(items)
+        e.head += head
+        e.items.update(items)
+
     def _drop_settled(self, kept: tuple[tuple[Any, ...], ...], entry: tuple[Any, ...]) -> tuple[tuple[Any, ...], ...]:
         """Of the lists of `entry`'s model and variant served before `settled_before` (every arrival up to
         then has been scored), only the newest can still be the one an arrival scores: the older are
@@ -141,7 +175,7 @@ class ServedLists:
             for s in newest.values():
                 scored = score(s.items, a.item)
                 scored.attributed = float(s is named)
-                key = (s.model, s.version, s.variant, math.floor(a.at / BUCKET_S) * BUCKET_S)
+                key = (s.model, s.version, s.variant, math.floor(a.at / BUCKET_S) * BUCKET_S, s.segment)
                 self.tally.sums.setdefault(key, Sums()).add(scored)
                 if s.trial_start is not None:
                     ukey = (s.model, s.trial_start, s.version, s.variant, a.user)
@@ -234,9 +268,49 @@ def figures(s: Sums) -> Figures | None:
 
 
 def totals(rows: Mapping[OnlineKey, Sums], *, since: float = 0.0) -> dict[tuple[str, str], Sums]:
-    """(version, variant) -> the sums of its buckets from `since` on."""
+    """(version, variant) -> the sums of its buckets from `since` on, every segment."""
     out: dict[tuple[str, str], Sums] = {}
-    for (_, version, variant, bucket), s in rows.items():
+    for (_, version, variant, bucket, _), s in rows.items():
         if bucket + BUCKET_S > since:
             out.setdefault((version, variant), Sums()).add(s)
     return out
+
+
+def by_segment(rows: Mapping[OnlineKey, Sums], *, since: float = 0.0) -> dict[tuple[str, str], dict[str, Sums]]:
+    """(version, variant) -> group (segment_groups) -> the sums of its buckets from `since` on."""
+    out: dict[tuple[str, str], dict[str, Sums]] = {}
+    for (_, version, variant, bucket, segment), s in rows.items():
+        groups = segment_groups(segment)
+        if groups is not None and bucket + BUCKET_S > since:
+            mine = out.setdefault((version, variant), {})
+            for group in groups:
+                mine.setdefault(group, Sums()).add(s)
+    return out
+
+
+@dataclass(frozen=True)
+class ExposureFigures:
+    """What a version showed over a span, as shares: of the catalog its lists covered, of their item
+    slots held by the popular head (models.engine.HEAD_SHARE)."""
+
+    lists: int
+    items: int  # distinct items shown
+    coverage: float
+    head_share: float
+
+    @classmethod
+    def of(cls, e: Exposure, catalog_size: int) -> ExposureFigures:
+        return cls(
+            lists=int(e.lists),
+            items=len(e.items),
+            coverage=len(e.items) / catalog_size if catalog_size else 0.0,
+            head_share=e.head / e.slots if e.slots else 0.0,
+        )
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "lists": self.lists,
+            "items": self.items,
+            "coverage": round(self.coverage, 5),
+            "head_share": round(self.head_share, 5),
+        }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from datetime import UTC, datetime
 from functools import partial
@@ -20,16 +21,30 @@ from pathlib import Path
 from app.choices import VersionChoices
 from app.loaded import LoadedModels
 from app.observability import Metrics
-from app.online import ServedLists
+from app.online import ExposureFigures, ServedLists
 from app.promotion import Verdict, probation_findings, verdict
 from app.settings import Settings
-from app.store import Candidate, OnlineKey, ProductionState, StoreError, Sums, Traffic, TrafficKey, UserKey
+from app.store import (
+    EXPOSURE_BUCKET_S,
+    Candidate,
+    Exposure,
+    ExposureKey,
+    OnlineKey,
+    ProductionState,
+    StoreError,
+    Sums,
+    Traffic,
+    TrafficKey,
+    UserKey,
+)
 from app.traffic import VersionTraffic
 from app.workers import Coordinator
 from models.artifact import artifact_names
+from models.engine import UserHistories
 
 log = logging.getLogger(__name__)
 SETTLE_MARGIN_S = 1.0
+COVERAGE_READ_S = 30.0  # how often a worker sets its coverage gauge from the shared exposure
 
 
 def published(version: str) -> float:
@@ -58,6 +73,8 @@ class ProductionLoop:
         self.online: dict[str, dict[OnlineKey, Sums]] = {}  # model name -> the shared totals, as last read
         self._unsent: dict[OnlineKey, Sums] = {}  # sums the store did not take yet (it was away)
         self._unsent_users: dict[UserKey, list[float]] = {}
+        self._unsent_exposure: dict[ExposureKey, Exposure] = {}
+        self._coverage_read = 0.0  # when the coverage gauge was last set from the store
         # Model name -> its running trial and what the rule reads of it, as of the last housekeeping tick.
         self.trials: dict[str, tuple[Candidate, Verdict]] = {}
 
@@ -84,7 +101,9 @@ class ProductionLoop:
                 if not arrivals:
                     break
                 for served, scored in self.lists.score(arrivals):
-                    self.metrics.observe_online(served.model, served.version, served.variant, scored)
+                    self.metrics.observe_online(
+                        served.model, served.version, served.variant, scored, segment=served.segment
+                    )
             # What was stored a second before this pass began has been read (a margin for the commit and
             # for hosts' clocks): lists older than that can be superseded on sight (ServedLists.record).
             self.lists.settled_before = started - SETTLE_MARGIN_S
@@ -107,6 +126,10 @@ class ProductionLoop:
                 got = self._unsent_users.setdefault(ukey, [0.0, 0.0])
                 got[0] += pair[0]
                 got[1] += pair[1]
+            self.metrics.count_exposure(tally.exposure)
+            bucket = math.floor(time.time() / EXPOSURE_BUCKET_S) * EXPOSURE_BUCKET_S
+            for (model, version, variant), e in tally.exposure.items():
+                self._unsent_exposure.setdefault((model, version, variant, bucket), Exposure()).add(e)
         if self.traffic is not None:
             for tkey, t in self.traffic.take().items():
                 self._unsent_traffic.setdefault(tkey, Traffic()).add(t)
@@ -122,12 +145,39 @@ class ProductionLoop:
             if self._unsent_users:
                 await asyncio.to_thread(state.add_user_sums, self._unsent_users)
                 self._unsent_users = {}
+            if self._unsent_exposure:
+                await asyncio.to_thread(state.add_exposure, self._unsent_exposure)
+                self._unsent_exposure = {}
             self.online = await asyncio.to_thread(lambda: {name: state.online(name) for name in names})
         except StoreError as exc:
             log.warning("online figures not shared: %s", exc)
             return
         await self.judge()
         await self.watch()
+        if time.time() - self._coverage_read >= COVERAGE_READ_S:
+            self._coverage_read = time.time()
+            for name in names:
+                shown = await self.exposure(name, since=time.time() - self.settings.online_window_s)
+                self.metrics.set_coverage(name, {key: f.coverage for key, f in shown.items()})
+
+    async def exposure(self, name: str, *, since: float) -> dict[tuple[str, str], ExposureFigures]:
+        """(version, variant) -> what it showed of model `name` since `since`, every worker and host together
+        ({} without a store, or while it is away)."""
+        if self.state is None:
+            return {}
+        try:
+            found = await asyncio.to_thread(partial(self.state.exposure, name, since=since))
+        except StoreError as exc:
+            log.warning("exposure not read: %s", exc)
+            return {}
+        return {key: ExposureFigures.of(e, self._catalog_size(name, key[0])) for key, e in found.items()}
+
+    def _catalog_size(self, name: str, version: str) -> int:
+        """The catalog of `version` of model `name` when it is loaded here (live or candidate), else the live one's."""
+        live, cand = self.loaded.models.get(name), self.loaded.candidate_models.get(name)
+        chosen = next((s for s in (live, cand) if s is not None and s.version == version), live)
+        engine = chosen.engine if chosen is not None else None
+        return engine.catalog_size if isinstance(engine, UserHistories) else 0
 
     async def judge(self) -> None:
         """The promotion rule (SEQSERVE_PROMOTE_MIN_EVENTS; 0: off) on each candidate, from the shared figures;

@@ -134,13 +134,11 @@ class Window:
         return cls(sums.n, mean, max(0.0, sums.ndcg2 / sums.n - mean * mean))
 
 
-def online_windows(
-    online: dict[tuple[str, str, str, float], Sums], version: str, *, since: float
-) -> tuple[Window, Window]:
+def online_windows(online: Mapping[OnlineKey, Sums], version: str, *, since: float) -> tuple[Window, Window]:
     """`version`'s figures before `since` (every variant: the trial it was promoted on included) and from
     `since` on as the live version, from the shared per-minute online sums."""
     before, now = Sums(), Sums()
-    for (_, v, variant, bucket), sums in online.items():
+    for (_, v, variant, bucket, _), sums in online.items():
         if v != version:
             continue
         if bucket < since:
@@ -167,7 +165,7 @@ def probation_findings(
     assert ended is not None and old_version is not None
     found = []
     old, new = Sums(), Sums()
-    for (_, version, variant, bucket), sums in online.items():
+    for (_, version, variant, bucket, _), sums in online.items():
         if version == cand.version and variant == "live" and bucket >= ended:
             new.add(sums)
         elif version == old_version and variant == "live" and ended - s.probation_s <= bucket < ended:

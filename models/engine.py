@@ -57,6 +57,7 @@ class UnknownUserError(QueryError):
         self.user_id = user_id
 
 
+HEAD_SHARE = 0.01  # the popular head: served lists are measured by the share of their items in it
 LIVE_EVENTS = 1000  # live events kept and read per user unless the settings say otherwise
 
 
@@ -183,6 +184,25 @@ class UserHistories(ABC, Generic[Q, R]):
     @abstractmethod
     def known(self, raw_ids: Sequence[str]) -> list[bool]:
         """Per raw id: whether the model knows it (an unknown one counts after the next training run)."""
+
+    @abstractmethod
+    def has_history(self, user: str) -> bool:
+        """Whether the artifact's table holds `user` (if not, the model knows the user from live events only)."""
+
+    @property
+    @abstractmethod
+    def catalog_size(self) -> int:
+        """How many ids the model ranks (what the served lists' coverage is a share of)."""
+
+    @property
+    @abstractmethod
+    def head_items(self) -> frozenset[str]:
+        """The popular head: the 1% most frequent raw ids of the artifact's histories (HEAD_SHARE)."""
+
+    @property
+    @abstractmethod
+    def fresh_items(self) -> frozenset[str]:
+        """The raw ids this version knows only because a warm retrain met them in live events."""
 
 
 class ItemDisplay(ABC):

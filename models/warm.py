@@ -10,6 +10,7 @@ by training from the new data, never carried.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -62,3 +63,23 @@ def carry_over(model: nn.Module, old_state: dict[str, torch.Tensor], old_ids: Id
         carried += 1
     n_kept = int(known[N_SPECIAL:].sum())
     return Carried(carried, fresh, n_kept, len(new_ids) - N_SPECIAL - n_kept)
+
+
+# The run config's warm-start record lists the raw ids the version's warm retrains added to its map, its
+# parents' included: serving measures the lists that hold one of them apart (items first seen live).
+FIRST_SEEN_LIVE = "items_first_seen_live"
+
+
+def first_seen_live(run_config: dict[str, Any]) -> list[str]:
+    """The raw ids a version knows only because a warm retrain met them in live events ([] for a version
+    trained from its data set alone, or written before the record)."""
+    warm = run_config.get("warm_start")
+    got = warm.get(FIRST_SEEN_LIVE) if isinstance(warm, dict) else None
+    return [str(r) for r in got] if isinstance(got, list) else []
+
+
+def added_live(parent_config: dict[str, Any], old_ids: IdMap, new_ids: IdMap) -> list[str]:
+    """What a warm retrain records: the parent's items first seen live that the new map still holds, and
+    the ids the new map adds to the parent's, sorted."""
+    kept = {r for r in first_seen_live(parent_config) if r in new_ids}
+    return sorted(kept | {r for r in new_ids.raws() if r not in old_ids})

@@ -23,6 +23,7 @@ ReloadReport.loaded
 ReloadReport.unchanged
 ReloadReport.all_workers
 OnlineResponse.bucket_s
+OnlineResponse.segments
 
 # LitServe calls these on the peer server's API class (bench/serving/litserve_server.py).
 litserve_api = object()

@@ -117,6 +117,7 @@ function drawOnline(data) {
   );
   const cand = data.candidate ? `candidate ${data.candidate.version} (${data.candidate.mode}, share ${data.candidate.share}). ` : "";
   $("online-summary").textContent = cand + (totals.length ? totals.join(" · ") : "nothing scored yet");
+  drawBreakdown(data);
   if (!points.length) return;
   const [W, H, L, B] = [900, 220, 50, 24];
   const t0 = Math.min(...points.map((p) => p[0])), t1 = Math.max(...points.map((p) => p[0])) || t0 + 1;
@@ -134,6 +135,28 @@ function drawOnline(data) {
     chart.append(svg("path", { d, fill: "none", stroke: color, "stroke-width": 2 }));
     chart.append(svg("text", { x: L + 8, y: 14 + 14 * n, fill: color, "font-size": 12 }, key));
   });
+}
+
+// Per version/variant: NDCG@10 (and lists scored) by segment, and what its lists showed over the window.
+const SEGMENTS = ["users_known", "users_new", "lists_fresh", "lists_catalog"];
+
+function drawBreakdown(data) {
+  const body = $("online-breakdown").tBodies[0];
+  body.replaceChildren();
+  const keys = [...new Set([...Object.keys(data.segments), ...Object.keys(data.exposure)])].sort();
+  for (const key of keys) {
+    const row = body.insertRow();
+    cell(row, key);
+    const groups = data.segments[key] || {};
+    for (const group of SEGMENTS) {
+      const f = groups[group];
+      cell(row, f ? `${f.ndcg10.toFixed(4)} (n ${f.n})` : "-", "num");
+    }
+    const e = data.exposure[key];
+    cell(row, e ? e.lists : "-", "num");
+    cell(row, e ? `${(100 * e.coverage).toFixed(1)}% (${e.items})` : "-", "num");
+    cell(row, e ? `${(100 * e.head_share).toFixed(1)}%` : "-", "num");
+  }
 }
 
 async function loadOnline() {

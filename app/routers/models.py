@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from fastapi import APIRouter
@@ -7,9 +8,10 @@ from pydantic import BaseModel, Field
 
 from app.deps import Services, ServicesDep
 from app.errors import UnknownModel
-from app.online import BUCKET_S, figures, totals
+from app.online import BUCKET_S, by_segment, figures, totals
 from app.routers.docs import errors
 from app.schemas import CandidateInfo, ModelNamePath
+from app.store import Sums
 from models.artifact import ArtifactError, read_manifest
 from models.artifact import versions as version_folders
 from models.engine import Actions, ItemDisplay, UserHistories
@@ -51,6 +53,15 @@ class TrialFigures(BaseModel):
     )
 
 
+class ExposureFigures(BaseModel):
+    """What a version showed users: its by-user lists' top 10 (live, canary and interleaved answers)."""
+
+    lists: int = Field(description="lists shown")
+    items: int = Field(description="distinct items among them")
+    coverage: float = Field(description="items over the version's catalog size (the live version's, if not loaded)")
+    head_share: float = Field(description="share of the item slots held by the 1% most frequent items of its data")
+
+
 class OnlineResponse(BaseModel):
     name: str
     bucket_s: float = Field(description="the width of each point's time bucket")
@@ -59,6 +70,13 @@ class OnlineResponse(BaseModel):
         description="'version/variant' -> [bucket start, scored lists, NDCG@10 of the bucket], oldest first"
     )
     totals: dict[str, OnlineFigures] = Field(description="'version/variant' -> figures over every bucket kept")
+    segments: dict[str, dict[str, OnlineFigures]] = Field(
+        description="'version/variant' -> segment -> figures over every bucket kept; users_known: users the "
+        "serving version's artifact held, users_new: users known from live events only; lists_fresh: lists "
+        "holding an item first seen live (added by a warm retrain), lists_catalog: the others"
+    )
+    window_s: float = Field(description="the span `exposure` covers, up to now (SEQSERVE_ONLINE_WINDOW_S)")
+    exposure: dict[str, ExposureFigures] = Field(description="'version/variant' -> what it showed over the window")
     trial: TrialFigures | None = Field(description="the running trial as the rule reads it; null without one")
 
 
@@ -185,12 +203,18 @@ async def online_series(services: ServicesDep, name: ModelNamePath) -> OnlineRes
     with the live version; shadow figures lean toward the live version, whose list the user saw."""
     if name not in services.loaded.models:
         raise UnknownModel(f"model {name!r} is not loaded", ["path", "name"])
-    rows = services.production.online.get(name, {}) if services.production is not None else {}
+    production = services.production
+    rows = production.online.get(name, {}) if production is not None else {}
+    by_bucket: dict[tuple[str, float], Sums] = {}
+    for (_, version, variant, bucket, _), s in rows.items():  # the segments of a bucket, added up
+        by_bucket.setdefault((f"{version}/{variant}", bucket), Sums()).add(s)
     series: dict[str, list[tuple[float, int, float]]] = {}
-    for (_, version, variant, bucket), s in sorted(rows.items(), key=lambda kv: kv[0][3]):
+    for (key, bucket), s in sorted(by_bucket.items(), key=lambda kv: kv[0][1]):
         if s.n:
-            series.setdefault(f"{version}/{variant}", []).append((bucket, int(s.n), round(s.ndcg / s.n, 5)))
+            series.setdefault(key, []).append((bucket, int(s.n), round(s.ndcg / s.n, 5)))
     every = totals(rows)
+    window_s = services.settings.online_window_s
+    shown = await production.exposure(name, since=time.time() - window_s) if production is not None else {}
     read = services.production.trials.get(name) if services.production is not None else None
     cand = services.loaded.choices.candidates.get(name)
     trial = None
@@ -213,6 +237,16 @@ async def online_series(services: ServicesDep, name: ModelNamePath) -> OnlineRes
             for (v, var), s in sorted(every.items())
             if (f := figures(s)) is not None
         },
+        segments={
+            f"{v}/{var}": {
+                group: OnlineFigures.model_validate(f.as_json())
+                for group, s in sorted(groups.items())
+                if (f := figures(s)) is not None
+            }
+            for (v, var), groups in sorted(by_segment(rows).items())
+        },
+        window_s=window_s,
+        exposure={f"{v}/{var}": ExposureFigures.model_validate(e.as_json()) for (v, var), e in sorted(shown.items())},
         trial=trial,
     )
 

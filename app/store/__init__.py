@@ -29,8 +29,11 @@ from app.store.histories import RECENT_KEEP_S, Event, HistoryStore, Outcome, Sto
 from app.store.redis_store import RedisStore
 from app.store.sqlite_store import SQLiteStore
 from app.store.state import (
+    EXPOSURE_BUCKET_S,
     Arrival,
     Candidate,
+    Exposure,
+    ExposureKey,
     Mode,
     OnlineKey,
     ProductionState,
@@ -44,10 +47,13 @@ from app.store.state import (
 from models.engine import LIVE_EVENTS
 
 __all__ = [
+    "EXPOSURE_BUCKET_S",
     "RECENT_KEEP_S",
     "Arrival",
     "Candidate",
     "Event",
+    "Exposure",
+    "ExposureKey",
     "HistoryStore",
     "Mode",
     "OnlineKey",

@@ -26,9 +26,13 @@ from app.store.histories import (
     StoredEvents,
 )
 from app.store.state import (
+    EXPOSURE_BUCKET_S,
+    EXPOSURE_KEEP_S,
     ONLINE_KEEP_S,
     Arrival,
     Candidate,
+    Exposure,
+    ExposureKey,
     OnlineKey,
     ProductionState,
     Sums,
@@ -200,7 +204,8 @@ class RedisStore(HistoryStore, ProductionState):
     `eids` (hash event id -> digest), `live` (set of users), `seq`, `z:<user>` (sorted set of the user's
     own events), `r:<user>` (sorted set of the steps it received), `recent` (every user's own events of
     the last `recent_keep_s`, for recent activity). Under <prefix>: the production state (`pins`,
-    `candidates`, `arrivals`, `online:<name>`, `traffic:<name>:<day>`, `trial:<name>:<start>`, `lease:<name>`).
+    `candidates`, `arrivals`, `online:<name>`, `exposure:<name>`, `exposed:<name>:<bucket>` (the items shown),
+    `traffic:<name>:<day>`, `trial:<name>:<start>`, `lease:<name>`).
 
     The append script derives the per-user keys inside it, so this needs one Redis server, not a cluster.
     """
@@ -416,10 +421,10 @@ class RedisStore(HistoryStore, ProductionState):
 
         def do() -> None:
             pipe = self.r.pipeline(transaction=True)
-            for (name, version, variant, bucket), s in sums.items():
+            for (name, version, variant, bucket, segment), s in sums.items():
                 for metric, value in zip(Sums.FIELDS, s.values(), strict=True):
                     pipe.hincrbyfloat(
-                        f"{self.prefix}online:{name}", f"{version}|{variant}|{bucket:.0f}|{metric}", value
+                        f"{self.prefix}online:{name}", f"{version}|{variant}|{bucket:.0f}|{segment}|{metric}", value
                     )
             pipe.execute()
             for name in {key[0] for key in sums}:
@@ -434,9 +439,64 @@ class RedisStore(HistoryStore, ProductionState):
         found = self._call(lambda: self.r.hgetall(f"{self.prefix}online:{name}"))
         out: dict[OnlineKey, Sums] = {}
         for field_name, value in found.items():
-            version, variant, bucket, metric = str(field_name).split("|")
-            sums = out.setdefault((name, version, variant, float(bucket)), Sums())
+            parts = str(field_name).split("|")
+            if len(parts) == 4:  # written before the segments: segment ""
+                parts.insert(3, "")
+            version, variant, bucket, segment, metric = parts
+            sums = out.setdefault((name, version, variant, float(bucket), segment), Sums())
             setattr(sums, metric, float(value))
+        return out
+
+    def _exposed(self, name: str, bucket: float) -> str:
+        """The set of `version|variant|item` shown in one exposure bucket of model `name`."""
+        return f"{self.prefix}exposed:{name}:{bucket:.0f}"
+
+    def add_exposure(self, rows: Mapping[ExposureKey, Exposure]) -> None:
+        if not rows:
+            return
+
+        def do() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            for (name, version, variant, bucket), e in rows.items():
+                head = f"{version}|{variant}|{bucket:.0f}|"
+                for metric, value in (("lists", e.lists), ("slots", e.slots), ("head", e.head)):
+                    pipe.hincrbyfloat(f"{self.prefix}exposure:{name}", f"{head}{metric}", value)
+                if e.items:
+                    key = self._exposed(name, bucket)
+                    pipe.sadd(key, *(f"{version}|{variant}|{item}" for item in e.items))
+                    pipe.expire(key, int(EXPOSURE_KEEP_S))
+            pipe.execute()
+            for name in {key[0] for key in rows}:
+                fields = cast(list[str], self.r.hkeys(f"{self.prefix}exposure:{name}"))
+                old = [f for f in fields if _bucket(f) < time.time() - EXPOSURE_KEEP_S]
+                if old:
+                    self.r.hdel(f"{self.prefix}exposure:{name}", *old)
+
+        self._call(do)
+
+    def exposure(self, name: str, *, since: float) -> dict[tuple[str, str], Exposure]:
+        # The buckets that end after `since`, up to the one after now's (hosts' clocks differ).
+        first = math.floor(since / EXPOSURE_BUCKET_S)
+        buckets = [b * EXPOSURE_BUCKET_S for b in range(first, math.floor(time.time() / EXPOSURE_BUCKET_S) + 2)]
+
+        def do() -> list[Any]:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hgetall(f"{self.prefix}exposure:{name}")
+            for b in buckets:
+                pipe.smembers(self._exposed(name, b))
+            return cast(list[Any], pipe.execute())
+
+        counts, *members = self._call(do)
+        out: dict[tuple[str, str], Exposure] = {}
+        for field_name, value in cast(dict[str, str], counts).items():
+            version, variant, bucket, metric = field_name.split("|")
+            if float(bucket) >= buckets[0]:
+                e = out.setdefault((version, variant), Exposure())
+                setattr(e, metric, getattr(e, metric) + float(value))
+        for found in members:
+            for member in cast(set[str], found):
+                version, variant, item = member.split("|", 2)
+                out.setdefault((version, variant), Exposure()).items.add(item)
         return out
 
     def add_traffic(self, rows: Mapping[TrafficKey, Traffic]) -> None:

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from app.store.base import (
     StoreError,
@@ -26,9 +26,13 @@ from app.store.histories import (
 )
 from app.store.state import (
     ARRIVALS_KEEP_S,
+    EXPOSURE_BUCKET_S,
+    EXPOSURE_KEEP_S,
     ONLINE_KEEP_S,
     Arrival,
     Candidate,
+    Exposure,
+    ExposureKey,
     OnlineKey,
     ProductionState,
     Sums,
@@ -55,7 +59,7 @@ class SQLiteStore(HistoryStore, ProductionState):
 
     kind = "sqlite"
     local_reads = True
-    SCHEMA_VERSION = 9
+    SCHEMA_VERSION = 10
     _SCHEMA = """
     -- The data hash whose trained events were last dropped, per namespace (column `token`: that hash).
     CREATE TABLE IF NOT EXISTS seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
@@ -84,11 +88,17 @@ class SQLiteStore(HistoryStore, ProductionState):
     CREATE TABLE IF NOT EXISTS candidates (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
     -- Who holds a deployment-wide lease (the retrainer's) and until when (take_lease).
     CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, until REAL NOT NULL);
-    -- Online evaluation sums of every worker and host, per model, version, variant and time bucket.
+    -- Online evaluation sums of every worker and host, per model, version, variant, time bucket and segment.
     CREATE TABLE IF NOT EXISTS online (name TEXT NOT NULL, version TEXT NOT NULL, variant TEXT NOT NULL,
-        bucket REAL NOT NULL, n REAL NOT NULL, hits REAL NOT NULL, ndcg REAL NOT NULL, ndcg2 REAL NOT NULL,
-        rr REAL NOT NULL, attributed REAL NOT NULL DEFAULT 0, PRIMARY KEY (name, version, variant, bucket))
-        WITHOUT ROWID;
+        bucket REAL NOT NULL, segment TEXT NOT NULL, n REAL NOT NULL, hits REAL NOT NULL, ndcg REAL NOT NULL,
+        ndcg2 REAL NOT NULL, rr REAL NOT NULL, attributed REAL NOT NULL,
+        PRIMARY KEY (name, version, variant, bucket, segment)) WITHOUT ROWID;
+    -- What each version showed (Exposure) per bucket of EXPOSURE_BUCKET_S, and which items (coverage).
+    CREATE TABLE IF NOT EXISTS exposure (name TEXT NOT NULL, version TEXT NOT NULL, variant TEXT NOT NULL,
+        bucket REAL NOT NULL, lists REAL NOT NULL, slots REAL NOT NULL, head REAL NOT NULL,
+        PRIMARY KEY (name, version, variant, bucket)) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS exposure_items (name TEXT NOT NULL, bucket REAL NOT NULL, version TEXT NOT NULL,
+        variant TEXT NOT NULL, item TEXT NOT NULL, PRIMARY KEY (name, bucket, version, variant, item)) WITHOUT ROWID;
     -- Every worker's answers per model, version and minute: count, 5xx, latency histogram (Traffic, its JSON
     -- object of LATENCY_EDGES_S's index -> count), what probation compares after a promotion.
     CREATE TABLE IF NOT EXISTS traffic (name TEXT NOT NULL, version TEXT NOT NULL, bucket REAL NOT NULL,
@@ -153,10 +163,19 @@ class SQLiteStore(HistoryStore, ProductionState):
             online_columns = {r[1] for r in conn.execute("PRAGMA table_info(online)")}
             if online_columns and "attributed" not in online_columns:
                 conn.execute("ALTER TABLE online ADD COLUMN attributed REAL NOT NULL DEFAULT 0")
+            # Version 10 keyed the online sums by segment too: the earlier sums are copied in segment "".
+            if online_columns and "segment" not in online_columns:
+                conn.execute("ALTER TABLE online RENAME TO online_unsegmented")
             # One statement at a time: executescript() would commit the open transaction first.
             for statement in self._SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
+            if online_columns and "segment" not in online_columns:
+                conn.execute(
+                    "INSERT INTO online SELECT name, version, variant, bucket, '', n, hits, ndcg, ndcg2, rr, attributed"
+                    " FROM online_unsegmented"
+                )
+                conn.execute("DROP TABLE online_unsegmented")
             # Trials running across the upgrade: their sides' sums from their users.
             conn.execute(
                 "INSERT INTO trial_stats SELECT name, trial, version, variant, COUNT(*), SUM(n), SUM(ndcg), SUM(n * n),"
@@ -378,9 +397,9 @@ class SQLiteStore(HistoryStore, ProductionState):
     def add_online(self, sums: Mapping[OnlineKey, Sums]) -> None:
         def do(conn: sqlite3.Connection) -> None:
             conn.executemany(
-                "INSERT INTO online (name, version, variant, bucket, n, hits, ndcg, ndcg2, rr, attributed)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name, version, variant, bucket) DO UPDATE SET"
-                " n = n + excluded.n, hits = hits + excluded.hits, ndcg = ndcg + excluded.ndcg,"
+                "INSERT INTO online (name, version, variant, bucket, segment, n, hits, ndcg, ndcg2, rr, attributed)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name, version, variant, bucket, segment)"
+                " DO UPDATE SET n = n + excluded.n, hits = hits + excluded.hits, ndcg = ndcg + excluded.ndcg,"
                 " ndcg2 = ndcg2 + excluded.ndcg2, rr = rr + excluded.rr, attributed = attributed + excluded.attributed",
                 ((*key, *s.values()) for key, s in sums.items()),
             )
@@ -392,11 +411,52 @@ class SQLiteStore(HistoryStore, ProductionState):
     def online(self, name: str) -> dict[OnlineKey, Sums]:
         rows = self._read(
             lambda c: c.execute(
-                "SELECT version, variant, bucket, n, hits, ndcg, ndcg2, rr, attributed FROM online WHERE name = ?",
+                "SELECT version, variant, bucket, segment, n, hits, ndcg, ndcg2, rr, attributed FROM online"
+                " WHERE name = ?",
                 (name,),
             ).fetchall()
         )
-        return {(name, v, var, float(b)): Sums(*vals) for v, var, b, *vals in rows}
+        return {(name, v, var, float(b), seg): Sums(*vals) for v, var, b, seg, *vals in rows}
+
+    def add_exposure(self, rows: Mapping[ExposureKey, Exposure]) -> None:
+        def do(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO exposure (name, version, variant, bucket, lists, slots, head) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (name, version, variant, bucket) DO UPDATE SET lists = lists + excluded.lists,"
+                " slots = slots + excluded.slots, head = head + excluded.head",
+                ((*key, e.lists, e.slots, e.head) for key, e in rows.items()),
+            )
+            conn.executemany(
+                "INSERT OR IGNORE INTO exposure_items (name, bucket, version, variant, item) VALUES (?, ?, ?, ?, ?)",
+                ((name, b, v, var, item) for (name, v, var, b), e in rows.items() for item in e.items),
+            )
+            before = time.time() - EXPOSURE_KEEP_S
+            conn.execute("DELETE FROM exposure WHERE bucket < ?", (before,))
+            conn.execute("DELETE FROM exposure_items WHERE bucket < ?", (before,))
+
+        if rows:
+            self._write(do)
+
+    def exposure(self, name: str, *, since: float) -> dict[tuple[str, str], Exposure]:
+        start = since - EXPOSURE_BUCKET_S  # buckets that end after `since`
+
+        def do(c: sqlite3.Connection) -> tuple[list[Any], list[Any]]:
+            counts = c.execute(
+                "SELECT version, variant, SUM(lists), SUM(slots), SUM(head) FROM exposure"
+                " WHERE name = ? AND bucket > ? GROUP BY version, variant",
+                (name, start),
+            ).fetchall()
+            items = c.execute(
+                "SELECT DISTINCT version, variant, item FROM exposure_items WHERE name = ? AND bucket > ?",
+                (name, start),
+            ).fetchall()
+            return counts, items
+
+        counts, items = self._read(do)
+        out = {(v, var): Exposure(lists, slots, head) for v, var, lists, slots, head in counts}
+        for v, var, item in items:
+            out.setdefault((v, var), Exposure()).items.add(item)
+        return out
 
     def add_traffic(self, rows: Mapping[TrafficKey, Traffic]) -> None:
         def do(conn: sqlite3.Connection) -> None:

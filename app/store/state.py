@@ -18,6 +18,11 @@ from app.store.base import Store
 ARRIVALS_KEEP_S = 900.0
 # Online evaluation sums per (model, version, variant, bucket start): buckets older than this are dropped.
 ONLINE_KEEP_S = 30 * 24 * 3600.0
+# Exposure per (model, version, variant, bucket start), with the items each showed: kept for the longest
+# online window (a day, SEQSERVE_ONLINE_WINDOW_S) and one bucket, so a catalog's items are held at most
+# once per bucket of a day.
+EXPOSURE_BUCKET_S = 600.0
+EXPOSURE_KEEP_S = 24 * 3600.0 + EXPOSURE_BUCKET_S
 Mode = Literal["canary", "shadow", "interleave"]
 Variant = Literal["live", "canary", "shadow", "interleave"]
 
@@ -150,6 +155,23 @@ class UserStats:
         return tuple(float(getattr(self, f)) for f in self.FIELDS)
 
 
+@dataclass
+class Exposure:
+    """What one version showed users over a span (by-user lists, their top 10): how many lists and item
+    slots, how many slots went to the popular head, and which items (the catalog coverage)."""
+
+    lists: float = 0.0
+    slots: float = 0.0
+    head: float = 0.0
+    items: set[str] = field(default_factory=set)
+
+    def add(self, other: Exposure) -> None:
+        self.lists += other.lists
+        self.slots += other.slots
+        self.head += other.head
+        self.items |= other.items
+
+
 # Traffic's latency histogram: bucket i holds answers up to LATENCY_EDGES_S[i] seconds (the last: any longer),
 # 1 ms to about 20 s in steps of 25%, so a percentile read from it is within 25% of the true one.
 LATENCY_EDGES_S = tuple(0.001 * 1.25**i for i in range(45))
@@ -182,8 +204,10 @@ class Traffic:
         return LATENCY_EDGES_S[-1]
 
 
+# (model name, version, variant, bucket start in unix seconds, segment: app.online.segment_of)
+OnlineKey = tuple[str, str, str, float, str]
 # (model name, version, variant, bucket start in unix seconds)
-OnlineKey = tuple[str, str, str, float]
+ExposureKey = tuple[str, str, str, float]
 # (model name, version, bucket start in unix seconds)
 TrafficKey = tuple[str, str, float]
 # (model name, trial start, version, variant, user): a trial's scored lists per user, for the rule
@@ -191,7 +215,8 @@ UserKey = tuple[str, float, str, str, str]
 
 
 class ProductionState(Store):
-    """Pins, candidates, trials, arrivals and online sums, shared by every worker and host of a deployment."""
+    """Pins, candidates, trials, arrivals, online sums, exposure and traffic, shared by every worker and
+    host of a deployment."""
 
     @abstractmethod
     def pins(self) -> dict[str, str]:
@@ -213,6 +238,15 @@ class ProductionState(Store):
     @abstractmethod
     def online(self, name: str) -> dict[OnlineKey, Sums]:
         """The shared online evaluation totals of model `name`, per version, variant and bucket."""
+
+    @abstractmethod
+    def add_exposure(self, rows: Mapping[ExposureKey, Exposure]) -> None:
+        """Add a worker's exposure to the shared one (and drop buckets past EXPOSURE_KEEP_S)."""
+
+    @abstractmethod
+    def exposure(self, name: str, *, since: float) -> dict[tuple[str, str], Exposure]:
+        """(version, variant) -> what every worker and host showed of model `name` in the buckets that end
+        after `since`, its items the union of theirs."""
 
     @abstractmethod
     def add_traffic(self, rows: Mapping[TrafficKey, Traffic]) -> None:

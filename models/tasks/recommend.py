@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ from models.base import SequentialRecommender
 from models.coarse import wide_ranker
 from models.engine import (
     FIELD_NAME,
+    HEAD_SHARE,
     MAX_FIELDS,
     Engine,
     EngineOptions,
@@ -40,6 +42,7 @@ from models.ranking import (
     release_tensor,
 )
 from models.traced import example_rows, serving_scores
+from models.warm import first_seen_live
 
 # An interaction as requests and histories carry it: (raw id, unix time or None, action or None).
 Step = tuple[str, float | None, str | None]
@@ -196,6 +199,22 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult], UserHistories[RecQu
 
     def stored_users(self) -> Iterator[str]:
         return self.histories.users()
+
+    def has_history(self, user: str) -> bool:
+        return self.histories.find(user) is not None
+
+    @property
+    def catalog_size(self) -> int:
+        return len(self.entity_ids) - N_SPECIAL
+
+    @cached_property
+    def head_items(self) -> frozenset[str]:
+        head = self.histories.most_frequent(HEAD_SHARE, len(self.entity_ids))
+        return frozenset(r for i in head if (r := self.entity_ids.raw(i)) is not None)
+
+    @cached_property
+    def fresh_items(self) -> frozenset[str]:
+        return frozenset(first_seen_live(self.manifest.config))
 
     def stored_timeline(self, user: str) -> Timeline:
         """The artifact's history of `user` with raw ids, oldest first (empty when it has none)."""

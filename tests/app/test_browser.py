@@ -134,6 +134,11 @@ def test_console_shows_titled_answers_and_an_event_changes_them(driver: Any, ser
         lambda d: "n 1, NDCG@10 1.0000" in d.execute_script("loadOnline(); return $('online-summary').textContent"),
     )
     _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#online-chart path")) == 1)
+    # u3 is a user the artifact held, the list had no item first seen live; what was shown is counted.
+    (breakdown,) = [r.text for r in _rows(driver, "online-breakdown")]
+    cells = breakdown.split()
+    assert cells[0].endswith("/live") and cells[1:9] == ["1.0000", "(n", "1)", "-", "-", "1.0000", "(n", "1)"]
+    assert int(cells[9]) >= 1 and cells[10].endswith("%")  # lists shown (the one after the event, once shared)
     # The key was used, never kept by the page.
     kept = driver.execute_script("return [localStorage.length, sessionStorage.length, document.cookie]")
     assert kept == [0, 0, ""]

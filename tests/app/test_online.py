@@ -35,7 +35,7 @@ def test_an_arrival_scores_the_newest_list_before_it_once() -> None:
     assert [(s.items, sc.hits) for s, sc in again] == [(("x", "y"), 1)]
     tally = lists.take()
     assert tally.superseded == 1 and lists.size == 0
-    assert tally.sums[("m", "v1", "live", 0.0)].n == 2  # per model, version, variant and minute
+    assert tally.sums[("m", "v1", "live", 0.0, "")].n == 2  # per model, version, variant and minute
 
 
 def test_an_event_naming_a_recommendation_id_scores_that_list_and_only_its_user_s() -> None:
@@ -52,7 +52,7 @@ def test_an_event_naming_a_recommendation_id_scores_that_list_and_only_its_user_
     assert [(s.recommendation_id, sc.hits, sc.attributed) for s, sc in got] == [("w1", 1, 0)]
     got = lists.score([Arrival("ns", "u", "zz", 60, recommendation_id="gone")])  # unknown id: the newest
     assert [(s.recommendation_id, sc.attributed) for s, sc in got] == [("r3", 0)]
-    assert lists.take().sums[("m", "v1", "live", 0.0)].attributed == 1
+    assert lists.take().sums[("m", "v1", "live", 0.0, "")].attributed == 1
 
 
 def test_an_interleaved_list_credits_the_side_that_alone_held_the_item_per_user() -> None:
@@ -72,7 +72,7 @@ def test_an_interleaved_list_credits_the_side_that_alone_held_the_item_per_user(
         ("m", 5.0, "v2", "interleave", "v"): [1, 0],
     }
     assert tally.credits == {("m", "candidate"): 2, ("m", "live"): 2, ("m", "neither"): 2}
-    assert tally.sums[("m", "v2", "interleave", 0.0)].n == 6  # the mixed lists' own figures, as served
+    assert tally.sums[("m", "v2", "interleave", 0.0, "")].n == 6  # the mixed lists' own figures, as served
 
 
 def test_a_list_older_than_the_window_is_not_scored_and_expires() -> None:
@@ -113,7 +113,7 @@ def test_figures_and_intervals() -> None:
     assert f.ndcg10_ci == pytest.approx((0.2 - 1.959964 * sd / 10, 0.2 + 1.959964 * sd / 10))
     assert f.hr10_ci[0] < 0.3 < f.hr10_ci[1]
     assert figures(Sums()) is None
-    rows = {("m", "v1", "live", 0.0): Sums(n=1), ("m", "v1", "live", 120.0): Sums(n=2)}
+    rows = {("m", "v1", "live", 0.0, "known"): Sums(n=1), ("m", "v1", "live", 120.0, "new"): Sums(n=2)}
     assert totals(rows, since=100)[("v1", "live")].n == 2
 
 

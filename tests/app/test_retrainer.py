@@ -72,11 +72,11 @@ def test_the_sag_compares_the_window_as_live_with_everything_before_it() -> None
         return Sums(n=n, hits=0, ndcg=n * mean, ndcg2=n * mean * mean, rr=0)
 
     online = {
-        ("m", "v2", "canary", 100.0): sums(100, 0.4),  # its trial: part of the level it was promoted on
-        ("m", "v2", "live", 200.0): sums(300, 0.2),
-        ("m", "v2", "live", 400.0): sums(50, 0.1),  # in the window
-        ("m", "v2", "canary", 460.0): sums(999, 0.9),  # not as the live version: not counted
-        ("m", "v1", "live", 400.0): sums(999, 0.9),  # another version
+        ("m", "v2", "canary", 100.0, "known"): sums(100, 0.4),  # its trial: part of the level it was promoted on
+        ("m", "v2", "live", 200.0, "known"): sums(300, 0.2),
+        ("m", "v2", "live", 400.0, "new"): sums(50, 0.1),  # in the window
+        ("m", "v2", "canary", 460.0, "known"): sums(999, 0.9),  # not as the live version: not counted
+        ("m", "v1", "live", 400.0, "known"): sums(999, 0.9),  # another version
     }
     before, now = online_windows(online, "v2", since=400.0)
     assert (before.n, round(before.mean, 6), now.n, now.mean) == (400, 0.25, 50, 0.1)

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from app.store import (
+    EXPOSURE_BUCKET_S,
     Candidate,
     Event,
+    Exposure,
     HistoryStore,
     ProductionState,
     RedisStore,
@@ -78,20 +80,57 @@ def test_a_sqlite_file_of_the_previous_schema_keeps_its_figures_and_gains_sign_c
         """)
     s = SQLiteStore(p)
     assert [(a.user, a.recommendation_id) for a in s.arrivals("0")[1]] == [("u1", None)]
-    assert s.online("m")[("m", "v1", "live", 60.0)].values() == pytest.approx((2, 1, 0.5, 0.25, 0.5, 0))
+    assert s.online("m")[("m", "v1", "live", 60.0, "")].values() == pytest.approx((2, 1, 0.5, 0.25, 0.5, 0))
     assert s.trial_stats("m", 5.0)[("v2", "canary")] == UserStats.of([(2.0, 0.5), (1.0, 0.0)])
     assert s.trial_stats("m", 5.0)[("v2", "canary")].positive == 1
     s.close()
 
 
 def test_online_sums_add_up_across_writers(state: ProductionState) -> None:
-    key = ("sasrec", "v1", "live", 1_800_000_000.0)
+    key = ("sasrec", "v1", "live", 1_800_000_000.0, "known")
     state.add_online({key: Sums(1, 1, 0.5, 0.25, 0.5, 1)})
-    state.add_online({key: Sums(1, 0, 0, 0, 0.1), ("sasrec", "v2", "canary", 1_800_000_000.0): Sums(1, 1, 1, 1, 1)})
-    state.add_online({("other", "v1", "live", 1_800_000_000.0): Sums(5, 5, 5, 5, 5)})
+    state.add_online(
+        {key: Sums(1, 0, 0, 0, 0.1), ("sasrec", "v2", "canary", 1_800_000_000.0, "new+fresh"): Sums(1, 1, 1, 1, 1)}
+    )
+    state.add_online({("other", "v1", "live", 1_800_000_000.0, "known"): Sums(5, 5, 5, 5, 5)})
     got = state.online("sasrec")
     assert got[key].values() == pytest.approx((2, 1, 0.5, 0.25, 0.6, 1))
-    assert set(got) == {key, ("sasrec", "v2", "canary", 1_800_000_000.0)}
+    assert set(got) == {key, ("sasrec", "v2", "canary", 1_800_000_000.0, "new+fresh")}
+
+
+def test_exposure_adds_up_across_writers_and_its_items_are_one_set(state: ProductionState) -> None:
+    now = math.floor(time.time() / EXPOSURE_BUCKET_S) * EXPOSURE_BUCKET_S
+    before = now - 3 * EXPOSURE_BUCKET_S
+    state.add_exposure({("sasrec", "v1", "live", now): Exposure(2, 20, 5, {"a", "b"})})
+    state.add_exposure(
+        {
+            ("sasrec", "v1", "live", now): Exposure(1, 10, 1, {"b", "c|d"}),  # another worker, the same bucket
+            ("sasrec", "v1", "live", before): Exposure(4, 40, 40, {"old"}),
+            ("sasrec", "v2", "canary", now): Exposure(1, 10, 0, {"a"}),
+            ("other", "v1", "live", now): Exposure(9, 90, 9, {"z"}),
+        }
+    )
+    got = state.exposure("sasrec", since=now - EXPOSURE_BUCKET_S / 2)  # the bucket before ends after it: in
+    assert set(got) == {("v1", "live"), ("v2", "canary")}
+    assert got[("v1", "live")] == Exposure(3, 30, 6, {"a", "b", "c|d"})
+    assert got[("v2", "canary")] == Exposure(1, 10, 0, {"a"})
+    assert state.exposure("sasrec", since=before)[("v1", "live")] == Exposure(7, 70, 46, {"a", "b", "c|d", "old"})
+    assert state.exposure("nothing", since=before) == {}
+
+
+def test_online_sums_written_before_segments_read_as_segment_none(state: ProductionState) -> None:
+    b = math.floor(time.time() / 60) * 60
+    if isinstance(state, RedisStore):  # fields of the earlier layout: version|variant|bucket|metric
+        state.r.hset(f"{state.prefix}online:m", mapping={f"v1|live|{b}|n": 2, f"v1|live|{b}|ndcg": 0.5})
+    else:
+        assert isinstance(state, SQLiteStore)
+        state._write(
+            lambda c: c.execute("INSERT INTO online VALUES ('m', 'v1', 'live', ?, '', 2, 0, 0.5, 0, 0, 0)", (b,))
+        )
+    state.add_online({("m", "v1", "live", float(b), "known"): Sums(1, 1, 1, 1, 1)})
+    got = state.online("m")
+    assert (got[("m", "v1", "live", float(b), "")].n, got[("m", "v1", "live", float(b), "")].ndcg) == (2, 0.5)
+    assert got[("m", "v1", "live", float(b), "known")].n == 1
 
 
 def test_a_candidate_is_settled_once(state: ProductionState) -> None:

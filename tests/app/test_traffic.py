@@ -72,6 +72,9 @@ def test_probation_reads_the_online_figure_beside_the_answers() -> None:
     def sums(n: int, mean: float) -> Sums:
         return Sums(n=n, ndcg=n * mean, ndcg2=n * (mean * mean + 0.01))
 
-    online = {("m", "v1", "live", PROMOTED - 600): sums(300, 0.30), ("m", "v2", "live", PROMOTED + 60): sums(300, 0.1)}
+    online = {
+        ("m", "v1", "live", PROMOTED - 600, "known"): sums(300, 0.30),
+        ("m", "v2", "live", PROMOTED + 60, "known+fresh"): sums(300, 0.1),
+    }
     found = probation_findings(CAND, online, {}, settings=_settings())
     assert len(found) == 1 and found[0].startswith("online NDCG@10 0.1000 over 300 lists")

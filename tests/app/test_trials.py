@@ -4,6 +4,7 @@ each user's next event, and promotion or retirement by an admin call or by the r
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import shutil
 import threading
@@ -18,6 +19,7 @@ from app.main import create_app
 from app.online import ServedList, in_canary
 from app.settings import Settings, SettingsError
 from app.store import SQLiteStore, Sums, Traffic
+from models.warm import FIRST_SEEN_LIVE
 from tests.servers import NEWER, wait_until
 
 ADMIN = {"X-API-Key": "admin-key"}
@@ -179,6 +181,63 @@ def test_online_scores_equal_a_hand_computation(root: Path, tmp_path: Path) -> N
         assert f'seqserve_online_scored_total{{model="sasrec-tiny",variant="live",version="{NEWER}"}} 12.0' in metrics
         series = c.get("/models/sasrec-tiny/online").json()["series"][f"{NEWER}/live"]
         assert sum(n for _, n, _ in series) == 12
+
+
+def test_figures_by_segment_and_what_the_version_showed(root: Path, tmp_path: Path) -> None:
+    """Scored lists by segment (a user the artifact held against one known from live events only; a list
+    holding an item first seen live against the others), and each version's exposure: its lists' distinct
+    items over the catalog, and the share of their slots held by the popular head."""
+    with TestClient(create_app(_settings(root, tmp_path / "first"))) as c:
+        fresh = _ask(c, ["u1"])["results"][0]["items"][0]["item_id"]  # as if a warm retrain had met it live
+    manifest_path = root / "sasrec-tiny" / NEWER / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["config"]["warm_start"] = {"from": "sasrec-tiny/earlier", FIRST_SEEN_LIVE: [fresh]}
+    manifest_path.write_text(json.dumps(manifest))
+    with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:
+
+        def ask(users: list[str]) -> dict[str, list[str]]:
+            return {r["user_id"]: [i["item_id"] for i in r["items"]] for r in _ask(c, users)["results"]}
+
+        first = ask(USERS)
+        known = next(u for u, items in first.items() if fresh not in items)
+        history = [{"event_id": f"h{n}", "user_id": "newcomer", "item_id": fresh, "timestamp": 1e9 + n} for n in (0, 1)]
+        assert c.post("/events", json={"model": "sasrec-tiny", "events": history}).status_code == 200
+        users = ["u1", known, "newcomer"]
+        second = ask(users)
+        held = {u: fresh in second[u] for u in users}
+        assert held["u1"] and not held[known]
+        # Each user takes the second item of its list: NDCG@10 1/log2(3) for every list.
+        events = [
+            {"event_id": f"e-{u}", "user_id": u, "item_id": second[u][1], "timestamp": 1.5e9 + n}
+            for n, u in enumerate(users)
+        ]
+        assert c.post("/events", json={"model": "sasrec-tiny", "events": events}).status_code == 200
+
+        def online() -> dict[str, Any]:
+            return dict(c.get("/models/sasrec-tiny/online").json())
+
+        wait_until(lambda: online()["totals"].get(f"{NEWER}/live", {}).get("n") == 3, timeout=10)
+        got = online()
+        segments = got["segments"][f"{NEWER}/live"]
+        n_fresh = sum(held.values())
+        want = {"users_known": 2, "users_new": 1, "lists_fresh": n_fresh, "lists_catalog": 3 - n_fresh}
+        assert {group: f["n"] for group, f in segments.items()} == {group: n for group, n in want.items() if n}
+        assert all(f["ndcg10"] == pytest.approx(1 / math.log2(3), abs=1e-5) for f in segments.values())
+        engine = c.app.state.services.loaded.models["sasrec-tiny"].engine  # type: ignore[attr-defined]
+        shown = [items[:10] for items in [*first.values(), *second.values()]]
+        items = set().union(*shown)
+        head = sum(i in engine.head_items for top in shown for i in top) / sum(len(top) for top in shown)
+        assert got["exposure"][f"{NEWER}/live"] == {
+            "lists": len(USERS) + 3,
+            "items": len(items),
+            "coverage": round(len(items) / engine.catalog_size, 5),
+            "head_share": round(head, 5),
+        }
+        assert 0 < head < 1 and len(engine.head_items) == math.ceil(engine.catalog_size / 100)
+        metrics = c.get("/metrics").text
+        by = f'model="sasrec-tiny",users="new",variant="live",version="{NEWER}"'
+        assert f'seqserve_online_segment_scored_total{{items="catalog",{by}}} 1.0' in metrics
+        assert f'seqserve_exposure_slots_total{{model="sasrec-tiny",variant="live",version="{NEWER}"}}' in metrics
 
 
 def _perturbed(folder: Path, seed: int) -> None:
@@ -378,14 +437,14 @@ def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path,
         ended = promote(first)  # NEWER was live: `first` replaces it
         store.add_online(
             {
-                ("sasrec-tiny", NEWER, "live", ended - 600): sums(300, 0.30),
-                ("sasrec-tiny", first, "live", ended + 1): sums(199, 0.00),  # far worse, but under 200 lists
+                ("sasrec-tiny", NEWER, "live", ended - 600, "known"): sums(300, 0.30),
+                ("sasrec-tiny", first, "live", ended + 1, "known"): sums(199, 0.00),  # far worse, but under 200 lists
             }
         )
         tick()
         tick()
         assert served() == (first, "promoted")
-        store.add_online({("sasrec-tiny", first, "live", ended + 61): sums(100, 0.29)})  # 299 lists at 0.097
+        store.add_online({("sasrec-tiny", first, "live", ended + 61, "known"): sums(100, 0.29)})  # 299 lists at 0.097
         production.settings = settings.model_copy(update={"events_api_key": None})
         tick()  # /events open: anyone could have posted these figures, so nothing is rolled back
         assert served() == (first, "promoted")
@@ -399,7 +458,7 @@ def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path,
         assert _ask(c, ["u1"], headers=EVENTS)["version"] == NEWER
         # Another version promoted, as good as what it replaced within the interval: it stays.
         ended = promote(third)
-        store.add_online({("sasrec-tiny", third, "live", ended + 1): sums(300, 0.295)})
+        store.add_online({("sasrec-tiny", third, "live", ended + 1, "known"): sums(300, 0.295)})
         tick()
         tick()
         assert served() == (third, "promoted")

@@ -184,3 +184,15 @@ def test_the_request_path_lookup_equals_the_row_it_reads(tmp_path: Path, order: 
             x = row.items
             assert table.known_items(*found, len(items)) == x[(x >= 2) & (x < len(items))].tolist()
             assert table.newest_time(*found) == row.last_time(), (name, user)
+
+
+def test_the_popular_head_is_the_most_frequent_share_of_the_map(tmp_path: Path) -> None:
+    ids = IdMap([f"i{n}" for n in range(250)])
+    # i7 in 5 steps, i3 in 4, i9 in 2 and the rest once each; "not-in-map" (extra ids) is never the head.
+    steps = [["i7", "i3", "i9"], ["i7", "i3", "not-in-map", "not-in-map"], ["i7", "i3", "i9", "i7"], ["i3", "i7", "i1"]]
+    H.HistoryColumns(["a", "b", "c", "d"], steps, [[1.0] * len(s) for s in steps], ids).write(tmp_path / "t")
+    table = H.HistoryTable(tmp_path / "t")
+    idx = ids.index
+    assert table.most_frequent(0.01, len(ids)) == [idx("i7"), idx("i3"), idx("i9")]  # ceil(1% of 250) = 3
+    assert table.most_frequent(0.001, len(ids)) == [idx("i7")]  # rounded up
+    assert table.most_frequent(0.02, len(ids)) == [idx("i7"), idx("i3"), idx("i9"), idx("i1")]  # only items seen

@@ -7,7 +7,7 @@ import torch
 from models.bert4rec import BERT4Rec, BERT4RecConfig
 from models.ids import N_SPECIAL, IdMap
 from models.sasrec import SASRec, SASRecConfig
-from models.warm import carry_over, row_sources
+from models.warm import FIRST_SEEN_LIVE, added_live, carry_over, first_seen_live, row_sources
 
 
 def _sasrec(vocab: int, seed: int) -> SASRec:
@@ -75,3 +75,13 @@ def test_live_steps_the_table_holds_are_not_read_twice(tiny_artifacts: object) -
     (prepared,) = engine.prepare([RecQuery(user_id="u1")], {"u1": live})
     (alone,) = engine.prepare([RecQuery(user_id="u1")], {})
     assert prepared.history == alone.history + engine.art.items.indices([other, "11", "12"])
+
+
+def test_a_warm_retrain_records_the_items_first_seen_live_its_parents_included() -> None:
+    cold = IdMap(["a", "b"])
+    first = IdMap(["a", "b", "c", "d"])  # c and d first seen live
+    config = {"warm_start": {FIRST_SEEN_LIVE: added_live({}, cold, first)}}
+    assert first_seen_live(config) == ["c", "d"]
+    second = IdMap(["a", "c", "e"])  # b and d gone from the data, e new
+    assert added_live(config, first, second) == ["c", "e"]
+    assert first_seen_live({}) == [] and first_seen_live({"warm_start": {"from": "x"}}) == []

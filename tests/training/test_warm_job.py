@@ -10,6 +10,7 @@ import pytest
 
 from models.artifact import latest_versions
 from models.ids import IdMap
+from models.warm import first_seen_live
 from tests.conftest import synthetic_log
 from training.__main__ import main
 
@@ -29,6 +30,8 @@ def test_warm_retrain_extends_the_catalog_and_keeps_item_meta(tiny_artifacts: Pa
     run = json.loads((new / "run_config.json").read_text())
     assert run["warm_start"]["items_new"] == 1 and run["warm_start"]["from"] == f"sasrec-tiny/{base.name}"
     assert run["warm_start"]["items_kept"] == IdMap.load(base / "items.json").n_entities
+    # What serving reads to tell lists holding an item first seen live from the others.
+    assert first_seen_live(json.loads((new / "manifest.json").read_text())["config"]) == ["fresh-item"]
     meta = json.loads((new / "item_meta.json").read_text())  # release years carried from the served version
     assert meta["unit"] == "year" and "fresh-item" not in meta["release"] and len(meta["release"]) > 10
 

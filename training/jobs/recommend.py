@@ -23,7 +23,7 @@ from models.ids import N_SPECIAL, IdMap
 from models.kinds import build_recommender
 from models.ranking import pad_rows
 from models.tasks.recommend import RecArtifact, load_artifact
-from models.warm import carry_over
+from models.warm import FIRST_SEEN_LIVE, added_live, carry_over
 from training.config import LoopConfig, read_raw
 from training.data import Interactions, load_interactions, locate_ml100k
 from training.evaluate import (
@@ -246,6 +246,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             "items_kept": got.ids_kept,
             "items_new": got.ids_new,
             "fresh_tensors": got.fresh,
+            FIRST_SEEN_LIVE: added_live(old.manifest.config, old.items, self.items),
         }
 
     def build_model(self) -> SequentialRecommender:
