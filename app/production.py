@@ -74,6 +74,9 @@ class ProductionLoop:
         self._unsent: dict[OnlineKey, Sums] = {}  # sums the store did not take yet (it was away)
         self._unsent_users: dict[UserKey, list[float]] = {}
         self._unsent_exposure: dict[ExposureKey, Exposure] = {}
+        # The items this worker already added to the store per exposure key, of the current buckets only: each
+        # tick then sends the items new to it (a few, once a bucket is under way), not every item it showed.
+        self._sent_items: dict[ExposureKey, set[str]] = {}
         self._coverage_read = 0.0  # when the coverage gauge was last set from the store
         # Model name -> its running trial and what the rule reads of it, as of the last housekeeping tick.
         self.trials: dict[str, tuple[Candidate, Verdict]] = {}
@@ -128,8 +131,11 @@ class ProductionLoop:
                 got[1] += pair[1]
             self.metrics.count_exposure(tally.exposure)
             bucket = math.floor(time.time() / EXPOSURE_BUCKET_S) * EXPOSURE_BUCKET_S
+            self._sent_items = {k: v for k, v in self._sent_items.items() if k[3] == bucket}
             for (model, version, variant), e in tally.exposure.items():
-                self._unsent_exposure.setdefault((model, version, variant, bucket), Exposure()).add(e)
+                ekey = (model, version, variant, bucket)
+                e.items -= self._sent_items.get(ekey, set())
+                self._unsent_exposure.setdefault(ekey, Exposure()).add(e)
         if self.traffic is not None:
             for tkey, t in self.traffic.take().items():
                 self._unsent_traffic.setdefault(tkey, Traffic()).add(t)
@@ -147,6 +153,8 @@ class ProductionLoop:
                 self._unsent_users = {}
             if self._unsent_exposure:
                 await asyncio.to_thread(state.add_exposure, self._unsent_exposure)
+                for ekey, e in self._unsent_exposure.items():  # older buckets' go at the next tick
+                    self._sent_items.setdefault(ekey, set()).update(e.items)
                 self._unsent_exposure = {}
             self.online = await asyncio.to_thread(lambda: {name: state.online(name) for name in names})
         except StoreError as exc:

@@ -431,8 +431,9 @@ class SQLiteStore(HistoryStore, ProductionState):
                 ((name, b, v, var, item) for (name, v, var, b), e in rows.items() for item in e.items),
             )
             before = time.time() - EXPOSURE_KEEP_S
-            conn.execute("DELETE FROM exposure WHERE bucket < ?", (before,))
-            conn.execute("DELETE FROM exposure_items WHERE bucket < ?", (before,))
+            for name in {key[0] for key in rows}:  # by the keys' (name, ...) prefix, not a scan of every row
+                conn.execute("DELETE FROM exposure WHERE name = ? AND bucket < ?", (name, before))
+                conn.execute("DELETE FROM exposure_items WHERE name = ? AND bucket < ?", (name, before))
 
         if rows:
             self._write(do)
