@@ -18,7 +18,7 @@ import hashlib
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -41,7 +41,6 @@ class ServedList(NamedTuple):
     trial_start: float | None = None  # when the running trial began, as it was served (its figures count per user)
     teams: str = ""  # an interleaved list's: each position's team (app/interleave.py)
     recommendation_id: str = ""  # an event naming it scores this list (attribution)
-    segment: str = ""  # segment_of(...) as it was served; "" before segments were kept
 
 
 def score(items: Sequence[str], target: str) -> Sums:
@@ -52,6 +51,10 @@ def score(items: Sequence[str], target: str) -> Sums:
         return Sums(n=1)
     ndcg = 1.0 / math.log2(rank + 1) if rank <= CUT else 0.0
     return Sums(n=1, hits=float(rank <= CUT), ndcg=ndcg, ndcg2=ndcg * ndcg, rr=1.0 / rank)
+
+
+# (a scored list, its user) -> the list's segment (segment_of), or "" when it cannot be told any more
+Segmenter = Callable[[ServedList, str], str]
 
 
 def segment_of(*, known_user: bool, fresh: bool) -> str:
@@ -91,8 +94,8 @@ class Tally:
     # the rule's unit is the user
     users: dict[UserKey, list[float]] = field(default_factory=dict)
     credits: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, side credited) -> interleaved answers
-    # (model, version, variant) -> what its lists showed users (shadow lists are never shown)
-    exposure: dict[tuple[str, str, str], Exposure] = field(default_factory=dict)
+    # The lists shown to users (not a shadow's) since the last take, as kept: counted off the answer path.
+    shown: list[tuple[Any, ...]] = field(default_factory=list)
     superseded: int = 0
     expired: int = 0
     evicted: int = 0
@@ -129,20 +132,12 @@ class ServedLists:
                 self.tally.evicted += 1
             self._lists[key] = (*kept, entry)
         self.size += 1
+        if entry[2] != "shadow" and len(self.tally.shown) < self.max_lists:
+            self.tally.shown.append(entry)
         while self.size > self.max_lists:
             _, oldest = self._lists.popitem(last=False)
             self.size -= len(oldest)
             self.tally.evicted += len(oldest)
-
-    def expose(self, model: str, version: str, variant: str, items: Sequence[str], *, head: int) -> None:
-        """Count a list shown to a user: its items (`head` of them in the popular head)."""
-        e = self.tally.exposure.get((model, version, variant))
-        if e is None:
-            e = self.tally.exposure[(model, version, variant)] = Exposure()
-        e.lists += 1
-        e.slots += len(items)
-        e.head += head
-        e.items.update(items)
 
     def _drop_settled(self, kept: tuple[tuple[Any, ...], ...], entry: tuple[Any, ...]) -> tuple[tuple[Any, ...], ...]:
         """Of the lists of `entry`'s model and variant served before `settled_before` (every arrival up to
@@ -156,8 +151,11 @@ class ServedLists:
         self.tally.superseded += len(drop)
         return tuple(s for n, s in enumerate(kept) if n not in drop)
 
-    def score(self, arrivals: Iterable[Arrival]) -> list[tuple[ServedList, Sums]]:
-        """Score the lists each arrival follows; -> each scored list with its scores."""
+    def score(
+        self, arrivals: Iterable[Arrival], *, segment: Segmenter | None = None
+    ) -> list[tuple[ServedList, Sums, str]]:
+        """Score the lists each arrival follows; -> each scored list with its scores and its segment
+        (`segment`'s, for the list and the arrival's user; "" without one)."""
         out = []
         for a in arrivals:
             kept = self._lists.get((a.namespace, a.user))
@@ -175,7 +173,8 @@ class ServedLists:
             for s in newest.values():
                 scored = score(s.items, a.item)
                 scored.attributed = float(s is named)
-                key = (s.model, s.version, s.variant, math.floor(a.at / BUCKET_S) * BUCKET_S, s.segment)
+                seg = segment(s, a.user) if segment is not None else ""
+                key = (s.model, s.version, s.variant, math.floor(a.at / BUCKET_S) * BUCKET_S, seg)
                 self.tally.sums.setdefault(key, Sums()).add(scored)
                 if s.trial_start is not None:
                     ukey = (s.model, s.trial_start, s.version, s.variant, a.user)
@@ -188,7 +187,7 @@ class ServedLists:
                         self.tally.credits[(s.model, side)] = self.tally.credits.get((s.model, side), 0) + 1
                     else:
                         per_user[1] += scored.ndcg
-                out.append((s, scored))
+                out.append((s, scored, seg))
             self.tally.superseded += len(before) - len(newest)
             left = tuple(s for s in kept if not (s[AT] <= a.at and (s[0], s[2]) in newest))
             self.size -= len(kept) - len(left)
@@ -285,6 +284,25 @@ def by_segment(rows: Mapping[OnlineKey, Sums], *, since: float = 0.0) -> dict[tu
             mine = out.setdefault((version, variant), {})
             for group in groups:
                 mine.setdefault(group, Sums()).add(s)
+    return out
+
+
+def exposure_of(
+    shown: Iterable[tuple[Any, ...]], heads: Mapping[tuple[str, str], frozenset[str]]
+) -> dict[tuple[str, str, str], Exposure]:
+    """(model, version, variant) -> what the lists `shown` (ServedList fields) showed, their slots in the
+    popular head of their version (`heads`; none counted for a version not there)."""
+    out: dict[tuple[str, str, str], Exposure] = {}
+    for s in shown:
+        key = (s[0], s[1], s[2])
+        e = out.get(key)
+        if e is None:
+            e = out[key] = Exposure()
+        items, head = s[3], heads.get((s[0], s[1]), frozenset())
+        e.lists += 1
+        e.slots += len(items)
+        e.head += sum(1 for i in items if i in head)
+        e.items.update(items)
     return out
 
 

@@ -17,11 +17,12 @@ import time
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from app.choices import VersionChoices
 from app.loaded import LoadedModels
 from app.observability import Metrics
-from app.online import ExposureFigures, ServedLists
+from app.online import ExposureFigures, ServedList, ServedLists, exposure_of, segment_of
 from app.promotion import Verdict, probation_findings, verdict
 from app.settings import Settings
 from app.store import (
@@ -103,10 +104,8 @@ class ProductionLoop:
                 self.cursor, arrivals = await asyncio.to_thread(self.state.arrivals, self.cursor, 2_000)
                 if not arrivals:
                     break
-                for served, scored in self.lists.score(arrivals):
-                    self.metrics.observe_online(
-                        served.model, served.version, served.variant, scored, segment=served.segment
-                    )
+                for served, scored, segment in self.lists.score(arrivals, segment=self.segment):
+                    self.metrics.observe_online(served.model, served.version, served.variant, scored, segment=segment)
             # What was stored a second before this pass began has been read (a margin for the commit and
             # for hosts' clocks): lists older than that can be superseded on sight (ServedLists.record).
             self.lists.settled_before = started - SETTLE_MARGIN_S
@@ -129,10 +128,16 @@ class ProductionLoop:
                 got = self._unsent_users.setdefault(ukey, [0.0, 0.0])
                 got[0] += pair[0]
                 got[1] += pair[1]
-            self.metrics.count_exposure(tally.exposure)
+            # Off the loop: a version's popular head is counted from its table at first use.
+            engines = {(m, v): self._engine(m, v) for m, v in {(e[0], e[1]) for e in tally.shown}}
+            lists_shown = tally.shown
+            exposure = await asyncio.to_thread(
+                lambda: exposure_of(lists_shown, {k: e.head_items for k, e in engines.items() if e is not None})
+            )
+            self.metrics.count_exposure(exposure)
             bucket = math.floor(time.time() / EXPOSURE_BUCKET_S) * EXPOSURE_BUCKET_S
             self._sent_items = {k: v for k, v in self._sent_items.items() if k[3] == bucket}
-            for (model, version, variant), e in tally.exposure.items():
+            for (model, version, variant), e in exposure.items():
                 ekey = (model, version, variant, bucket)
                 e.items -= self._sent_items.get(ekey, set())
                 self._unsent_exposure.setdefault(ekey, Exposure()).add(e)
@@ -180,12 +185,28 @@ class ProductionLoop:
             return {}
         return {key: ExposureFigures.of(e, self._catalog_size(name, key[0])) for key, e in found.items()}
 
+    def _engine(self, name: str, version: str) -> UserHistories[Any, Any] | None:
+        """The engine of `version` of model `name` when it is loaded here (live or candidate)."""
+        for served in (self.loaded.models.get(name), self.loaded.candidate_models.get(name)):
+            if served is not None and served.version == version and isinstance(served.engine, UserHistories):
+                return served.engine
+        return None
+
+    def segment(self, served: ServedList, user: str) -> str:
+        """A scored list's segment, told by the version that served it ("" once it is not loaded here)."""
+        engine = self._engine(served.model, served.version)
+        if engine is None:
+            return ""
+        fresh = engine.fresh_items
+        return segment_of(known_user=engine.has_history(user), fresh=bool(fresh) and not fresh.isdisjoint(served.items))
+
     def _catalog_size(self, name: str, version: str) -> int:
-        """The catalog of `version` of model `name` when it is loaded here (live or candidate), else the live one's."""
-        live, cand = self.loaded.models.get(name), self.loaded.candidate_models.get(name)
-        chosen = next((s for s in (live, cand) if s is not None and s.version == version), live)
-        engine = chosen.engine if chosen is not None else None
-        return engine.catalog_size if isinstance(engine, UserHistories) else 0
+        """The catalog of `version` of model `name` when it is loaded here, else the live version's."""
+        engine = self._engine(name, version)
+        live = self.loaded.models.get(name)
+        if engine is None and live is not None:
+            engine = self._engine(name, live.version)
+        return engine.catalog_size if engine is not None else 0
 
     async def judge(self) -> None:
         """The promotion rule (SEQSERVE_PROMOTE_MIN_EVENTS; 0: off) on each candidate, from the shared figures;

@@ -18,7 +18,7 @@ from typing import Any
 from app.interleave import seed_of, team_draft
 from app.loaded import Served, held
 from app.observability import Metrics
-from app.online import CUT, ServedLists, in_canary, segment_of
+from app.online import CUT, ServedLists, in_canary
 from app.serving import answer, subject
 from app.store import HistoryStore
 from models.engine import UserHistories
@@ -117,22 +117,16 @@ def record(
     engine = served.engine
     if not isinstance(engine, UserHistories):
         return
-    namespace, fresh, head = engine.namespace, engine.fresh_items, engine.head_items
-    shown = variant != "shadow"
+    namespace = engine.namespace
     for n, (q, r, rid) in enumerate(zip(queries, results, ids, strict=True)):
         user = engine.subject(q)
         if user is not None:
             # Only the top CUT: what the figures score; a list of k = 1000 held whole was 8-11 KB a user.
             top = tuple(engine.ranked(r))[:CUT]
             team = teams[n][:CUT] if teams is not None else ""
-            segment = segment_of(known_user=engine.has_history(user), fresh=bool(fresh) and not fresh.isdisjoint(top))
             lists.record(
-                namespace,
-                user,
-                (served.name, served.version, variant, top, now, trial_start, team, rid or "", segment),
+                namespace, user, (served.name, served.version, variant, top, now, trial_start, team, rid or "")
             )
-            if shown:
-                lists.expose(served.name, served.version, variant, top, head=sum(1 for i in top if i in head))
 
 
 async def answer_with_candidate(

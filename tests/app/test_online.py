@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from app.online import LISTS_PER_USER, ServedList, ServedLists, figures, in_canary, score, totals
+from app.online import LISTS_PER_USER, ServedList, ServedLists, exposure_of, figures, in_canary, score, totals
 from app.promotion import clustered, judge
-from app.store import Arrival, Sums, UserStats
+from app.store import Arrival, Exposure, Sums, UserStats
 
 
 def served(items: str, at: float, *, model: str = "m", variant: str = "live", version: str = "v1") -> ServedList:
@@ -29,10 +29,13 @@ def test_an_arrival_scores_the_newest_list_before_it_once() -> None:
     lists.record("ns", "u", served("c", 20, variant="shadow", version="v2"))
     lists.record("ns", "u", served("x y", 40))  # served after the event: waits for the next one
     got = lists.score([Arrival("ns", "u", "a", 30)])
-    assert sorted((s.variant, s.items, sc.rr) for s, sc in got) == [("live", ("b", "a"), 0.5), ("shadow", ("c",), 0.0)]
+    assert sorted((s.variant, s.items, sc.rr) for s, sc, _ in got) == [
+        ("live", ("b", "a"), 0.5),
+        ("shadow", ("c",), 0.0),
+    ]
     assert lists.score([Arrival("other-ns", "u", "x", 50)]) == []  # namespaces apart
     again = lists.score([Arrival("ns", "u", "x", 50)])
-    assert [(s.items, sc.hits) for s, sc in again] == [(("x", "y"), 1)]
+    assert [(s.items, sc.hits) for s, sc, _ in again] == [(("x", "y"), 1)]
     tally = lists.take()
     assert tally.superseded == 1 and lists.size == 0
     assert tally.sums[("m", "v1", "live", 0.0, "")].n == 2  # per model, version, variant and minute
@@ -44,14 +47,14 @@ def test_an_event_naming_a_recommendation_id_scores_that_list_and_only_its_user_
     lists.record("ns", "u", ServedList("m", "v1", "live", ("c", "d"), 20, recommendation_id="r2"))
     lists.record("ns", "w", ServedList("m", "v1", "live", ("a",), 20, recommendation_id="w1"))
     got = lists.score([Arrival("ns", "u", "b", 30, recommendation_id="r1")])  # taken from the older list
-    assert [(s.recommendation_id, sc.rr, sc.attributed) for s, sc in got] == [("r1", 0.5, 1)]
+    assert [(s.recommendation_id, sc.rr, sc.attributed) for s, sc, _ in got] == [("r1", 0.5, 1)]
     assert lists.size == 1  # both of u's lists are done with: the one named, and the one it stands in for
     # Another user's id names nothing of this user's: the next-event rule scores w's own newest list.
     lists.record("ns", "u", ServedList("m", "v1", "live", ("a",), 40, recommendation_id="r3"))
     got = lists.score([Arrival("ns", "w", "a", 50, recommendation_id="r3")])
-    assert [(s.recommendation_id, sc.hits, sc.attributed) for s, sc in got] == [("w1", 1, 0)]
+    assert [(s.recommendation_id, sc.hits, sc.attributed) for s, sc, _ in got] == [("w1", 1, 0)]
     got = lists.score([Arrival("ns", "u", "zz", 60, recommendation_id="gone")])  # unknown id: the newest
-    assert [(s.recommendation_id, sc.attributed) for s, sc in got] == [("r3", 0)]
+    assert [(s.recommendation_id, sc.attributed) for s, sc, _ in got] == [("r3", 0)]
     assert lists.take().sums[("m", "v1", "live", 0.0, "")].attributed == 1
 
 
@@ -163,5 +166,27 @@ def test_lists_no_arrival_can_score_any_more_go_when_the_next_comes() -> None:
     lists.record("ns", "u", served("c", 6))
     assert lists.size == 3 and lists.take().superseded == 1  # "a" went; "b" may still meet an arrival at 5.5
     got = lists.score([Arrival("ns", "u", "b", 5.5)])
-    assert sorted((s.items, sc.hits) for s, sc in got) == [(("b",), 1), (("s",), 0)]
-    assert [s.items for s, _ in lists.score([Arrival("ns", "u", "c", 7)])] == [("c",)]
+    assert sorted((s.items, sc.hits) for s, sc, _ in got) == [(("b",), 1), (("s",), 0)]
+    assert [s.items for s, _, _ in lists.score([Arrival("ns", "u", "c", 7)])] == [("c",)]
+
+
+def test_lists_shown_are_kept_for_exposure_a_shadow_s_never() -> None:
+    lists = ServedLists(window_s=100, max_lists=2)
+    lists.record("ns", "u", served("a b", 1))
+    lists.record("ns", "w", served("c", 1, variant="shadow"))  # never shown to anyone
+    lists.record("ns", "v", served("a d", 2))
+    lists.record("ns", "x", served("e", 3))  # past max_lists since the last take: not counted
+    shown = lists.take().shown
+    assert [s[3] for s in shown] == [("a", "b"), ("a", "d")]
+    got = exposure_of(shown, {("m", "v1"): frozenset({"a"})})
+    assert got == {("m", "v1", "live"): Exposure(lists=2, slots=4, head=2, items={"a", "b", "d"})}
+    assert exposure_of(shown, {})[("m", "v1", "live")].head == 0  # a version no longer loaded: no head known
+
+
+def test_a_scored_list_is_summed_under_the_segment_it_is_given() -> None:
+    lists = ServedLists(window_s=100, max_lists=100)
+    lists.record("ns", "u", served("a b", 10))
+    lists.record("ns", "w", served("c", 10))
+    got = lists.score([Arrival("ns", "u", "a", 20), Arrival("ns", "w", "c", 20)], segment=lambda s, user: user)
+    assert [seg for _, _, seg in got] == ["u", "w"]
+    assert set(lists.take().sums) == {("m", "v1", "live", 0.0, "u"), ("m", "v1", "live", 0.0, "w")}
