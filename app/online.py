@@ -301,7 +301,7 @@ def exposure_of(
         items, head = s[3], heads.get((s[0], s[1]), frozenset())
         e.lists += 1
         e.slots += len(items)
-        e.head += sum(1 for i in items if i in head)
+        e.head += len(head.intersection(items))  # a list's items are distinct
         e.items.update(items)
     return out
 
