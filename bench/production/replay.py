@@ -110,6 +110,7 @@ class Replayer:
     def __init__(self, url: str, *, shards: int) -> None:
         self.url, self.shards = url, shards
         self.scored: list[tuple[str, str, list[str], str]] = []  # (version, variant, list, next item)
+        self.rows: list[int] = []  # each scored list's event: its place in the replayed log
         self.errors = 0
         self.unknown = 0  # /recommend 404: users not in the base log, before their first event
 
@@ -138,6 +139,7 @@ class Replayer:
                 res = r.json()["results"][0]
                 variant = "live" if res["version"] == r.json()["version"] else "canary"
                 self.scored.append((res["version"], variant, [x["item_id"] for x in res["items"]], item))
+                self.rows.append(n)
 
 
 def offline(scored: list[tuple[str, str, list[str], str]]) -> dict[str, dict[str, float]]:

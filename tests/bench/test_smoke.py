@@ -222,6 +222,23 @@ def test_replay_then_interleave_power_on_the_models_it_trained(rated_log: Path, 
     assert all(m["errors"] == 0 for m in modes.values())
     assert {"difference", "half_width"} <= set(modes["canary"]["blocks"][-1])
     assert modes["interleave"]["blocks"][-1]["answers"] > 0 and "p_value" in modes["interleave"]["blocks"][-1]
+    # The loop running itself on the replay's live version: both runs, every quarter, a broken version in.
+    out = tmp_path / "loop.json"
+    live = min(p for p in (work / "arts" / "sasrec-ml100k").glob("2*") if not p.name.startswith("2000"))
+    _run(
+        "production.loop_replay",
+        *("--data", str(rated_log), "--live", str(live), "--rate", "100"),
+        *("--warm-minutes", "0.02", "--retrain-events", "100", "--min-events", "20", "--probation-lists", "20"),
+        *("--workers", "1", "--shards", "4", "--port", str(free_port()), "--work", str(tmp_path / "loop")),
+        *("--out", str(out)),
+        timeout=400,
+    )
+    loop = json.loads(out.read_text())
+    assert [len(q) for q in loop["quarters"]] == [3, 3, 3, 3] and loop["quarters"][0]["frozen"]["lists"] > 0
+    assert loop["frozen"]["errors"] == 0 and loop["loop"]["errors"] == 0
+    served = {p.name for p in (tmp_path / "loop" / "loop" / "arts" / "sasrec-ml100k").iterdir()} - {"20000101T000002Z"}
+    assert loop["loop"]["broken"]["replaced"] in served  # the serving version's weights, shuffled, then promoted
+    assert any("20000101T000002Z promoted (admin call)" in line for line in loop["loop"]["service_log"])
 
 
 def test_trial_cost_alternates_the_loop_and_each_trial_mode(tiny_artifacts: Path, tmp_path: Path) -> None:

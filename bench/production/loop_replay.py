@@ -1,0 +1,279 @@
+"""The loop running itself, proved by replay: the same held-out slice through a frozen live version and
+through the loop (retrainer, promotion rule and probation on), with a broken version promoted by hand
+half-way, which probation must roll back by itself.
+
+    .venv/bin/python -m bench.production.loop_replay --out runs/loop_replay.json [--work runs/loop-work]
+
+1. MovieLens-100k split by time as bench/production/replay.py splits it: the first 80% trains the live
+   version (cold; reused from --work), the last 20% is replayed in time order, each user's events in
+   sequence (POST /recommend by user, then POST /events with what the user did next), paced at --rate
+   events a second so that retrains and trials happen while users keep coming.
+2. Frozen: a service serving the live version alone, its promotion rule off, no new versions.
+3. Loop: a fresh service over the same cold version with SEQSERVE_NEW_VERSIONS=canary, the rule and
+   probation on, and the retrainer (`python -m app.retrainer`) beside it: it starts warm retrains by
+   itself when its triggers fire, and each result enters as a canary the rule decides. At the start of
+   the third quarter the serving version's weights are shuffled into a new version, started as a
+   candidate and promoted by the admin calls; probation must roll it back by itself.
+Reported per quarter of the slice: each run's NDCG@10 of the lists users were shown against the item
+they took next, and the loop's over the frozen one's (the freshness gain); each retrain from its
+trigger to its candidate serving; every decision the service and the retrainer logged, with its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pandas as pd
+import torch
+
+from bench.production.replay import ADMIN, EVENTS, NAME, PY, Replayer, load_ml100k, store_settings, train
+from bench.servers import ROOT, last_output, start_server, stop
+
+BROKEN = "20000101T000002Z"  # the shuffled version's name: older than any, so never taken as "new"
+
+
+def shuffled(source: Path, dest: Path, seed: int = 11) -> None:
+    """A copy of the version folder `source` whose weights are shuffled: each matrix's rows permuted."""
+    shutil.copytree(source, dest)
+    ckpt = torch.load(dest / "model.pt", weights_only=True)
+    g = torch.Generator().manual_seed(seed)
+    ckpt["state_dict"] = {
+        k: v[torch.randperm(v.shape[0], generator=g)] if v.is_floating_point() and v.dim() >= 2 else v
+        for k, v in ckpt["state_dict"].items()
+    }
+    torch.save(ckpt, dest / "model.pt")
+
+
+def ndcg(items: list[str], target: str) -> float:
+    return 1.0 / math.log2(items.index(target) + 2) if target in items[:10] else 0.0
+
+
+def by_quarter(rep: Replayer, n_events: int) -> list[dict[str, float]]:
+    """NDCG@10 of the lists shown, by the quarter of the slice their next event lies in."""
+    sums = [[0, 0.0] for _ in range(4)]
+    for (_, _, items, target), row in zip(rep.scored, rep.rows, strict=True):
+        q = min(3, 4 * row // n_events)
+        sums[q][0] += 1
+        sums[q][1] += ndcg(items, target)
+    return [{"lists": n, "ndcg10": round(s / n, 5) if n else 0.0} for n, s in sums]
+
+
+async def paced(rep: Replayer, events: pd.DataFrame, *, rate: float, chunk: int = 200) -> float:
+    """Replay `events` in chunks, each taking at least chunk / rate seconds; -> the seconds it took."""
+    t0 = time.monotonic()
+    for start in range(0, len(events), chunk):
+        began = time.monotonic()
+        await rep.run(events.iloc[start : start + chunk])
+        await asyncio.sleep(max(0.0, chunk / rate - (time.monotonic() - began)))
+    return time.monotonic() - t0
+
+
+def settings(args: argparse.Namespace, work: Path, *, loop: bool) -> dict[str, str]:
+    (work / "prom").mkdir(parents=True)
+    common = {
+        **store_settings(work),
+        "SEQSERVE_ADMIN_API_KEY": ADMIN,
+        "SEQSERVE_EVENTS_API_KEY": EVENTS,
+        "SEQSERVE_HOUSEKEEPING_S": "0.5",
+        "SEQSERVE_ONLINE_SCORE_S": "0.1",
+        "SEQSERVE_EVENT_SKEW_S": "0",
+        "PROMETHEUS_MULTIPROC_DIR": str(work / "prom"),
+    }
+    if not loop:
+        return common
+    return {
+        **common,
+        "SEQSERVE_NEW_VERSIONS": "canary",
+        "SEQSERVE_CANARY_SHARE": "0.5",
+        "SEQSERVE_PROMOTE_MIN_EVENTS": str(args.min_events),
+        "SEQSERVE_PROBATION_MIN_LISTS": str(args.probation_lists),
+        "SEQSERVE_PROBATION_MIN_REQUESTS": str(args.probation_lists),
+    }
+
+
+def retrainer_settings(args: argparse.Namespace, work: Path, url: str) -> dict[str, str]:
+    """The retrainer's: the same store and artifacts, the service to reload, triggers scaled to the slice."""
+    return {
+        **store_settings(work),
+        "SEQSERVE_ADMIN_API_KEY": ADMIN,
+        "SEQSERVE_EVENTS_API_KEY": EVENTS,
+        "SEQSERVE_API_URL": url,
+        "SEQSERVE_RETRAIN_MODELS": NAME,
+        "SEQSERVE_RETRAIN_CHECK_S": "2",
+        "SEQSERVE_RETRAIN_MIN_EVENTS": str(args.retrain_events),
+        "SEQSERVE_RETRAIN_MINUTES": str(args.warm_minutes),
+        "SEQSERVE_RETRAIN_COOLDOWN_S": "0",
+        "SEQSERVE_RETRAIN_MIN_LISTS": str(args.probation_lists),
+        "SEQSERVE_RETRAIN_WINDOW_S": str(args.window_s),
+        "SEQSERVE_RETRAINER_METRICS_PORT": "0",
+    }
+
+
+def run(args: argparse.Namespace, work: Path, live: Path, held: pd.DataFrame, *, loop: bool) -> dict[str, Any]:
+    """One replay of the slice against a fresh service (and, for the loop, a retrainer beside it)."""
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "arts" / NAME).mkdir(parents=True)
+    shutil.copytree(live, work / "arts" / NAME / live.name)
+    url = f"http://127.0.0.1:{args.port}"
+    proc = start_server(work / "arts", args.port, settings(args, work, loop=loop), workers=args.workers)
+    retrainer = None
+    out: dict[str, Any] = {}
+    try:
+        if loop:
+            log = (work / "retrainer.log").open("w")
+            retrainer = subprocess.Popen(
+                [PY, "-m", "app.retrainer"],
+                cwd=ROOT,
+                env={**os.environ, **retrainer_settings(args, work, url)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        rep = Replayer(url, shards=args.shards)
+        quarters = [len(held) * q // 4 for q in range(5)]
+        seconds = []
+        for q in range(4):
+            if loop and q == 2:
+                out["broken"] = break_in(url, work)
+            part = held.iloc[quarters[q] : quarters[q + 1]]
+            seconds.append(round(asyncio.run(paced(rep, part, rate=args.rate if loop else 1e9)), 1))
+        out["seconds_per_quarter"] = seconds
+        out["errors"], out["unknown_user_requests"] = rep.errors, rep.unknown
+        out["quarters"] = by_quarter(rep, len(held))
+        out["versions"] = httpx.get(f"{url}/models/{NAME}/versions", timeout=30).json()["versions"]
+    finally:
+        if retrainer is not None:
+            retrainer.terminate()
+            retrainer.wait(timeout=60)
+        stop(proc)
+    out["service_log"] = [line for line in last_output().splitlines() if "candidate" in line or "rolled back" in line]
+    if loop:
+        lines = (work / "retrainer.log").read_text().splitlines()
+        out["retrainer_log"] = [line for line in lines if "trigger" in line or "retrain " in line]
+    return out
+
+
+def break_in(url: str, work: Path) -> dict[str, Any]:
+    """The serving version's weights shuffled into BROKEN, started as a candidate and promoted by hand."""
+    headers = {"X-API-Key": ADMIN}
+    serving = next(m for m in httpx.get(f"{url}/models", timeout=30).json()["models"] if m["name"] == NAME)
+    shuffled(work / "arts" / NAME / serving["version"], work / "arts" / NAME / BROKEN)
+    body = {"version": BROKEN, "mode": "canary", "share": 0.5}
+    httpx.post(f"{url}/admin/models/{NAME}/candidate", json=body, headers=headers, timeout=120).raise_for_status()
+    httpx.post(f"{url}/admin/models/{NAME}/promote", headers=headers, timeout=120).raise_for_status()
+    return {"replaced": serving["version"], "promoted_at": time.time()}
+
+
+def message(line: str) -> tuple[float | None, str]:
+    """(unix time, message) of a log line, the service's JSON or the retrainer's text; (None, the line) else."""
+    try:
+        got = json.loads(line)
+        return datetime.fromisoformat(got["time"]).timestamp(), str(got["message"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    if m := re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ [\w.]+: (.*)", line):
+        return datetime.fromisoformat(m.group(1)).timestamp() + int(m.group(2)) / 1000, m.group(3)
+    return None, line
+
+
+def trigger_to_serving(loop: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per retrain: from the first trigger's log line to its version starting as a candidate."""
+    out, fired = [], None
+    started = {}
+    for line in loop["service_log"]:
+        t, text = message(line)
+        if (m := re.search(rf"candidate {NAME}/(\S+) started as canary \(new version\)", text)) and t is not None:
+            started[m.group(1)] = t
+    for line in loop["retrainer_log"]:
+        t, text = message(line)
+        if "trigger" in text and fired is None:
+            fired = t
+        elif (m := re.search(r"retrain (\w+)", text)) and "triggers:" in text:
+            after = sorted(v for v in started.values() if fired is not None and v >= fired)
+            out.append(
+                {
+                    "outcome": m.group(1),
+                    "seconds_to_candidate": round(after[0] - fired, 1) if after and fired is not None else None,
+                }
+            )
+            fired = None
+    return out
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/ml-100k/ml-100k.inter")
+    p.add_argument("--out", type=Path, default=ROOT / "runs/loop_replay.json")
+    p.add_argument("--work", type=Path, help="a folder kept between runs (its cold-trained live version is reused)")
+    p.add_argument("--live", type=Path, help="a version trained on the same split (bench/production/replay.py's)")
+    p.add_argument("--minutes", type=float, default=2.0, help="the cold run's training budget")
+    p.add_argument("--warm-minutes", type=float, default=0.5, help="each warm retrain's (SEQSERVE_RETRAIN_MINUTES)")
+    p.add_argument("--rate", type=float, default=40.0, help="events a second the loop's replay keeps to")
+    p.add_argument("--retrain-events", type=int, default=3000, help="SEQSERVE_RETRAIN_MIN_EVENTS")
+    p.add_argument("--min-events", type=int, default=1000, help="SEQSERVE_PROMOTE_MIN_EVENTS")
+    p.add_argument("--probation-lists", type=int, default=200, help="SEQSERVE_PROBATION_MIN_LISTS (and requests)")
+    p.add_argument("--window-s", type=float, default=120.0, help="SEQSERVE_RETRAIN_WINDOW_S (replay time is fast)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--shards", type=int, default=16, help="users replayed at once")
+    p.add_argument("--port", type=int, default=8933)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="loop-replay-"))
+    df = load_ml100k(args.data)
+    cut = int(len(df) * 0.8)
+    base, held = df.iloc[:cut], df.iloc[cut:].reset_index(drop=True)  # rows numbered from 0: the quarters
+    trained = sorted((work / "cold" / NAME).glob("2*")) if (work / "cold" / NAME).is_dir() else []
+    if args.live is not None:
+        live = args.live.resolve()
+    elif trained:
+        live = trained[0]
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        base.to_csv(work / "base.csv", index=False)
+        live = train(ROOT / "training/configs/sasrec_ml100k.toml", work / "base.csv", work / "cold", args.minutes, NAME)
+    frozen = run(args, work / "frozen", live, held, loop=False)
+    loop = run(args, work / "loop", live, held, loop=True)
+    report: dict[str, Any] = {
+        "data": args.data.name,
+        "base_interactions": len(base),
+        "replayed": len(held),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "settings": {k: v for k, v in vars(args).items() if k not in ("data", "out", "work")},
+        "quarters": [
+            {
+                "frozen": f,
+                "loop": lp,
+                "loop_over_frozen": round(lp["ndcg10"] / f["ndcg10"], 3) if f["ndcg10"] else None,
+            }
+            for f, lp in zip(frozen["quarters"], loop["quarters"], strict=True)
+        ],
+        "retrains": trigger_to_serving(loop),
+        "rolled_back": any("rolled back" in line and BROKEN in line for line in loop["service_log"]),
+        "frozen": frozen,
+        "loop": loop,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=str))
+    print(json.dumps({k: report[k] for k in ("quarters", "retrains", "rolled_back")}, indent=2))
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
