@@ -27,3 +27,13 @@ class VersionChoices:
         changed = pins != self.pins or running != self.candidates
         self.pins, self.candidates, self.last = pins, running, last
         return changed
+
+    def probation(self, name: str, version: str, *, now: float, span_s: float) -> float | None:
+        """When `version` of `name` was promoted, while that promotion is on probation (within `span_s`
+        of it, and the version still pinned): its live lists are then kept per user from that time."""
+        last = self.last.get(name)
+        if last is None or last.outcome != "promoted" or last.version != version or last.ended is None:
+            return None
+        if now - last.ended > span_s or self.pins.get(name) != version:
+            return None
+        return last.ended

@@ -37,6 +37,7 @@ from app.store import (
     Traffic,
     TrafficKey,
     UserKey,
+    UserStats,
 )
 from app.traffic import VersionTraffic
 from app.workers import Coordinator
@@ -248,11 +249,18 @@ class ProductionLoop:
             state = self.state
             try:
                 traffic = await asyncio.to_thread(partial(state.traffic, name, since=cand.ended - s.probation_s))
+                # The live lists since the promotion, per user (app.trials: kept under the promotion's time).
+                users = (await asyncio.to_thread(state.trial_stats, name, cand.ended)).get((cand.version, "live"))
             except StoreError as exc:
                 log.warning("probation waits for the store: %s", exc)
                 return
+            keyed = s.events_api_key is not None
             findings = probation_findings(
-                cand, self.online.get(name, {}) if s.events_api_key is not None else {}, traffic, settings=s
+                cand,
+                self.online.get(name, {}) if keyed else {},
+                traffic,
+                users=users if keyed and users is not None else UserStats(),
+                settings=s,
             )
             if not findings:
                 continue

@@ -156,28 +156,34 @@ def sagged(before: Window, now: Window) -> tuple[float, float]:
 
 
 def probation_findings(
-    cand: Candidate, online: Mapping[OnlineKey, Sums], traffic: Mapping[TrafficKey, Traffic], *, settings: Settings
+    cand: Candidate,
+    online: Mapping[OnlineKey, Sums],
+    traffic: Mapping[TrafficKey, Traffic],
+    *,
+    users: UserStats,
+    settings: Settings,
 ) -> list[str]:
     """What is worse beyond its bound about `cand`, a promoted version, as the live version since its
-    promotion (whole minutes after it) against the version it replaced over as long before: each finding
-    with its figures; [] while nothing is, or while a side lacks the figures to say."""
+    promotion against the version it replaced over as long before: each finding with its figures; []
+    while nothing is, or while a side lacks the figures to say. `users`: the new version's lists since
+    the promotion summed per user (the unit of its NDCG@10 interval: one user's lists move together);
+    the old side's are the shared per-minute sums of the span before, lists as the unit."""
     s, ended, old_version = settings, cand.ended, cand.replaced
     assert ended is not None and old_version is not None
     found = []
-    old, new = Sums(), Sums()
+    old = Sums()
     for (_, version, variant, bucket, _), sums in online.items():
-        if version == cand.version and variant == "live" and bucket >= ended:
-            new.add(sums)
-        elif version == old_version and variant == "live" and ended - s.probation_s <= bucket < ended:
+        if version == old_version and variant == "live" and ended - s.probation_s <= bucket < ended:
             old.add(sums)
-    before, after = Window.of(old), Window.of(new)
-    if min(before.n, after.n) >= s.probation_min_lists:
-        drop, half = sagged(before, after)
+    before = Window.of(old)
+    n, mean, var = clustered(users)
+    if before.n >= s.probation_min_lists and n >= s.probation_min_lists and users.users >= s.probation_min_users:
+        drop, half = before.mean - mean, Z95 * math.sqrt(before.var / before.n + var)
         if drop > half:
             found.append(
-                f"online NDCG@10 {after.mean:.4f} over {int(after.n)} lists since promotion against"
+                f"online NDCG@10 {mean:.4f} over {int(n)} lists of {int(users.users)} users since promotion against"
                 f" {before.mean:.4f} over {int(before.n)} of {old_version} before it, {drop:.4f} lower,"
-                f" interval half-width {half:.4f}"
+                f" interval half-width {half:.4f} (users as the unit)"
             )
     served_old, served_new = Traffic(), Traffic()
     for (_, version, bucket), t in traffic.items():

@@ -138,6 +138,7 @@ class Settings(BaseSettings):
     # SEQSERVE_EVENTS_API_KEY there is none either (anyone could post the events that decide it).
     probation_s: float = Field(default=3600.0, ge=0)
     probation_min_lists: int = Field(default=200, ge=1)
+    probation_min_users: int = Field(default=30, ge=1)  # ...from this many users since the promotion
     # ...and its answers (the task routes' requests for it on every worker and host), once each side has
     # probation_min_requests: rolled back when its 5xx share is higher by more than probation_max_5xx_rise
     # (and beyond chance at 95%), or its p99 latency above probation_max_p99_ratio times the old one's.

@@ -140,8 +140,11 @@ async def answer_with_candidate(
     lists: ServedLists | None = None,
     shadows: ShadowWork | None = None,
     metrics: Metrics | None = None,
+    probation: float | None = None,
 ) -> tuple[list[Any], list[str], list[str | None]]:
-    """The live answer (a canary's, for the queries by users in its share; an interleaving of both, for
+    """`probation`: when the live version was promoted, while that is on probation: without a trial running
+    its lists are then kept per user from that time (app.promotion.probation_findings reads them).
+    The live answer (a canary's, for the queries by users in its share; an interleaving of both, for
     every by-user query while the candidate is interleaved), each result with the version that gave it
     (an interleaved one: the candidate's) and, for a by-user query, a new recommendation_id; the by-user
     answers are kept in `lists`, and a shadow candidate is offered the by-user queries once the live
@@ -192,7 +195,7 @@ async def answer_with_candidate(
         parts = [(served, live_q, live_r, live_ids, "live"), (beside, cand_q, cand_r, cand_ids, "canary")]
     if lists is not None:
         now = time.time()
-        since = beside.candidate.since if beside is not None and beside.candidate is not None else None
+        since = beside.candidate.since if beside is not None and beside.candidate is not None else probation
         for entry, qs, rs, its, variant in parts:
             record(lists, entry, qs, rs, variant=variant, now=now, ids=its, trial_start=since)
     if beside is not None and mode == "shadow" and shadows is not None:

@@ -5,6 +5,7 @@ default model in /models and which route /events writes for are all derived from
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,9 +15,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app import serving, trials
-from app.deps import check_history_reader, holds_key, parse_body, services_of
+from app.deps import Services, check_history_reader, holds_key, parse_body, services_of
 from app.handlers import json_response
 from app.limits import Limits
+from app.loaded import Served
 from app.routers.docs import body_doc, errors
 from app.routers.plain import PlainRouter, closed_connection
 from app.schemas import Body
@@ -82,6 +84,7 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
                     lists=services.lists,
                     shadows=services.shadows,
                     metrics=services.metrics,
+                    probation=probation_of(services, served),
                 )
             # Which side of a trial answered a user is for key holders only: with it, anyone could post
             # the events that favour one side (docs/decisions/online-evaluation.md).
@@ -106,6 +109,14 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
         responses=errors(*((401, 403) if spec.live_events else ()), 404, 422, 503, 504),
     )(endpoint)
     return router
+
+
+def probation_of(services: Services, served: Served) -> float | None:
+    """When the live version was promoted, while probation watches it (app.trials keeps its lists per user)."""
+    s = services.settings
+    if not s.probation_s or s.events_api_key is None:  # no probation: nothing to keep
+        return None
+    return services.loaded.choices.probation(served.name, served.version, now=time.time(), span_s=s.probation_s)
 
 
 def live_route(routes: Sequence[TaskRoute]) -> str | None:

@@ -40,6 +40,7 @@ from app.store.state import (
     TrafficKey,
     UserKey,
     UserStats,
+    probation_key,
 )
 from models.engine import LIVE_EVENTS, RecentEvent, Timeline
 
@@ -575,7 +576,10 @@ class RedisStore(HistoryStore, ProductionState):
 
     def set_candidate(self, name: str, candidate: Candidate | None) -> None:
         key = f"{self.prefix}candidates"
-        keep = {self._trial(name, candidate.since), self._trial(name, candidate.since, "sides")} if candidate else set()
+        trials = [candidate.since] if candidate else []
+        if (promoted := probation_key(cast(str | None, self._call(lambda: self.r.hget(key, name))))) >= 0:
+            trials.append(promoted)
+        keep = {self._trial(name, t, kind) for t in trials for kind in ("", "sides")}
 
         def do() -> None:
             for pattern in (f"{self.prefix}trial:{name}:*", f"{self.prefix}trialsides:{name}:*"):

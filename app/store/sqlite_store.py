@@ -40,6 +40,7 @@ from app.store.state import (
     TrafficKey,
     UserKey,
     UserStats,
+    probation_key,
 )
 from models.engine import LIVE_EVENTS, RecentEvent, Timeline
 
@@ -538,11 +539,10 @@ class SQLiteStore(HistoryStore, ProductionState):
 
     def set_candidate(self, name: str, candidate: Candidate | None) -> None:
         def do(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT spec FROM candidates WHERE name = ?", (name,)).fetchone()
+            keep = [candidate.since if candidate is not None else -1.0, probation_key(row[0] if row else None)]
             for table in ("trial_users", "trial_stats"):
-                conn.execute(
-                    f"DELETE FROM {table} WHERE name = ? AND trial != ?",
-                    (name, candidate.since if candidate is not None else -1.0),
-                )
+                conn.execute(f"DELETE FROM {table} WHERE name = ? AND trial NOT IN (?, ?)", (name, *keep))
             if candidate is None:
                 conn.execute("DELETE FROM candidates WHERE name = ?", (name,))
             else:

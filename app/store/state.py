@@ -77,6 +77,15 @@ class Candidate:
         )
 
 
+def probation_key(spec: str | None) -> float:
+    """The trial key a promoted candidate's probation keeps its per-user sums under (its promotion's
+    time), from the candidate's stored spec; -1 when it is not a promotion."""
+    if spec is None:
+        return -1.0
+    cand = Candidate.from_json(spec)
+    return cand.ended if cand.outcome == "promoted" and cand.ended is not None else -1.0
+
+
 @dataclass(frozen=True)
 class Arrival:
     """A user's own event as the store took it: what scores the lists served to that user before `at`
@@ -274,7 +283,8 @@ class ProductionState(Store):
     @abstractmethod
     def set_candidate(self, name: str, candidate: Candidate | None) -> None:
         """Try `candidate` beside the live version of `name`, durably; None forgets the name's trials.
-        The per-user sums of its earlier trials are dropped."""
+        The per-user sums of its earlier trials are dropped, but for the last promotion's probation
+        (kept under its `ended`, probation_key)."""
 
     @abstractmethod
     def settle(self, name: str, version: str, *, promote: bool) -> bool:

@@ -262,3 +262,17 @@ def test_traffic_adds_up_across_writers_and_is_read_from_a_time_on(state: Produc
     assert set(state.traffic("m", since=old)) == {("m", "v1", old), ("m", "v1", one), ("m", "v2", two)}
     assert set(state.traffic("m", since=two)) == {("m", "v2", two)}  # minutes of a day read before `since`: left out
     assert got[("m", "v1", one)] == Traffic(3, 1, {3: 1.0, 7: 2.0})
+
+
+def test_a_new_trial_keeps_the_running_probation_s_per_user_sums(state: ProductionState) -> None:
+    state.set_candidate("m", Candidate("v2", "canary", 0.5, 100.0))
+    state.add_user_sums({("m", 100.0, "v2", "canary", "a"): (1, 0.5)})
+    assert state.settle("m", "v2", promote=True)
+    ended = state.candidates()["m"].ended
+    assert ended is not None
+    state.add_user_sums({("m", ended, "v2", "live", "b"): (2, 1.0)})  # its probation's, kept under `ended`
+    state.set_candidate("m", Candidate("v3", "canary", 0.5, ended + 10))
+    assert state.trial_stats("m", ended)[("v2", "live")] == UserStats.of([(2.0, 1.0)])
+    assert state.trial_stats("m", 100.0) == {}  # the trial that ended is dropped
+    state.set_candidate("m", Candidate("v4", "canary", 0.5, ended + 20))  # the last one was no promotion
+    assert state.trial_stats("m", ended) == {}

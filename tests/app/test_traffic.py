@@ -6,12 +6,13 @@ import pytest
 
 from app.promotion import probation_findings
 from app.settings import Settings
-from app.store import Candidate, Sums, Traffic
+from app.store import Candidate, Sums, Traffic, UserStats
 from app.store.state import LATENCY_EDGES_S
 from app.traffic import VersionTraffic
 
 PROMOTED = 1_800_000_000.0
 CAND = Candidate("v2", "canary", 0.5, PROMOTED - 600, "promoted", PROMOTED, replaced="v1")
+NONE = UserStats()
 
 
 def test_answers_are_tallied_per_version_and_minute_until_taken() -> None:
@@ -45,36 +46,52 @@ def _traffic(old: Traffic, new: Traffic) -> dict[tuple[str, str, float], Traffic
 def test_probation_finds_a_5xx_rise_beyond_its_bound_and_beyond_chance() -> None:
     fast = {3: 1.0}
     old = Traffic(1000, 2, {3: 1000.0})
-    assert probation_findings(CAND, {}, _traffic(old, Traffic(1000, 10, {3: 1000.0})), settings=_settings()) == []
-    found = probation_findings(CAND, {}, _traffic(old, Traffic(1000, 40, {3: 1000.0})), settings=_settings())
+    assert (
+        probation_findings(CAND, {}, _traffic(old, Traffic(1000, 10, {3: 1000.0})), users=NONE, settings=_settings())
+        == []
+    )
+    found = probation_findings(
+        CAND, {}, _traffic(old, Traffic(1000, 40, {3: 1000.0})), users=NONE, settings=_settings()
+    )
     assert len(found) == 1 and found[0].startswith("5xx share 0.0400 of 1000 answers") and "0.0020 of 1000" in found[0]
     # A rise past the bound on too few answers to tell from chance is not acted on.
     few = _traffic(Traffic(200, 0, fast), Traffic(200, 3, fast))
-    assert probation_findings(CAND, {}, few, settings=_settings()) == []
+    assert probation_findings(CAND, {}, few, users=NONE, settings=_settings()) == []
     # Nor on fewer answers than probation_min_requests a side.
     short = _traffic(Traffic(199, 0, fast), Traffic(500, 400, fast))
-    assert probation_findings(CAND, {}, short, settings=_settings()) == []
+    assert probation_findings(CAND, {}, short, users=NONE, settings=_settings()) == []
 
 
 def test_probation_finds_a_p99_above_its_ratio() -> None:
     old = Traffic(1000, 0, {10: 990.0, 12: 10.0})  # p99: the edge of bucket 10
     same = Traffic(1000, 0, {10: 985.0, 11: 15.0})  # p99 one step (25%) up: within 1.5x
     slow = Traffic(1000, 0, {10: 900.0, 13: 100.0})  # three steps: 1.95x
-    assert probation_findings(CAND, {}, _traffic(old, same), settings=_settings()) == []
-    found = probation_findings(CAND, {}, _traffic(old, slow), settings=_settings())
+    assert probation_findings(CAND, {}, _traffic(old, same), users=NONE, settings=_settings()) == []
+    found = probation_findings(CAND, {}, _traffic(old, slow), users=NONE, settings=_settings())
     assert len(found) == 1 and found[0].startswith("p99 latency 18.2 ms over 1000 answers") and "9.3 ms" in found[0]
     # Answers of other versions, or outside the windows, count for neither side.
     noise = {("m", "v9", PROMOTED + 60): Traffic(5000, 5000, {40: 5000.0}), ("m", "v1", PROMOTED - 7200): slow}
-    assert probation_findings(CAND, {}, _traffic(old, same) | noise, settings=_settings()) == []
+    assert probation_findings(CAND, {}, _traffic(old, same) | noise, users=NONE, settings=_settings()) == []
 
 
-def test_probation_reads_the_online_figure_beside_the_answers() -> None:
+def test_probation_reads_the_new_version_s_online_figure_per_user() -> None:
+    """The new side's NDCG@10 interval takes users as the unit (one user's lists move together), and it
+    needs SEQSERVE_PROBATION_MIN_USERS: 300 lists from a dozen users say little however low they are."""
+
     def sums(n: int, mean: float) -> Sums:
         return Sums(n=n, ndcg=n * mean, ndcg2=n * (mean * mean + 0.01))
 
-    online = {
-        ("m", "v1", "live", PROMOTED - 600, "known"): sums(300, 0.30),
-        ("m", "v2", "live", PROMOTED + 60, "known+fresh"): sums(300, 0.1),
+    online = {("m", "v1", "live", PROMOTED - 600, "known"): sums(300, 0.30)}
+    worse = UserStats.of([(10.0, 1.0 + (u % 3) * 0.1) for u in range(40)])  # 400 lists at 0.1098
+    found = probation_findings(CAND, online, {}, users=worse, settings=_settings())
+    assert len(found) == 1 and found[0].startswith("online NDCG@10 0.1098 over 400 lists of 40 users"), found
+    few = UserStats.of([(25.0, 0.0)] * 12)  # 300 lists at 0, from 12 users
+    assert probation_findings(CAND, online, {}, users=few, settings=_settings()) == []
+    assert probation_findings(CAND, online, {}, users=few, settings=_settings(probation_min_users=12)) != []
+    # As good within the interval: kept. The old side's other versions and spans count for nothing.
+    peer = UserStats.of([(10.0, 2.5 + (u % 3) * 1.0) for u in range(40)])
+    noise = {
+        ("m", "v9", "live", PROMOTED - 600, "known"): sums(900, 0.0),
+        ("m", "v1", "live", PROMOTED + 60, ""): sums(900, 0.0),
     }
-    found = probation_findings(CAND, online, {}, settings=_settings())
-    assert len(found) == 1 and found[0].startswith("online NDCG@10 0.1000 over 300 lists")
+    assert probation_findings(CAND, online | noise, {}, users=peer, settings=_settings()) == []

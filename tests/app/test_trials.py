@@ -434,17 +434,29 @@ def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path,
         def served() -> tuple[str | None, str | None]:
             return c.get("/models/sasrec-tiny/versions").json()["pinned"], store.candidates()["sasrec-tiny"].outcome
 
+        def per_user(version: str, ended: float, lists: float, mean: float, users: int = 40) -> None:
+            store.add_user_sums(
+                {("sasrec-tiny", ended, version, "live", f"w{n}"): (lists, lists * mean) for n in range(users)}
+            )
+
         ended = promote(first)  # NEWER was live: `first` replaces it
-        store.add_online(
-            {
-                ("sasrec-tiny", NEWER, "live", ended - 600, "known"): sums(300, 0.30),
-                ("sasrec-tiny", first, "live", ended + 1, "known"): sums(199, 0.00),  # far worse, but under 200 lists
-            }
-        )
+        # The request path keeps the promoted version's lists per user from its promotion on.
+        item = _ask(c, ["u1"], headers=EVENTS)["results"][0]["items"][0]["item_id"]
+        event = {"event_id": "p1", "user_id": "u1", "item_id": item, "timestamp": 1e9}
+        assert c.post("/events", json={"model": "sasrec-tiny", "events": [event]}, headers=EVENTS).status_code == 200
+
+        def kept() -> bool:
+            tick()
+            got = store.trial_stats("sasrec-tiny", ended).get((first, "live"))
+            return got is not None and (got.users, got.n, got.s) == (1, 1, 1.0)
+
+        wait_until(kept, timeout=10)
+        store.add_online({("sasrec-tiny", NEWER, "live", ended - 600, "known"): sums(300, 0.30)})
+        per_user(first, ended, 4.95, 0.0)  # far worse, but 198 lists and u1's: under 200
         tick()
         tick()
         assert served() == (first, "promoted")
-        store.add_online({("sasrec-tiny", first, "live", ended + 61, "known"): sums(100, 0.29)})  # 299 lists at 0.097
+        per_user(first, ended, 2.5, 0.29)  # 299 lists from 41 users at 0.10
         production.settings = settings.model_copy(update={"events_api_key": None})
         tick()  # /events open: anyone could have posted these figures, so nothing is rolled back
         assert served() == (first, "promoted")
@@ -458,7 +470,7 @@ def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path,
         assert _ask(c, ["u1"], headers=EVENTS)["version"] == NEWER
         # Another version promoted, as good as what it replaced within the interval: it stays.
         ended = promote(third)
-        store.add_online({("sasrec-tiny", third, "live", ended + 1, "known"): sums(300, 0.295)})
+        per_user(third, ended, 7.5, 0.295)
         tick()
         tick()
         assert served() == (third, "promoted")
