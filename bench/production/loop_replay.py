@@ -199,14 +199,15 @@ def trigger_to_serving(loop: dict[str, Any]) -> list[dict[str, Any]]:
             started[m.group(1)] = t
     for line in loop["retrainer_log"]:
         t, text = message(line)
-        if "trigger" in text and fired is None:
+        if re.search(r" trigger \w+ fired", text) and fired is None:
             fired = t
-        elif (m := re.search(r"retrain (\w+)", text)) and "triggers:" in text:
-            after = sorted(v for v in started.values() if fired is not None and v >= fired)
+        elif (m := re.search(r"retrain (\w+) \(triggers: ([\w, ]+)\)", text)) and fired is not None:
+            after = sorted(v for v in started.values() if v >= fired) if m.group(1) == "published" else []
             out.append(
                 {
                     "outcome": m.group(1),
-                    "seconds_to_candidate": round(after[0] - fired, 1) if after and fired is not None else None,
+                    "triggers": m.group(2),
+                    "seconds_to_candidate": round(after[0] - fired, 1) if after else None,
                 }
             )
             fired = None
