@@ -12,6 +12,27 @@ import torch
 from training.data import Interactions
 from training.data.interactions import per_user
 
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `-n N --dist worksteal` each worker starts on a contiguous share of the collection, cut as
+    xdist cuts it, and later ones take the tail of the longest queue: so each share here begins with its
+    part of the tests marked slow, and no long test is left to run alone at the end
+    (docs/decisions/test-suite-time.md). The order within each group is kept."""
+    n = getattr(config.option, "numprocesses", None)
+    workers = n if isinstance(n, int) and n > 1 else 1
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    fast = [item for item in items if item.get_closest_marker("slow") is None]
+    order: list[pytest.Item] = []
+    left = len(items)
+    for w in range(workers):
+        size = left // (workers - w)  # xdist's cut: what is left, shared among the workers left
+        mine = slow[w::workers]
+        order += mine + fast[: size - len(mine)]
+        fast = fast[size - len(mine) :]
+        left -= size
+    items[:] = order + fast
+
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # scripts/test.sh runs a process per core: one intra-op thread each, in this process and in the jobs and
     # servers it starts, or two threads per core spin against each other (the copy task took 114 s so).

@@ -95,6 +95,7 @@ def _aim(case: Any, model: str | None) -> Any:
     return case
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_schemathesis_finds_nothing(api_schema: Any, mode: GenerationMode) -> None:
     cases = api_schema.as_strategy(mode)

@@ -95,6 +95,7 @@ def test_sqlite_events_survive_kill_9(tiny_artifacts: Path, tmp_path: Path) -> N
     _check_served_after_restart(tiny_artifacts, env, "u0", acked)
 
 
+@pytest.mark.slow
 def test_redis_events_survive_kill_9_of_api_and_redis(
     tiny_artifacts: Path, tmp_path: Path, redis_server: RedisServer
 ) -> None:
@@ -145,6 +146,7 @@ def test_two_instances_share_one_redis(tiny_artifacts: Path, redis_server: Redis
         stop(b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_restart_does_not_fold_again_or_lose_events(
     tiny_artifacts: Path, tmp_path: Path, kind: str, request: pytest.FixtureRequest

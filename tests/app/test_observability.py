@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx2 as httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
@@ -92,6 +93,7 @@ def test_metrics_show_batches_above_one_under_concurrency(tiny_artifacts: Path) 
     assert "seqserve_requests_in_progress 1.0" in text  # the /metrics request itself; the 32 others ended
 
 
+@pytest.mark.slow
 def test_metrics_of_several_workers_are_summed(tmp_path: Path) -> None:
     """SEQSERVE_WORKERS > 1: each process counts into the shared folder; /metrics renders the sum."""
     import subprocess
@@ -156,6 +158,7 @@ def test_each_worker_sets_its_own_queue_depth_gauge(tiny_artifacts: Path) -> Non
         assert entered.is_set()
 
 
+@pytest.mark.slow
 def test_a_dead_worker_s_gauges_leave_the_sum(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -186,6 +186,7 @@ def test_a_request_keeps_its_model_version_through_a_reload(tiny_artifacts: Path
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_one_reload_reaches_every_worker(tiny_artifacts: Path, tmp_path: Path) -> None:
     """SEQSERVE_WORKERS=2: one POST /admin/reload, then every answer, whichever worker gives it, is new."""
     from tests.servers import start_api, stop, wait_until

@@ -18,6 +18,7 @@ KEY = "admin-key"
 ADMIN = {"X-API-Key": KEY}
 
 
+@pytest.mark.slow
 def test_a_retrain_continues_the_served_version_and_the_service_serves_the_new_one(
     tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -101,6 +101,7 @@ class Clock:
         return self.now
 
 
+@pytest.mark.slow
 def test_the_retrainer_retrains_when_events_pile_up_and_the_service_tries_the_result(
     tiny_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -39,6 +39,7 @@ VALID = [{"queries": [{"user_id": f"u{i}", "k": 5}]} for i in range(40)] + [
 INVALID = [{"queries": []}, {"queries": [{"k": 0}]}, {"queries": [{"user_id": "ghost"}]}, [1], {"model": "x"}]
 
 
+@pytest.mark.slow
 def test_soak_then_clean_stop(server) -> None:  # type: ignore[no-untyped-def]
     proc, url = server
 

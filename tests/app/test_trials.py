@@ -579,6 +579,7 @@ def test_two_hosts_on_one_redis_share_trials_and_scores(root: Path, tmp_path: Pa
         assert b.get("/models/sasrec-tiny/online").json()["totals"][f"{expected['u30']}/{variant}"]["hr10"] == 1.0
 
 
+@pytest.mark.slow
 def test_canary_is_sticky_across_worker_processes(root: Path, tmp_path: Path) -> None:
     import httpx2 as httpx
 

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import httpx2 as httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
@@ -174,6 +175,7 @@ def test_a_model_name_the_file_system_refuses_is_a_404(root: Path, tmp_path: Pat
             assert r.status_code == 422 and r.json()["error"]["details"][0]["loc"] == ["path", "name"], name
 
 
+@pytest.mark.slow
 def test_one_pin_moves_every_worker(root: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
     env = workers_env(state)

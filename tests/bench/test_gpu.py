@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from models.artifact import latest_versions
 from tests.conftest import TINY_REC
 from tests.servers import ROOT, free_port
 
 
+@pytest.mark.slow
 def test_every_step_of_the_gpu_run_reports_its_figures_on_the_cpu(
     tiny_artifacts: Path, synthetic_dir: Path, tmp_path: Path
 ) -> None:

@@ -23,6 +23,7 @@ def _run(module: str, *args: str, timeout: float = 240) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_compare_alternates_two_variants_one_logging_every_request(tiny_artifacts: Path, tmp_path: Path) -> None:
     """A variant at INFO writes a line per request: its server must never block on its own output."""
     out = tmp_path / "compare.json"
@@ -38,6 +39,7 @@ def test_compare_alternates_two_variants_one_logging_every_request(tiny_artifact
     assert all(r["rps"] > 0 and r["errors"] == 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_hostile_attacks_report_what_they_measured(tiny_artifacts: Path, tmp_path: Path) -> None:
     out = tmp_path / "hostile.json"
     _run(
@@ -89,6 +91,7 @@ def test_gen_log_writes_the_rows_asked_for_as_csv_and_parquet(tmp_path: Path) ->
     assert csv["user_id"].nunique() <= 40 and csv["item_id"].nunique() <= 200
 
 
+@pytest.mark.slow
 def test_catalog_scaling_times_each_catalog_and_a_trained_artifact(tiny_artifacts: Path) -> None:
     from models.artifact import latest_versions
 
@@ -106,6 +109,7 @@ def test_rec_table_prints_the_model_beside_its_baselines(tiny_artifacts: Path) -
     assert "sasrec-tiny" in text and "bert4rec-tiny" in text and "transitions" in text
 
 
+@pytest.mark.slow
 def test_transition_width_scores_validation_by_width_and_weight(
     tiny_artifacts: Path, synthetic_dir: Path, tmp_path: Path
 ) -> None:
@@ -120,6 +124,7 @@ def test_transition_width_scores_validation_by_width_and_weight(
         assert "width 0: 0: " in text and "width 4: 0: " in text and "| 3: " in text, text
 
 
+@pytest.mark.slow
 def test_train_speed_times_the_jobs_loop_in_each_tree_and_compares_them(synthetic_dir: Path, tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text('name = "x"\n[model]\nkind = "sasrec"\nmax_len = 8\nd_model = 8\n[train]\nbatch_size = 4\n')
@@ -144,6 +149,7 @@ def test_eval_cost_times_every_scorer_in_each_tree(tmp_path: Path) -> None:
     assert all(m["median"] > 0 for part in report["b"].values() for m in part.values())
 
 
+@pytest.mark.slow
 def test_load_measures_the_ceiling_the_no_op_and_the_service(tiny_artifacts: Path, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     _run(
@@ -157,6 +163,7 @@ def test_load_measures_the_ceiling_the_no_op_and_the_service(tiny_artifacts: Pat
     assert all(r["rps"] > 0 and r.get("errors", 0) == 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_scale_serve_starts_the_service_on_a_synthetic_user_count(tiny_artifacts: Path, tmp_path: Path) -> None:
     text = _run(
         "scale.scale_serve",
@@ -193,6 +200,7 @@ def rated_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "log.inter"
 
 
+@pytest.mark.slow
 def test_replay_then_interleave_power_on_the_models_it_trained(rated_log: Path, tmp_path: Path) -> None:
     """The replay's online figures equal its own computation; interleave_power then reuses its --work folder
     (the two trained models), as docs/BENCHMARKS.md runs them."""
@@ -227,7 +235,7 @@ def test_replay_then_interleave_power_on_the_models_it_trained(rated_log: Path, 
     live = min(p for p in (work / "arts" / "sasrec-ml100k").glob("2*") if not p.name.startswith("2000"))
     _run(
         "production.loop_replay",
-        *("--data", str(rated_log), "--live", str(live), "--rate", "100"),
+        *("--data", str(rated_log), "--live", str(live), "--rate", "300"),
         *("--warm-minutes", "0.02", "--retrain-events", "100", "--min-events", "20", "--probation-lists", "20"),
         *("--workers", "1", "--shards", "4", "--port", str(free_port()), "--work", str(tmp_path / "loop")),
         *("--out", str(out)),
@@ -241,6 +249,7 @@ def test_replay_then_interleave_power_on_the_models_it_trained(rated_log: Path, 
     assert any("20000101T000002Z promoted (admin call)" in line for line in loop["loop"]["service_log"])
 
 
+@pytest.mark.slow
 def test_trial_cost_alternates_the_loop_and_each_trial_mode(tiny_artifacts: Path, tmp_path: Path) -> None:
     out = tmp_path / "cost.json"
     version = latest_versions(tiny_artifacts)["sasrec-tiny"]
@@ -256,6 +265,7 @@ def test_trial_cost_alternates_the_loop_and_each_trial_mode(tiny_artifacts: Path
     assert all(r["errors"] == 0 and r["rps"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_warm_retrain_publishes_a_version_and_tests_it_beside_a_cold_one(rated_log: Path, tmp_path: Path) -> None:
     out = tmp_path / "warm.json"
     _run(
@@ -269,6 +279,7 @@ def test_warm_retrain_publishes_a_version_and_tests_it_beside_a_cold_one(rated_l
     assert report["cold"]["test_ndcg10"] > 0 and report["warm_over_cold"] > 0
 
 
+@pytest.mark.slow
 def test_store_fill_measures_each_store_against_its_empty_fill(tiny_artifacts: Path, tmp_path: Path) -> None:
     out = tmp_path / "fill.json"
     _run(
@@ -283,6 +294,7 @@ def test_store_fill_measures_each_store_against_its_empty_fill(tiny_artifacts: P
     assert all(f["rps"][0] > 0 for f in fills.values())
 
 
+@pytest.mark.slow
 def test_retrain_beside_alternates_the_api_alone_and_beside_each_job(
     tiny_artifacts: Path, synthetic_dir: Path, tmp_path: Path
 ) -> None:

@@ -14,6 +14,7 @@ from tests.conftest import TINY_REC
 SWEEP = "bench.training.sweep"
 
 
+@pytest.mark.slow
 def test_two_variants_two_seeds_give_a_table_of_means(
     synthetic_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,6 +1,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import CONFIGS, run_job
@@ -29,6 +30,7 @@ TINY_COPY = [
 ]
 
 
+@pytest.mark.slow
 def test_tiny_copy_task_learns_to_copy_and_writes_its_run(tmp_path: Path) -> None:
     folder = run_job(TINY_COPY, tmp_path, config=CONFIGS / "copy_task.toml")
     names = {p.name for p in folder.iterdir()}

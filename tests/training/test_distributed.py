@@ -28,6 +28,7 @@ def test_shards_are_disjoint_and_equal() -> None:
         Dist(0, 4).shard([1, 2, 3])
 
 
+@pytest.mark.slow
 def test_torchrun_two_cpu_ranks_write_one_artifact(tmp_path: Path, synthetic_dir: Path) -> None:
     cfg = tmp_path / "ddp.toml"
     cfg.write_text(
