@@ -429,10 +429,7 @@ class RedisStore(HistoryStore, ProductionState):
                     )
             pipe.execute()
             for name in {key[0] for key in sums}:
-                fields = cast(list[str], self.r.hkeys(f"{self.prefix}online:{name}"))
-                old = [f for f in fields if _bucket(f) < time.time() - ONLINE_KEEP_S]
-                if old:
-                    self.r.hdel(f"{self.prefix}online:{name}", *old)
+                self._drop_buckets(f"{self.prefix}online:{name}", before=time.time() - ONLINE_KEEP_S)
 
         self._call(do)
 
@@ -447,6 +444,12 @@ class RedisStore(HistoryStore, ProductionState):
             sums = out.setdefault((name, version, variant, float(bucket), segment), Sums())
             setattr(sums, metric, float(value))
         return out
+
+    def _drop_buckets(self, key: str, *, before: float) -> None:
+        """Drop the fields of the hash `key` (version|variant|bucket|...) whose bucket starts before `before`."""
+        old = [f for f in cast(list[str], self.r.hkeys(key)) if _bucket(f) < before]
+        if old:
+            self.r.hdel(key, *old)
 
     def _exposed(self, name: str, bucket: float) -> str:
         """The set of `version|variant|item` shown in one exposure bucket of model `name`."""
@@ -468,10 +471,7 @@ class RedisStore(HistoryStore, ProductionState):
                     pipe.expire(key, int(EXPOSURE_KEEP_S))
             pipe.execute()
             for name in {key[0] for key in rows}:
-                fields = cast(list[str], self.r.hkeys(f"{self.prefix}exposure:{name}"))
-                old = [f for f in fields if _bucket(f) < time.time() - EXPOSURE_KEEP_S]
-                if old:
-                    self.r.hdel(f"{self.prefix}exposure:{name}", *old)
+                self._drop_buckets(f"{self.prefix}exposure:{name}", before=time.time() - EXPOSURE_KEEP_S)
 
         self._call(do)
 
