@@ -242,15 +242,14 @@ class ProductionLoop:
             return
         now = time.time()
         for name, cand in list(self.choices.last.items()):
-            if cand.outcome != "promoted" or cand.ended is None or cand.replaced is None:
-                continue
-            if now - cand.ended > s.probation_s or self.choices.pins.get(name) != cand.version:
+            ended = self.choices.probation(name, cand.version, now=now, span_s=s.probation_s)
+            if ended is None or cand.replaced is None:
                 continue
             state = self.state
             try:
-                traffic = await asyncio.to_thread(partial(state.traffic, name, since=cand.ended - s.probation_s))
+                traffic = await asyncio.to_thread(partial(state.traffic, name, since=ended - s.probation_s))
                 # The live lists since the promotion, per user (app.trials: kept under the promotion's time).
-                users = (await asyncio.to_thread(state.trial_stats, name, cand.ended)).get((cand.version, "live"))
+                users = (await asyncio.to_thread(state.trial_stats, name, ended)).get((cand.version, "live"))
             except StoreError as exc:
                 log.warning("probation waits for the store: %s", exc)
                 return

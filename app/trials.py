@@ -142,13 +142,12 @@ async def answer_with_candidate(
     metrics: Metrics | None = None,
     probation: float | None = None,
 ) -> tuple[list[Any], list[str], list[str | None]]:
-    """`probation`: when the live version was promoted, while that is on probation: without a trial running
-    its lists are then kept per user from that time (app.promotion.probation_findings reads them).
-    The live answer (a canary's, for the queries by users in its share; an interleaving of both, for
+    """The live answer (a canary's, for the queries by users in its share; an interleaving of both, for
     every by-user query while the candidate is interleaved), each result with the version that gave it
     (an interleaved one: the candidate's) and, for a by-user query, a new recommendation_id; the by-user
     answers are kept in `lists`, and a shadow candidate is offered the by-user queries once the live
-    answer is ready."""
+    answer is ready. `probation`: when the live version was promoted, while probation watches it; with no
+    trial running, its lists are then kept per user from that time (app.promotion.probation_findings)."""
     if beside is not None and (beside.candidate is None or beside.version == served.version):
         beside = None  # promoted a moment ago: it is dropped once this reload ends
     mode = beside.candidate.mode if beside is not None and beside.candidate is not None else None
