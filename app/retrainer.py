@@ -6,13 +6,14 @@ of its triggers fires, one at a time per deployment.
 Every SEQSERVE_RETRAIN_CHECK_S it takes (or renews) the deployment's lease in the store, so that of
 several retrainers sharing a store one works and the others wait; a holder that dies stops renewing and
 the next takes over once the lease runs out (SEQSERVE_RETRAIN_LEASE_S). Then, for each model it retrains
-(SEQSERVE_RETRAIN_MODELS; by default every served model that ranks items: the warm job's), unless a
+(SEQSERVE_RETRAIN_MODELS; by default every served model whose task retrains warm), unless a
 trial of that model is running or its last retrain is within SEQSERVE_RETRAIN_COOLDOWN_S, it reads:
 - events: own live events no served version was trained on (what a retrain would add), against
   SEQSERVE_RETRAIN_MIN_EVENTS;
-- unknown: the share of own events stored over the last SEQSERVE_RETRAIN_WINDOW_S that name an item the
-  serving version does not know (a by-user query is answered from these histories, so it is the share
-  of users' recent steps a query could not use), against SEQSERVE_RETRAIN_UNKNOWN_SHARE;
+- unknown: the share of own events stored over the last SEQSERVE_RETRAIN_WINDOW_S that name an item (a
+  social model's target user) the serving version does not know (a by-user query is answered from these
+  histories, so it is the share of users' recent steps a query could not use), against
+  SEQSERVE_RETRAIN_UNKNOWN_SHARE;
 - sag: the serving version's online NDCG@10 over that window against its level before it (the figures
   it was promoted on and served with since), when lower by more than the 95% interval of the difference;
 - age: the serving version's age, against SEQSERVE_RETRAIN_MAX_AGE_H.
@@ -48,8 +49,9 @@ from app.retrain import die_with_parent, served_models
 from app.settings import Settings, SettingsError
 from app.store import Arrival, ProductionState, StoreError, open_store
 from app.store.histories import HistoryStore
-from models.artifact import ITEMS, TMP_PREFIX, ArtifactError, read_id_map, read_manifest
+from models.artifact import TMP_PREFIX, ArtifactError, read_id_map, read_manifest
 from models.ids import IdMap
+from models.tasks import TASKS
 
 log = logging.getLogger("app.retrainer")
 LEASE = "retrainer"
@@ -124,6 +126,12 @@ def fired(r: Reading, b: Bounds) -> list[Fired]:
     return out
 
 
+def warm_ids(task: str) -> str | None:
+    """The id map file a task's warm retrain extends (models.tasks.Task.warm_ids); None: it has none."""
+    row = TASKS.get(task)
+    return row.warm_ids if row is not None else None
+
+
 @dataclass
 class Recent:
     """Own events stored over the last window per namespace: (time stored, item), read from the arrivals."""
@@ -155,7 +163,7 @@ class Metrics:
         )
         self.runs = Counter(
             "seqserve_retrainer_runs",
-            "Retrains run, per model and outcome (published, held_back, failed, lost_lease)",
+            "Retrains run, per model and outcome (published, held_back, failed, lost_lease, stopped)",
             ["model", "outcome"],
             registry=self.registry,
         )
@@ -193,6 +201,7 @@ class Retrainer:
         self.cursor: str | None = None
         self.last_run: dict[str, float] = {}
         self.held = False
+        self.stopping = False  # set by stop(): a run it kills is "stopped", not "failed"
         self._known: dict[tuple[str, str], IdMap] = {}
         self.proc: subprocess.Popen[bytes] | None = None  # the retrain running now
         self.run = run or self.run_retrain
@@ -235,21 +244,25 @@ class Retrainer:
         return [
             (str(m["name"]), str(m["version"]))
             for m in models
-            if (m["name"] in names if names else m.get("ranks") == "items")
+            if (m["name"] in names if names else warm_ids(str(m.get("task"))) is not None)
         ]
 
-    def known(self, name: str, version: str) -> IdMap:
-        """The items `version` of `name` knows (its items.json), read once per version."""
+    def known(self, name: str, version: str, task: str) -> IdMap:
+        """The ids `version` of `name` ranks (its task's warm_ids map), read once per version."""
         if (name, version) not in self._known:
-            self._known[(name, version)] = read_id_map(self.settings.artifacts_dir / name / version, ITEMS)
+            ids = warm_ids(task)
+            if ids is None:
+                raise ArtifactError("manifest.json", f"task {task!r} has no warm retrain")
+            self._known[(name, version)] = read_id_map(self.settings.artifacts_dir / name / version, ids)
         return self._known[(name, version)]
 
     def read(self, name: str, version: str) -> Reading:
         now = self.clock()
         folder = self.settings.artifacts_dir / name / version
-        namespace = read_manifest(folder).namespace
+        manifest = read_manifest(folder)
+        namespace = manifest.namespace
         items = self.recent.items(namespace)
-        known = self.known(name, version)
+        known = self.known(name, version, manifest.task)
         before, current = online_windows(self.state.online(name), version, since=now - self.settings.retrain_window_s)
         return Reading(
             name=name,
@@ -304,12 +317,19 @@ class Retrainer:
                     f.text,
                 )
                 self.metrics.triggers.labels(name, f.trigger).inc()
-            outcome = self.retrain(name)
+            outcome, code = self.retrain(name)
             done.append(name)
-            log.warning("retrainer: %s retrain %s (triggers: %s)", name, outcome, ", ".join(f.trigger for f in why))
+            log.warning(
+                "retrainer: %s retrain %s%s (triggers: %s)",
+                name,
+                outcome,
+                f" (exit status {code})" if outcome == "failed" else "",
+                ", ".join(f.trigger for f in why),
+            )
         return done
 
-    def retrain(self, name: str) -> str:
+    def retrain(self, name: str) -> tuple[str, int]:
+        """Run one retrain of `name`; -> its outcome and the run's exit status."""
         self.metrics.running.labels(name).set(1)
         try:
             code = self.run(name)
@@ -318,8 +338,10 @@ class Retrainer:
             self.last_run[name] = self.clock()
             self.metrics.last_run.labels(name).set(self.clock())
         outcome = {0: "published", 3: "held_back", -1: "lost_lease"}.get(code, "failed")
+        if self.stopping and code != 0:
+            outcome = "stopped"  # killed by this process's own stop (SIGTERM), not a failure of the run
         self.metrics.runs.labels(name, outcome).inc()
-        return outcome
+        return outcome, code
 
     def run_retrain(self, name: str) -> int:
         """`python -m app.retrain NAME` as a niced child that dies with this process, renewing the lease
@@ -358,6 +380,7 @@ class Retrainer:
 
     def stop(self) -> None:
         """SIGTERM: the run in progress is killed (it publishes nothing half-written) and no check follows."""
+        self.stopping = True
         if self.proc is not None:
             self.proc.kill()
 

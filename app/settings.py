@@ -148,7 +148,7 @@ class Settings(BaseSettings):
     # The retrainer (python -m app.retrainer) and one retrain (python -m app.retrain): when a warm retrain
     # starts by itself, and what it may take from the box (docs/decisions/retrainer.md). 0 turns a trigger off.
     api_url: str = ""  # the running service: its /models says what serves, /admin/reload takes a new version
-    retrain_models: str = ""  # comma-separated names; "" = every served model that ranks items
+    retrain_models: str = ""  # comma-separated names; "" = every served model whose task retrains warm
     retrain_minutes: float = Field(default=0.5, gt=0)  # one warm retrain's training budget
     retrain_check_s: float = Field(default=60.0, gt=0)
     retrain_min_events: int = Field(default=5000, ge=0)  # new own events no served version was trained on

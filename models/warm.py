@@ -1,10 +1,11 @@
 """Warm starts: a new model's weights from a trained one whose id map differs (items first seen live).
 
-Every tensor whose first dimension runs over the id map (item embeddings, output biases, a [MASK]
-row past the items) is carried row by row through the raw ids both maps hold; rows of ids the old
-model never saw keep the new model's initialisation. Tensors of the same shape otherwise (attention,
-feed-forward, norms, positions) are copied whole. Integer buffers (a transition table) are refitted
-by training from the new data, never carried.
+Every tensor whose first dimension runs over an id map (item embeddings, output biases, a [MASK]
+row past the items; a social model's user and action tables) is carried row by row through the raw
+ids both versions of that map hold; rows of ids the old model never saw keep the new model's
+initialisation. Tensors of the same shape otherwise (attention, feed-forward, norms, positions) are
+copied whole. Integer buffers (a transition table) are refitted by training from the new data, never
+carried.
 """
 
 from __future__ import annotations
@@ -36,12 +37,27 @@ def row_sources(old: IdMap, new: IdMap) -> torch.Tensor:
     return src
 
 
+@dataclass(frozen=True)
+class Remap:
+    """One id map of a model, as the old version had it and as the new data has it."""
+
+    old: IdMap
+    new: IdMap
+
+    def rows(self, extra: int) -> tuple[int, int]:
+        """The first-dimension sizes of a tensor over this map with `extra` rows past the ids: (old, new)."""
+        return len(self.old) + extra, len(self.new) + extra
+
+
 @torch.no_grad()
-def carry_over(model: nn.Module, old_state: dict[str, torch.Tensor], old_ids: IdMap, new_ids: IdMap) -> Carried:
-    """Load what of `old_state` fits `model` (whose id map is `new_ids`), in place."""
-    src = row_sources(old_ids, new_ids)
-    known = src >= 0
-    n_old, n_new = len(old_ids), len(new_ids)
+def carry_over(
+    model: nn.Module, old_state: dict[str, torch.Tensor], old_ids: IdMap, new_ids: IdMap, *more: Remap
+) -> Carried:
+    """Load what of `old_state` fits `model` (whose id map is `new_ids`; `more` maps of other ids), in
+    place. A tensor is carried row by row through the map whose old and new sizes its first dimension
+    has (with at most one row past the ids); one that two maps would fit stays fresh (no guess)."""
+    maps = [Remap(old_ids, new_ids), *more]
+    sources = [row_sources(m.old, m.new) for m in maps]
     carried, fresh = 0, []
     for name, tensor in model.state_dict().items():
         old = old_state.get(name)
@@ -49,19 +65,26 @@ def carry_over(model: nn.Module, old_state: dict[str, torch.Tensor], old_ids: Id
             if old is None:
                 fresh.append(name)
             continue
-        extra = tensor.shape[0] - n_new if tensor.dim() else -1
-        if tensor.dim() and extra in (0, 1) and old.shape[0] == n_old + extra and old.shape[1:] == tensor.shape[1:]:
+        fits = [
+            (m, src, extra)
+            for m, src in zip(maps, sources, strict=True)
+            for extra in (0, 1)
+            if tensor.dim() and m.rows(extra) == (old.shape[0], tensor.shape[0]) and old.shape[1:] == tensor.shape[1:]
+        ]
+        if len(fits) == 1:
+            m, src, extra = fits[0]
+            known, n_new = src >= 0, len(m.new)
             target = tensor[:n_new]
             target[known] = old[src[known]].to(tensor.dtype)
             if extra:  # rows past the ids ([MASK]) follow the ids
-                tensor[n_new:] = old[n_old:].to(tensor.dtype)
-        elif old.shape == tensor.shape:
+                tensor[n_new:] = old[len(m.old) :].to(tensor.dtype)
+        elif not fits and old.shape == tensor.shape:
             tensor.copy_(old)
         else:
             fresh.append(name)
             continue
         carried += 1
-    n_kept = int(known[N_SPECIAL:].sum())
+    n_kept = int((sources[0] >= 0)[N_SPECIAL:].sum())
     return Carried(carried, fresh, n_kept, len(new_ids) - N_SPECIAL - n_kept)
 
 

@@ -140,7 +140,9 @@ def _warm(args: argparse.Namespace) -> int:
     kind = raw.get("kind") or raw["model"].get("kind")
     raw = {k: raw[k] for k in ("name", "model", "data", "train", "eval") if k in raw}
     raw["model"] = {**raw["model"], "kind": kind}
-    raw["data"] = {**raw.get("data", {}), "path": str(args.data), "item_table": ""}
+    raw["data"] = {**raw.get("data", {}), "path": str(args.data)}
+    if "item_table" in raw["data"]:  # the new log brings none: item fields come from the served version
+        raw["data"]["item_table"] = ""
     raw["train"] = {**raw.get("train", {}), "max_minutes": args.minutes}
     for o in args.overrides:
         apply_override(raw, o)

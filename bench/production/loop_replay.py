@@ -4,10 +4,12 @@ half-way, which probation must roll back by itself.
 
     .venv/bin/python -m bench.production.loop_replay --out runs/loop_replay.json [--work runs/loop-work]
 
-1. MovieLens-100k split by time as bench/production/replay.py splits it: the first 80% trains the live
-   version (cold; reused from --work), the last 20% is replayed in time order, each user's events in
-   sequence (POST /recommend by user, then POST /events with what the user did next), paced at --rate
-   events a second so that retrains and trials happen while users keep coming.
+1. A log split by time as bench/production/replay.py splits it (--data-set: MovieLens-100k and its
+   SASRec model, or MathOverflow and its social model, whose events carry actions and whose queries ask
+   about the moment of the event): the first 80% trains the live version (cold; reused from --work), the
+   last 20% (or its first --events) is replayed in time order, each user's events in sequence (POST
+   /recommend by user, then POST /events with what the user did next), paced at --rate events a second
+   so that retrains and trials happen while users keep coming.
 2. Frozen: a service serving the live version alone, its promotion rule off, no new versions.
 3. Loop: a fresh service over the same cold version with SEQSERVE_NEW_VERSIONS=canary, the rule and
    probation on, and the retrainer (`python -m app.retrainer`) beside it: it starts warm retrains by
@@ -32,6 +34,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -40,10 +44,45 @@ import httpx2 as httpx
 import pandas as pd
 import torch
 
-from bench.production.replay import ADMIN, EVENTS, NAME, PY, Replayer, load_ml100k, store_settings, train
+from bench.production.replay import ADMIN, EVENTS, PY, Replayer, load_ml100k, store_settings, train
 from bench.servers import ROOT, last_output, start_server, stop
 
 BROKEN = "20000101T000002Z"  # the shuffled version's name: older than any, so never taken as "new"
+SHARED = ROOT.parent / "shared/data"
+
+
+def load_social(path: Path) -> pd.DataFrame:
+    """A social log (src, dst, action, timestamp) as the service's events, in time order; self-loops and
+    duplicates dropped, as the training job drops them (the service refuses a self-loop)."""
+    df = pd.read_csv(path, dtype={"src": str, "dst": str, "action": str})
+    df = df[df["src"] != df["dst"]].drop_duplicates(["src", "dst", "action", "timestamp"])
+    df = df.rename(columns={"src": "user_id", "dst": "item_id"})[["user_id", "item_id", "timestamp", "action"]]
+    return df.sort_values("timestamp", kind="stable").reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """A log the loop is replayed on, and the model the service serves from it."""
+
+    model: str
+    config: str  # under training/configs
+    namespace: str
+    path: Path
+    load: Callable[[Path], pd.DataFrame]  # -> user_id, item_id, timestamp[, action], in time order
+    as_of: bool = False  # queries ask about the moment of the user's event
+
+
+DATA_SETS = {
+    "ml-100k": DataSet("sasrec-ml100k", "sasrec_ml100k.toml", "ml-100k", SHARED / "ml-100k/ml-100k.inter", load_ml100k),
+    "mathoverflow": DataSet(
+        "social-mathoverflow",
+        "social_mathoverflow.toml",
+        "mathoverflow",
+        SHARED / "mathoverflow/mathoverflow_interactions.csv.gz",
+        load_social,
+        as_of=True,
+    ),
+}
 
 
 def shuffled(source: Path, dest: Path, seed: int = 11) -> None:
@@ -112,7 +151,7 @@ def retrainer_settings(args: argparse.Namespace, work: Path, url: str) -> dict[s
         "SEQSERVE_ADMIN_API_KEY": ADMIN,
         "SEQSERVE_EVENTS_API_KEY": EVENTS,
         "SEQSERVE_API_URL": url,
-        "SEQSERVE_RETRAIN_MODELS": NAME,
+        "SEQSERVE_RETRAIN_MODELS": args.ds.model,
         "SEQSERVE_RETRAIN_CHECK_S": "2",
         "SEQSERVE_RETRAIN_MIN_EVENTS": str(args.retrain_events),
         "SEQSERVE_RETRAIN_MINUTES": str(args.warm_minutes),
@@ -125,9 +164,10 @@ def retrainer_settings(args: argparse.Namespace, work: Path, url: str) -> dict[s
 
 def run(args: argparse.Namespace, work: Path, live: Path, held: pd.DataFrame, *, loop: bool) -> dict[str, Any]:
     """One replay of the slice against a fresh service (and, for the loop, a retrainer beside it)."""
+    name = args.ds.model
     shutil.rmtree(work, ignore_errors=True)
-    (work / "arts" / NAME).mkdir(parents=True)
-    shutil.copytree(live, work / "arts" / NAME / live.name)
+    (work / "arts" / name).mkdir(parents=True)
+    shutil.copytree(live, work / "arts" / name / live.name)
     url = f"http://127.0.0.1:{args.port}"
     proc = start_server(work / "arts", args.port, settings(args, work, loop=loop), workers=args.workers)
     retrainer = None
@@ -142,18 +182,18 @@ def run(args: argparse.Namespace, work: Path, live: Path, held: pd.DataFrame, *,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        rep = Replayer(url, shards=args.shards)
+        rep = Replayer(url, shards=args.shards, model=name, as_of=args.ds.as_of)
         quarters = [len(held) * q // 4 for q in range(5)]
         seconds = []
         for q in range(4):
             if loop and q == 2:
-                out["broken"] = break_in(url, work)
+                out["broken"] = break_in(url, work, name)
             part = held.iloc[quarters[q] : quarters[q + 1]]
             seconds.append(round(asyncio.run(paced(rep, part, rate=args.rate if loop else 1e9)), 1))
         out["seconds_per_quarter"] = seconds
         out["errors"], out["unknown_user_requests"] = rep.errors, rep.unknown
         out["quarters"] = by_quarter(rep, len(held))
-        out["versions"] = httpx.get(f"{url}/models/{NAME}/versions", timeout=30).json()["versions"]
+        out["versions"] = httpx.get(f"{url}/models/{name}/versions", timeout=30).json()["versions"]
     finally:
         if retrainer is not None:
             retrainer.terminate()
@@ -166,14 +206,14 @@ def run(args: argparse.Namespace, work: Path, live: Path, held: pd.DataFrame, *,
     return out
 
 
-def break_in(url: str, work: Path) -> dict[str, Any]:
+def break_in(url: str, work: Path, name: str) -> dict[str, Any]:
     """The serving version's weights shuffled into BROKEN, started as a candidate and promoted by hand."""
     headers = {"X-API-Key": ADMIN}
-    serving = next(m for m in httpx.get(f"{url}/models", timeout=30).json()["models"] if m["name"] == NAME)
-    shuffled(work / "arts" / NAME / serving["version"], work / "arts" / NAME / BROKEN)
+    serving = next(m for m in httpx.get(f"{url}/models", timeout=30).json()["models"] if m["name"] == name)
+    shuffled(work / "arts" / name / serving["version"], work / "arts" / name / BROKEN)
     body = {"version": BROKEN, "mode": "canary", "share": 0.5}
-    httpx.post(f"{url}/admin/models/{NAME}/candidate", json=body, headers=headers, timeout=120).raise_for_status()
-    httpx.post(f"{url}/admin/models/{NAME}/promote", headers=headers, timeout=120).raise_for_status()
+    httpx.post(f"{url}/admin/models/{name}/candidate", json=body, headers=headers, timeout=120).raise_for_status()
+    httpx.post(f"{url}/admin/models/{name}/promote", headers=headers, timeout=120).raise_for_status()
     return {"replaced": serving["version"], "promoted_at": time.time()}
 
 
@@ -189,19 +229,21 @@ def message(line: str) -> tuple[float | None, str]:
     return None, line
 
 
-def trigger_to_serving(loop: dict[str, Any]) -> list[dict[str, Any]]:
+def trigger_to_serving(loop: dict[str, Any], name: str) -> list[dict[str, Any]]:
     """Per retrain: from the first trigger's log line to its version starting as a candidate."""
     out, fired = [], None
     started = {}
     for line in loop["service_log"]:
         t, text = message(line)
-        if (m := re.search(rf"candidate {NAME}/(\S+) started as canary \(new version\)", text)) and t is not None:
+        if (m := re.search(rf"candidate {name}/(\S+) started as canary \(new version\)", text)) and t is not None:
             started[m.group(1)] = t
     for line in loop["retrainer_log"]:
         t, text = message(line)
         if re.search(r" trigger \w+ fired", text) and fired is None:
             fired = t
-        elif (m := re.search(r"retrain (\w+) \(triggers: ([\w, ]+)\)", text)) and fired is not None:
+        elif (
+            m := re.search(r"retrain (\w+)(?: \(exit status -?\d+\))? \(triggers: ([\w, ]+)\)", text)
+        ) and fired is not None:
             after = sorted(v for v in started.values() if v >= fired) if m.group(1) == "published" else []
             out.append(
                 {
@@ -216,7 +258,9 @@ def trigger_to_serving(loop: dict[str, Any]) -> list[dict[str, Any]]:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/ml-100k/ml-100k.inter")
+    p.add_argument("--data-set", choices=sorted(DATA_SETS), default="ml-100k")
+    p.add_argument("--data", type=Path, help="the data set's file (default: its file under ../shared/data)")
+    p.add_argument("--events", type=int, default=0, help="replay only the slice's first N events (0: all of it)")
     p.add_argument("--out", type=Path, default=ROOT / "runs/loop_replay.json")
     p.add_argument("--work", type=Path, help="a folder kept between runs (its cold-trained live version is reused)")
     p.add_argument("--live", type=Path, help="a version trained on the same split (bench/production/replay.py's)")
@@ -230,16 +274,21 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--shards", type=int, default=16, help="users replayed at once")
     p.add_argument("--port", type=int, default=8933)
-    return p.parse_args()
+    args = p.parse_args()
+    args.ds = DATA_SETS[args.data_set]
+    args.data = args.data or args.ds.path
+    return args
 
 
 def main() -> None:
     args = parse_args()
+    ds = args.ds
     work = args.work or Path(tempfile.mkdtemp(prefix="loop-replay-"))
-    df = load_ml100k(args.data)
+    df = ds.load(args.data)
     cut = int(len(df) * 0.8)
     base, held = df.iloc[:cut], df.iloc[cut:].reset_index(drop=True)  # rows numbered from 0: the quarters
-    trained = sorted((work / "cold" / NAME).glob("2*")) if (work / "cold" / NAME).is_dir() else []
+    held = held.iloc[: args.events or None]
+    trained = sorted((work / "cold" / ds.model).glob("2*")) if (work / "cold" / ds.model).is_dir() else []
     if args.live is not None:
         live = args.live.resolve()
     elif trained:
@@ -247,7 +296,8 @@ def main() -> None:
     else:
         work.mkdir(parents=True, exist_ok=True)
         base.to_csv(work / "base.csv", index=False)
-        live = train(ROOT / "training/configs/sasrec_ml100k.toml", work / "base.csv", work / "cold", args.minutes, NAME)
+        config = ROOT / "training/configs" / ds.config
+        live = train(config, work / "base.csv", work / "cold", args.minutes, ds.model, namespace=ds.namespace)
     frozen = run(args, work / "frozen", live, held, loop=False)
     loop = run(args, work / "loop", live, held, loop=True)
     report: dict[str, Any] = {
@@ -255,7 +305,7 @@ def main() -> None:
         "base_interactions": len(base),
         "replayed": len(held),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "settings": {k: v for k, v in vars(args).items() if k not in ("data", "out", "work")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("data", "out", "work", "ds")},
         "quarters": [
             {
                 "frozen": f,
@@ -264,7 +314,7 @@ def main() -> None:
             }
             for f, lp in zip(frozen["quarters"], loop["quarters"], strict=True)
         ],
-        "retrains": trigger_to_serving(loop),
+        "retrains": trigger_to_serving(loop, ds.model),
         "rolled_back": any("rolled back" in line and BROKEN in line for line in loop["service_log"]),
         "frozen": frozen,
         "loop": loop,

@@ -64,10 +64,12 @@ def tenth(base: pd.DataFrame, seed: int = 7, *, frac: float = 0.1) -> pd.DataFra
     return base.loc[keep].sort_values(["timestamp", "user_id"], kind="stable")
 
 
-def train(config: Path, data: Path, out: Path, minutes: float, name: str, *, seed: int = 42) -> Path:
+def train(
+    config: Path, data: Path, out: Path, minutes: float, name: str, *, seed: int = 42, namespace: str = "ml-100k"
+) -> Path:
     t0 = time.monotonic()
     cmd = [PY, "-m", "training", "train", "--config", str(config), "--data", str(data), "--out", str(out)]
-    cmd += ["--set", f"train.max_minutes={minutes}", "--set", f"name='{name}'", "--set", "data.name='ml-100k'"]
+    cmd += ["--set", f"train.max_minutes={minutes}", "--set", f"name='{name}'", "--set", f"data.name='{namespace}'"]
     cmd += ["--set", f"train.seed={seed}"]
     folder = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
     print(f"trained {folder} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
@@ -105,33 +107,39 @@ def warm_retrain(
 
 
 class Replayer:
-    """Sends events through the service, each user's in order, and keeps every (served list, next item)."""
+    """Sends events through the service, each user's in order, and keeps every (served list, next item).
+    Events are rows of user_id, item_id, timestamp and, for a social model, action; `as_of`: each query
+    asks about the moment of the user's event (a social model counts recent activity up to it)."""
 
-    def __init__(self, url: str, *, shards: int) -> None:
-        self.url, self.shards = url, shards
+    def __init__(self, url: str, *, shards: int, model: str = NAME, as_of: bool = False) -> None:
+        self.url, self.shards, self.model, self.as_of = url, shards, model, as_of
         self.scored: list[tuple[str, str, list[str], str]] = []  # (version, variant, list, next item)
         self.rows: list[int] = []  # each scored list's event: its place in the replayed log
         self.errors = 0
         self.unknown = 0  # /recommend 404: users not in the base log, before their first event
 
     async def run(self, events: pd.DataFrame) -> float:
-        by_shard: dict[int, list[tuple[str, str, int, int]]] = defaultdict(list)
-        for n, u, i, t in events[["user_id", "item_id", "timestamp"]].itertuples():  # n: the row's place in the log
-            by_shard[hash(u) % self.shards].append((u, i, t, n))
+        by_shard: dict[int, list[tuple[str, str, int, int, str | None]]] = defaultdict(list)
+        actions = events["action"] if "action" in events.columns else [None] * len(events)
+        for (n, u, i, t), a in zip(events[["user_id", "item_id", "timestamp"]].itertuples(), actions, strict=True):
+            by_shard[hash(u) % self.shards].append((u, i, t, n, a))  # n: the row's place in the log
         t0 = time.perf_counter()
         async with httpx.AsyncClient(base_url=self.url, timeout=30, headers={"X-API-Key": EVENTS}) as client:
             await asyncio.gather(*(self._shard(client, rows) for rows in by_shard.values()))
         return time.perf_counter() - t0
 
-    async def _shard(self, client: httpx.AsyncClient, rows: list[tuple[str, str, int, int]]) -> None:
-        for user, item, ts, n in rows:
-            r = await client.post("/recommend", json={"model": NAME, "queries": [{"user_id": user, "k": 10}]})
+    async def _shard(self, client: httpx.AsyncClient, rows: list[tuple[str, str, int, int, str | None]]) -> None:
+        for user, item, ts, n, action in rows:
+            query = {"user_id": user, "k": 10, **({"as_of": int(ts)} if self.as_of else {})}
+            r = await client.post("/recommend", json={"model": self.model, "queries": [query]})
             if r.status_code == 404:  # a user first seen in the slice: nothing to show before its first event
                 self.unknown += 1
             elif r.status_code != 200:
                 self.errors += 1
-            event = {"event_id": f"replay-{n}", "user_id": user, "item_id": item, "timestamp": ts}
-            e = await client.post("/events", json={"model": NAME, "events": [event]})
+            event = {"event_id": f"replay-{n}", "user_id": user, "item_id": item, "timestamp": int(ts)}
+            if action is not None:
+                event["action"] = action
+            e = await client.post("/events", json={"model": self.model, "events": [event]})
             if e.status_code != 200 or e.json()["stored"] != 1:
                 self.errors += 1
                 continue

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from models import artifact
 from models.bert4rec import BERT4Rec, BERT4RecConfig
 from models.engine import Engine, EngineOptions
 from models.kinds import MODEL_KINDS
@@ -59,6 +60,9 @@ class Task:
     config: str | None = None  # that command's default run config, relative to the repository
     defaults: tuple[DefaultRun, ...] = field(default=())
     ranks: str = "items"  # what its models rank, in words (GET /models, the console's labels)
+    # The artifact file of the id map of what its models rank, for a task whose job retrains warm (the
+    # retrainer reads which ids live events name that a version does not know); None: no warm retrain.
+    warm_ids: str | None = None
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -106,6 +110,7 @@ register(
         route=RECOMMEND,
         load=recommend.load_artifact,
         engine=recommend.RecEngine,
+        warm_ids=artifact.ITEMS,
         defaults=(
             DefaultRun(
                 "training/configs/sasrec_ml100k.toml", "SEQSERVE_DATA", what="the default SASRec on MovieLens-100k"
@@ -141,6 +146,7 @@ register(
         load=social.load_artifact,
         engine=social.SocialEngine,
         ranks="users",
+        warm_ids=artifact.USERS,
         defaults=(
             DefaultRun(
                 "training/configs/social_mathoverflow.toml",

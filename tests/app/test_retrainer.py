@@ -93,6 +93,55 @@ def test_recent_events_keep_one_window_in_every_namespace_read_or_not() -> None:
     assert recent.items("ml") == ["b"] and not recent.seen["geo"]  # older than 60 s, in both
 
 
+def test_by_default_the_models_whose_task_retrains_warm_are_retrained_each_against_its_own_ids(
+    tiny_artifacts: Path, tiny_social_artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A social model retrains too: its unknown share counts targets its user map lacks (users.json); a
+    next-location model has no warm retrain and is left alone."""
+    from models.artifact import latest_versions
+
+    arts = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts, arts)
+    shutil.copytree(tiny_social_artifact, arts, dirs_exist_ok=True)
+    monkeypatch.setenv("SEQSERVE_ARTIFACTS_DIR", str(arts))
+    store = SQLiteStore(tmp_path / "h.sqlite3")
+    try:
+        retrainer = Retrainer(Settings(), histories=store, state=store, metrics=Metrics())
+        served = [
+            {"name": name, "version": "20260101T000000Z", "task": task}
+            for name, task in [("sasrec-tiny", "recommend"), ("social-tiny", "social"), ("mhsa-tiny", "next_location")]
+        ]
+        assert [n for n, _ in retrainer.chosen(served)] == ["sasrec-tiny", "social-tiny"]
+        social = latest_versions(arts)["social-tiny"].name
+        now = time.time()
+        retrainer.recent.add([Arrival("tinysocial", "s1", t, now) for t in ("s2", "someone-new")], now=now)
+        reading = retrainer.read("social-tiny", social)
+        assert (reading.recent, reading.recent_unknown) == (2, 1)
+    finally:
+        store.close()
+
+
+def test_a_run_killed_by_the_retrainers_own_stop_is_counted_stopped_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deployment's shutdown (SIGTERM) kills the run in progress: the failed-retrains alert must not count it."""
+    monkeypatch.setenv("SEQSERVE_ARTIFACTS_DIR", str(tmp_path))
+    store = SQLiteStore(tmp_path / "h.sqlite3")
+    try:
+        retrainer = Retrainer(Settings(), histories=store, state=store, metrics=Metrics(), run=lambda _: -9)
+        assert retrainer.retrain("m") == ("failed", -9)  # killed by something else: a failure
+
+        def stopped_meanwhile(_: str) -> int:
+            retrainer.stop()
+            return -9
+
+        retrainer.run = stopped_meanwhile
+        assert retrainer.retrain("m") == ("stopped", -9)
+        assert retrainer.metrics.runs.labels("m", "failed")._value.get() == 1
+    finally:
+        store.close()
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = time.time()

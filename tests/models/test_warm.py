@@ -85,3 +85,42 @@ def test_a_warm_retrain_records_the_items_first_seen_live_its_parents_included()
     second = IdMap(["a", "c", "e"])  # b and d gone from the data, e new
     assert added_live(config, first, second) == ["c", "e"]
     assert first_seen_live({}) == [] and first_seen_live({"warm_start": {"from": "x"}}) == []
+
+
+def test_a_social_model_carries_users_and_actions_through_their_own_maps() -> None:
+    from models.social import SocialConfig, SocialModel
+    from models.warm import Remap
+
+    def social(users: IdMap, actions: IdMap, seed: int) -> SocialModel:
+        torch.manual_seed(seed)
+        cfg = SocialConfig(n_users=len(users), n_actions=len(actions), emb_dim=4, n_heads=2, d_ff=8, n_own_actions=2)
+        return SocialModel(cfg)
+
+    old_users, new_users = IdMap(["u1", "u2", "u3"]), IdMap(["u3", "u9", "u1", "u2"])
+    old_actions, new_actions = IdMap(["a2q", "c2a"]), IdMap(["c2a", "a2q"])
+    old, new = social(old_users, old_actions, 0), social(new_users, new_actions, 1)
+    fresh_user = new.user_emb.weight[new_users.index("u9")].clone()
+    got = carry_over(new, old.state_dict(), old_users, new_users, Remap(old_actions, new_actions))
+    for raw in ("u1", "u2", "u3"):
+        assert torch.equal(new.user_emb.weight[new_users.index(raw)], old.user_emb.weight[old_users.index(raw)])
+        assert torch.equal(new.user_bias[new_users.index(raw)], old.user_bias[old_users.index(raw)])
+    assert torch.equal(new.user_emb.weight[new_users.index("u9")], fresh_user)
+    for raw in ("a2q", "c2a"):  # the actions' rows follow their ids, not their places
+        assert torch.equal(new.action_emb.weight[new_actions.index(raw)], old.action_emb.weight[old_actions.index(raw)])
+    assert (got.ids_kept, got.ids_new) == (3, 1) and got.fresh == []
+
+
+def test_a_tensor_two_maps_would_fit_stays_fresh() -> None:
+    """Users and actions of the same sizes: which map a table runs over cannot be told, so no row is guessed."""
+    from models.social import SocialConfig, SocialModel
+    from models.warm import Remap
+
+    old_ids, new_ids = IdMap(["x", "y"]), IdMap(["y", "x"])
+    cfg = SocialConfig(n_users=len(new_ids), n_actions=len(new_ids), emb_dim=4, n_heads=2, d_ff=8)
+    torch.manual_seed(0)
+    old = SocialModel(cfg)
+    new = SocialModel(cfg)
+    before = new.user_emb.weight.clone()
+    got = carry_over(new, old.state_dict(), old_ids, new_ids, Remap(old_ids, new_ids))
+    assert {"user_emb.weight", "action_emb.weight", "user_bias"} <= set(got.fresh)
+    assert torch.equal(new.user_emb.weight, before)

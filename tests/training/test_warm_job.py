@@ -66,3 +66,41 @@ def test_a_warm_retrain_under_its_parents_bound_is_held_back(tiny_artifacts: Pat
     reason = read_manifest(held).metrics["held_back"]
     assert f"{parent:.2f}x of the version it started from ({base.name})" in reason
     assert main([*args, "--gate", "0"]) == 0 and "sasrec-tiny" in latest_versions(out)  # 0: never held
+
+
+def test_a_social_model_retrains_warm_with_users_first_seen_live(
+    tiny_social_artifact: Path, social_file: Path, tmp_path: Path
+) -> None:
+    """The exported log (the base's rows, then live ones, in the service's column names) continues the
+    served version: its users and actions carried, a user first seen live joins the candidates."""
+    base = latest_versions(tiny_social_artifact)["social-tiny"]
+    log = tmp_path / "log.csv"
+    with social_file.open() as src, log.open("w", newline="") as f:
+        rows = list(csv.reader(src))[1:]
+        w = csv.writer(f)
+        w.writerow(["user_id", "item_id", "timestamp", "action"])
+        w.writerows([s, d, t, a] for s, d, a, t in rows)
+        last = max(int(r[3]) for r in rows)
+        w.writerows([["s1", "newcomer", last + 60, "a2q"], ["newcomer", "s1", last + 120, "c2a"]])
+    out = tmp_path / "arts"
+    assert main(["warm", "--artifact", str(base), "--data", str(log), "--minutes", "0.05", "--out", str(out)]) == 0
+    new = latest_versions(out)["social-tiny"]
+    run = json.loads((new / "run_config.json").read_text())
+    warm = run["warm_start"]
+    assert warm["from"] == f"social-tiny/{base.name}" and warm["fresh_tensors"] == []
+    assert warm["users_kept"] == IdMap.load(base / "users.json").n_entities and warm["users_new"] == 1
+    assert first_seen_live(json.loads((new / "manifest.json").read_text())["config"]) == ["newcomer"]
+
+
+def test_a_social_warm_start_leaves_the_activity_weights_fresh_when_the_actions_change(
+    tiny_social_artifact: Path, social_file: Path, tmp_path: Path
+) -> None:
+    """The activity input's weights are laid out by the log's own actions: as many actions, but another
+    one in place of c2a, and copying them whole would give its counts c2a's weight."""
+    base = latest_versions(tiny_social_artifact)["social-tiny"]
+    log = tmp_path / "log.csv"
+    log.write_text(social_file.read_text().replace(",c2a,", ",q2c,"))
+    out = tmp_path / "arts"
+    assert main(["warm", "--artifact", str(base), "--data", str(log), "--minutes", "0.05", "--out", str(out)]) == 0
+    warm = json.loads((latest_versions(out)["social-tiny"] / "run_config.json").read_text())["warm_start"]
+    assert "activity_weight" in warm["fresh_tensors"] and "user_emb.weight" not in warm["fresh_tensors"]

@@ -26,6 +26,8 @@ from models.histories import HistoryColumns
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.kinds import build
 from models.social import SocialBatch, SocialModel, incoming, time_buckets
+from models.tasks.social import load_artifact
+from models.warm import FIRST_SEEN_LIVE, Remap, added_live, carry_over
 from training.config import LoopConfig
 from training.data.social import Periods, Timelines, load_social, period_queries, two_way
 from training.job import AFTER_SHARE, Export, Job
@@ -88,8 +90,12 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         path = self.data_file(c.path)
         self.log = lg = load_social(path, drop_self_loops=c.drop_self_loops)
         self.periods = p = Periods.of(len(lg), valid_share=c.valid_share, test_share=c.test_share)
+        # Every user of the log, those first seen in the test period too (last): serving continues from
+        # the log's end, where they are candidates; the test's queries and candidates are only users
+        # seen before its period (`first_event` below), so the figures do not change with them.
         before_test = pd.unique(np.concatenate([lg.src[: p.test], lg.dst[: p.test]]))
-        self.users = IdMap(str(u) for u in before_test)
+        self.users = IdMap(str(u) for u in pd.unique(np.concatenate([before_test, lg.src[p.test :], lg.dst[p.test :]])))
+        self.n_before_test = len(before_test)
         own = [str(a) for a in pd.unique(lg.action[: p.test])]
         self.n_own_actions = len(own)  # indices N_SPECIAL .. N_SPECIAL + len(own) - 1: own actions first
         self.actions = IdMap(own + ([incoming(a) for a in own] if c.incoming else []))
@@ -122,13 +128,14 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         self.valid_q = self._queries(p.valid, p.test)
         self.test_q = self._queries(p.test, len(lg))
         log.info(
-            "%s: %d events (%d self-loops, %d duplicates dropped), %d users before the test period, "
+            "%s: %d events (%d self-loops, %d duplicates dropped), %d users (%d before the test period), "
             "%d validation and %d test queries",
             lg.source,
             len(lg),
             lg.dropped_self_loops,
             lg.dropped_duplicates,
             self.users.n_entities,
+            self.n_before_test,
             len(self.valid_q),
             len(self.test_q),
         )
@@ -157,6 +164,37 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         )
         assert isinstance(model, SocialModel)
         return model
+
+    def warm_start(self, model: nn.Module) -> dict[str, Any]:
+        """The served version's weights through both id maps: users (embeddings, biases) and actions."""
+        assert self.warm_from is not None and isinstance(model, SocialModel)
+        old = load_artifact(self.warm_from)
+        if old.manifest.kind != self.cfg.kind:
+            raise ValueError(f"{self.warm_from} is a {old.manifest.kind} model, not {self.cfg.kind}")
+        state = old.model.state_dict()
+        own_old = list(old.actions.raws())[: old.model.config.n_own_actions]
+        own_new = list(self.actions.raws())[: self.n_own_actions]
+        if own_old != own_new:
+            # The activity input's weights are laid out by the log's own actions: another set or order
+            # of them makes those weights mean other counts, so they start fresh.
+            state = {k: v for k, v in state.items() if not k.startswith("activity")}
+        got = carry_over(model, state, old.users, self.users, Remap(old.actions, self.actions))
+        log.info(
+            "warm start from %s: %d tensors carried, %d users kept, %d new%s",
+            self.warm_from,
+            got.tensors,
+            got.ids_kept,
+            got.ids_new,
+            f"; fresh: {', '.join(got.fresh)}" if got.fresh else "",
+        )
+        return {
+            "from": f"{old.manifest.name}/{old.folder.name}",
+            "users_kept": got.ids_kept,
+            "users_new": got.ids_new,
+            "fresh_tensors": got.fresh,
+            # The candidates of a social model are users: those first seen live, as serving reads them.
+            FIRST_SEEN_LIVE: added_live(old.manifest.config, old.users, self.users),
+        }
 
     def model_settings(self) -> dict[str, Any]:
         """The config's [model] with `activity_unit` resolved: windows given in median gaps become seconds
