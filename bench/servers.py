@@ -29,9 +29,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVER_PORTS = range(20_000, 32_768)
 
 
+_PICK = random.SystemRandom()
+
+
 def free_port() -> int:
     """A loopback port free at the time of asking, outside the range outgoing connections draw from."""
-    for port in random.sample(SERVER_PORTS, 64):
+    # Not the module-level random: a training job seeds it (seed_everything), so two test workers that
+    # each trained a model drew the same ports in the same order and started servers on each other's.
+    for port in _PICK.sample(SERVER_PORTS, 64):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -28,7 +28,9 @@ from torch import nn
 
 from models import artifact
 from models.artifact import read_manifest
+from models.ids import IdMap
 from models.manifest import Manifest
+from models.warm import FIRST_SEEN_LIVE, Carried, added_live
 from training.config import LoopConfig, RunConfig, parse
 from training.distributed import Dist, resolve_device
 from training.export import export_artifact
@@ -83,6 +85,30 @@ def vs_best_baseline(metrics: dict[str, Any]) -> float | None:
     theirs = [b.get("all", {}).get("NDCG@10") for b in metrics.get("baselines_test", {}).values()]
     best = max((t for t in theirs if t is not None), default=None)
     return None if ours is None or not best else float(ours) / float(best)
+
+
+def warm_record(
+    got: Carried, *, source: str, parent: Manifest, noun: str, old_ids: IdMap, new_ids: IdMap
+) -> dict[str, Any]:
+    """What a warm start carried (`got`, from the version `parent` at `source`), logged; -> the run
+    config's record. `noun`: what the id map holds (items; a social model's users)."""
+    log.info(
+        "warm start from %s: %d tensors carried, %d %s kept, %d new%s",
+        source,
+        got.tensors,
+        got.ids_kept,
+        noun,
+        got.ids_new,
+        f"; fresh: {', '.join(got.fresh)}" if got.fresh else "",
+    )
+    return {
+        "from": f"{parent.name}/{Path(source).name}",
+        f"{noun}_kept": got.ids_kept,
+        f"{noun}_new": got.ids_new,
+        "fresh_tensors": got.fresh,
+        # What the candidates first seen live are, as serving reads them (models/warm.py).
+        FIRST_SEEN_LIVE: added_live(parent.config, old_ids, new_ids),
+    }
 
 
 # The share of the budget the phases after the training loop get when a job makes no estimate of its own.

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,11 @@ class QuerySet:
         for lo in range(0, len(self), size):
             yield slice(lo, min(lo + size, len(self)))
 
+    def subset(self, index: np.ndarray) -> QuerySet:
+        """These queries at `index` (a seeded order, a sample), with the same pool."""
+        i = torch.from_numpy(index)
+        return QuerySet(self.events[index], self.target[i], self.actor[i], self.repeat[i], self.time[i], self.pool)
+
     def candidates(self, part: slice) -> torch.Tensor:
         """(B, V): the period's pool without each query's actor."""
         cand = self.pool[None, :].repeat(part.stop - part.start, 1)
@@ -83,6 +89,29 @@ def evaluate_scorer(
         else torch.zeros(0)
     )
     return split_metrics(ranks, queries.repeat)
+
+
+def evaluate_scorers(
+    queries: QuerySet,
+    scorers: Mapping[str, Callable[[slice], torch.Tensor]],
+    *,
+    batch_size: int = 512,
+    deadline: float | None = None,
+) -> tuple[dict[str, dict[str, dict[str, float]]], int]:
+    """Every scorer on the same queries, batch by batch in their order (give a seeded shuffle); with a
+    `deadline` (a time.monotonic() value) it stops after the first batch that ends past it, so each scorer
+    is measured on the same first queries. -> (metrics per scorer, the queries scored)."""
+    ranks: dict[str, list[torch.Tensor]] = {name: [] for name in scorers}
+    done = 0
+    for part in queries.batches(batch_size):
+        candidates = queries.candidates(part)
+        for name, score in scorers.items():
+            ranks[name].append(target_ranks(score(part), queries.target[part], candidates))
+        done = part.stop
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+    repeat = queries.repeat[:done]
+    return {n: split_metrics(torch.cat(r) if r else torch.zeros(0), repeat) for n, r in ranks.items()}, done
 
 
 @dataclass

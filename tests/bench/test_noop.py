@@ -63,3 +63,17 @@ def test_the_litserve_peer_answers_through_the_project_s_engine(
     assert api.api_path == "/recommend"
     assert [len(a["results"][0]["items"]) for a in answers] == [4, 10]
     assert [a["results"][0]["user_id"] for a in answers] == ["u3", "u1"]
+
+
+def test_free_ports_do_not_follow_the_seeded_global_random() -> None:
+    """A training job seeds `random` (seed_everything): two test workers that each trained a model must
+    still draw different ports, or one starts its server on the other's."""
+    import random
+
+    from bench.servers import free_port
+
+    drawn = []
+    for _ in range(3):
+        random.seed(42)
+        drawn.append(free_port())
+    assert len(set(drawn)) > 1, drawn

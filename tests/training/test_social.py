@@ -145,6 +145,7 @@ def test_tiny_social_job_beats_popularity_and_exports_the_contract(tiny_social_a
     }
     assert {"all", "repeat", "new"} == set(m["test"])
     assert m["test"]["all"]["NDCG@10"] > m["baselines_test"]["popularity"]["all"]["NDCG@10"]
+    assert m["queries"]["test_scored"] == m["queries"]["test"] == m["test"]["all"]["n"]  # within its budget: all
     art = load_artifact(folder)
     assert art.manifest.task == "social" and art.manifest.namespace == "tinysocial"
     assert sorted(art.actions.raws()) == ["<-a2q", "<-c2a", "<-c2q", "a2q", "c2a", "c2q"]
@@ -222,6 +223,24 @@ def test_mathoverflow_protocol_counts() -> None:
     q = period_queries(log, p.test, len(log))
     assert (len(log), len(known), len(q.event)) == (390_414, 21_931, 27_372)
     assert 0.53 < q.repeat.mean() < 0.55
+
+
+def test_a_budget_too_small_for_every_query_validates_a_sample_and_tests_until_its_deadline(
+    social_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each epoch validates a seeded sample sized to the budget; a budget spent before the test scores one
+    batch of its queries, in a seeded order, the same for all scorers; metrics.json says how many of how
+    many (a warm retrain's 30 s took 100 s on MathOverflow with neither)."""
+    from tests.conftest import TINY_SOCIAL, run_job
+
+    monkeypatch.setattr("training.jobs.social.COST_SAMPLE", 20)  # the sample's floor, under the tiny log's count
+    overrides = [*TINY_SOCIAL, "train.epochs=1", "train.refit_epochs=0", "train.max_minutes=0.0001"]
+    folder = run_job([*overrides, "eval.every_query_s=0", "eval.batch_size=16"], tmp_path, social_file)
+    m = json.loads((folder / "metrics.json").read_text())
+    assert m["queries"]["valid_scored"] == 20 < m["queries"]["valid"]
+    assert m["history"]["val"][0]["n"] == 20
+    assert m["queries"]["test_scored"] == 16 < m["queries"]["test"]
+    assert m["test"]["all"]["n"] == 16 and {b["all"]["n"] for b in m["baselines_test"].values()} == {16}
 
 
 def test_without_received_steps_histories_and_events_are_one_way(social_file: Path, tmp_path: Path) -> None:

@@ -80,8 +80,9 @@ def test_a_social_model_retrains_warm_with_users_first_seen_live(
         w = csv.writer(f)
         w.writerow(["user_id", "item_id", "timestamp", "action"])
         w.writerows([s, d, t, a] for s, d, a, t in rows)
-        last = max(int(r[3]) for r in rows)
-        w.writerows([["s1", "newcomer", last + 60, "a2q"], ["newcomer", "s1", last + 120, "c2a"]])
+        # Early enough for the job's user map (users seen before its test period: the newest 10%).
+        middle = sorted(int(r[3]) for r in rows)[len(rows) // 2]
+        w.writerows([["s1", "newcomer", middle + 1, "a2q"], ["newcomer", "s1", middle + 2, "c2a"]])
     out = tmp_path / "arts"
     assert main(["warm", "--artifact", str(base), "--data", str(log), "--minutes", "0.05", "--out", str(out)]) == 0
     new = latest_versions(out)["social-tiny"]

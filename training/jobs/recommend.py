@@ -23,7 +23,7 @@ from models.ids import N_SPECIAL, IdMap
 from models.kinds import build_recommender
 from models.ranking import pad_rows
 from models.tasks.recommend import RecArtifact, load_artifact
-from models.warm import FIRST_SEEN_LIVE, added_live, carry_over
+from models.warm import carry_over
 from training.config import LoopConfig, read_raw
 from training.data import Interactions, load_interactions, locate_ml100k
 from training.evaluate import (
@@ -37,7 +37,7 @@ from training.evaluate import (
     fit_baseline,
     item_counts,
 )
-from training.job import Export, Job
+from training.job import Export, Job, warm_record
 from training.loop import History, train, window_batches
 from training.preflight import preflight
 from training.splits import EvalSet, Split, leave_one_out, pad_right, windows
@@ -233,21 +233,9 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         if old.manifest.kind != self.cfg.kind:
             raise ValueError(f"{self.warm_from} is a {old.manifest.kind} model, not {self.cfg.kind}")
         got = carry_over(model, old.model.state_dict(), old.items, self.items)
-        log.info(
-            "warm start from %s: %d tensors carried, %d items kept, %d new%s",
-            self.warm_from,
-            got.tensors,
-            got.ids_kept,
-            got.ids_new,
-            f"; fresh: {', '.join(got.fresh)}" if got.fresh else "",
+        return warm_record(
+            got, source=str(self.warm_from), parent=old.manifest, noun="items", old_ids=old.items, new_ids=self.items
         )
-        return {
-            "from": f"{old.manifest.name}/{old.folder.name}",
-            "items_kept": got.ids_kept,
-            "items_new": got.ids_new,
-            "fresh_tensors": got.fresh,
-            FIRST_SEEN_LIVE: added_live(old.manifest.config, old.items, self.items),
-        }
 
     def build_model(self) -> SequentialRecommender:
         model = build_recommender(self.cfg.kind, {**self.cfg.model, "vocab_size": len(self.items)})
