@@ -62,10 +62,11 @@ class QuerySet:
         for lo in range(0, len(self), size):
             yield slice(lo, min(lo + size, len(self)))
 
-    def subset(self, index: np.ndarray) -> QuerySet:
-        """These queries at `index` (a seeded order, a sample), with the same pool."""
-        i = torch.from_numpy(index)
-        return QuerySet(self.events[index], self.target[i], self.actor[i], self.repeat[i], self.time[i], self.pool)
+    def shuffled(self, seed: int, n: int | None = None) -> QuerySet:
+        """These queries in a seeded random order (the first `n` of it: a seeded sample), same pool."""
+        index = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:n]
+        events = self.events[index.numpy()]
+        return QuerySet(events, self.target[index], self.actor[index], self.repeat[index], self.time[index], self.pool)
 
     def candidates(self, part: slice) -> torch.Tensor:
         """(B, V): the period's pool without each query's actor."""
@@ -78,17 +79,7 @@ def evaluate_scorer(
     queries: QuerySet, score: Callable[[slice], torch.Tensor], *, batch_size: int = 512
 ) -> dict[str, dict[str, float]]:
     """Metrics of a scorer: a function from a slice of the queries to their (B, V) scores."""
-    ranks = (
-        torch.cat(
-            [
-                target_ranks(score(part), queries.target[part], queries.candidates(part))
-                for part in queries.batches(batch_size)
-            ]
-        )
-        if len(queries)
-        else torch.zeros(0)
-    )
-    return split_metrics(ranks, queries.repeat)
+    return evaluate_scorers(queries, {"scorer": score}, batch_size=batch_size)[0]["scorer"]
 
 
 def evaluate_scorers(

@@ -140,7 +140,7 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         self.first_event = first
         self.median_gap = median_gap(lg.src[: p.valid], lg.time[: p.valid])
         self.valid_q = self._queries(p.valid, p.test)
-        self.n_valid = len(self.valid_q)
+        self.val_q = self.valid_q  # what each epoch validates on: all, or a sample (_size_validation)
         self.test_q = self._queries(p.test, len(lg))
         log.info(
             "%s: %d events (%d self-loops, %d duplicates dropped), %d users before the test period, "
@@ -259,19 +259,14 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         if n * cost <= VALID_SHARE * self.clock.seconds:
             return
         keep = max(COST_SAMPLE, int(VALID_SHARE * self.clock.seconds / max(cost, 1e-9)))
-        g = torch.Generator().manual_seed(self.cfg.train.seed)
-        self.valid_q = self.valid_q.subset(torch.randperm(n, generator=g)[:keep].numpy())
-        log.info("validation on %d of %d queries (a seeded sample, the same each epoch)", len(self.valid_q), n)
+        self.val_q = self.valid_q.shuffled(self.cfg.train.seed, keep)
+        log.info("validation on %d of %d queries (a seeded sample, the same each epoch)", len(self.val_q), n)
 
     def _query_costs(self, model: nn.Module) -> dict[str, float]:
         """Seconds a query of the model and of every baseline together, each on up to COST_SAMPLE queries."""
         assert isinstance(model, SocialModel)
-        g = torch.Generator().manual_seed(self.cfg.train.seed)
-
-        def sample(q: QuerySet) -> QuerySet:
-            return q.subset(torch.randperm(len(q), generator=g)[:COST_SAMPLE].numpy())
-
-        valid, test = sample(self.valid_q), sample(self.test_q)
+        seed = self.cfg.train.seed
+        valid, test = self.valid_q.shuffled(seed, COST_SAMPLE), self.test_q.shuffled(seed, COST_SAMPLE)
         model.eval()
         t0 = time.monotonic()
         evaluate_scorers(valid, {"model": self._scorer(model, valid)}, batch_size=self.cfg.eval.batch_size)
@@ -288,7 +283,7 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         its deadline, the refit gets what is left)."""
         c = self.query_seconds
         plan = {
-            "last_validation": c["model"] * len(self.valid_q),  # the loop's, after its deadline
+            "last_validation": c["model"] * len(self.val_q),  # the loop's, after its deadline
             "test": (c["model"] + c["baselines"]) * len(self.test_q) * TEST_MARGIN,
             "export": EXPORT_S + EXPORT_BYTES_PER_EVENT_S * len(self.log),
         }
@@ -362,22 +357,15 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         assert isinstance(model, SocialModel)
-        return evaluate_scorer(self.valid_q, self._scorer(model, self.valid_q), batch_size=self.cfg.eval.batch_size)[
-            "all"
-        ]
+        return evaluate_scorer(self.val_q, self._scorer(model, self.val_q), batch_size=self.cfg.eval.batch_size)["all"]
 
     def after_training(self, model: nn.Module, history: History) -> None:
         t = self.cfg.train
         if not t.refit_epochs:
             return
-        # Measured before the refit has seen the validation period: the loop validated the weights it kept
-        # (a second pass over every validation query took 18 s of a warm retrain's 30).
-        kept = history.val[history.best_epoch - 1] if history.best_epoch else {}
-        if kept:
-            self.valid_before_refit = kept
-        else:
-            with self.untimed():
-                self.valid_before_refit = self.validate(model)
+        # Before the refit has seen the validation period: the loop's validation of the weights it kept (a
+        # second pass over every validation query took 18 s of a warm retrain's 30).
+        self.valid_before_refit = history.val[history.best_epoch - 1]
         # Inside the job's budget: what the loop left, less what the test and the artifact were planned.
         minutes = (self.clock.left() - self.plan["test"] - self.plan["export"]) / 60
         if minutes <= 0:
@@ -412,16 +400,15 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
                 "test": len(self.log) - p.test,
             },
             "queries": {
-                "valid": self.n_valid,
-                "valid_scored": len(self.valid_q),  # each epoch's validation: all, or a sample (_size_validation)
+                "valid": len(self.valid_q),
+                "valid_scored": len(self.val_q),  # each epoch's validation: all, or a sample (_size_validation)
                 "test": len(self.test_q),
                 "test_repeat_share": float(self.test_q.repeat.float().mean()) if len(self.test_q) else 0.0,
             },
             "valid_before_refit": getattr(self, "valid_before_refit", None),
         }
         # A seeded order: a test cut short by its deadline has scored a random sample, the same for all.
-        g = torch.Generator().manual_seed(self.cfg.train.seed)
-        q = self.test_q.subset(torch.randperm(len(self.test_q), generator=g).numpy())
+        q = self.test_q.shuffled(self.cfg.train.seed)
         got, scored = evaluate_scorers(
             q, {"model": self._scorer(model, q), **self._baselines(q)}, batch_size=bs, deadline=self._test_deadline()
         )
