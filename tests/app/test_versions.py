@@ -187,12 +187,11 @@ def test_one_pin_moves_every_worker(root: Path, tmp_path: Path) -> None:
         def versions_seen() -> set[str]:  # new connections spread over both workers
             return {httpx.post(f"{url}/recommend", json=body).json()["version"] for _ in range(30)}
 
-        assert versions_seen() == {NEWER}
-
         def both_up() -> bool:  # /readyz answers from the first worker up; the second may still be loading
             return len(httpx.post(f"{url}/admin/reload", headers=ADMIN, timeout=60).json()["workers"]) == 2
 
-        wait_until(both_up, timeout=60)
+        wait_until(both_up, timeout=60)  # before any answer is read: a worker still loading has no version
+        assert versions_seen() == {NEWER}
         r = httpx.post(f"{url}/admin/models/sasrec-tiny/pin", json={"version": first}, headers=ADMIN, timeout=60)
         assert r.status_code == 200 and r.json()["reload"]["all_workers"], r.text
         assert len(r.json()["reload"]["workers"]) == 2
