@@ -4,7 +4,9 @@ pins and candidates as this worker last read them.
 One writer, the production loop (app/production.py): it reads them from the store, and changes them
 only through the store (an admin pin, a started or settled trial) before taking them back. The loaded
 models (app/loaded.py) and the routers read them. A trial is a candidate's run beside the live version,
-from its `since` until its outcome.
+from its `since` until its outcome. While probation watches a promotion and no trial runs, the version
+it replaced answers a share of the users (the holdback), so the promoted version is compared with it over
+the same time (docs/decisions/online-evaluation.md).
 """
 
 from __future__ import annotations
@@ -20,20 +22,38 @@ class VersionChoices:
     candidates: dict[str, Candidate] = field(default_factory=dict)  # model name -> its running trial's candidate
     # Model name -> its last candidate, running or ended: an ended trial's version is not tried again.
     last: dict[str, Candidate] = field(default_factory=dict)
+    # Model name -> the version its promotion replaced, as a "holdback" beside it while probation watches
+    # the promotion and no trial runs (derived from `last`, never stored).
+    holdbacks: dict[str, Candidate] = field(default_factory=dict)
+    probation_s: float = 0.0  # SEQSERVE_PROBATION_S
+    holdback_share: float = 0.0  # SEQSERVE_PROBATION_HOLDBACK: 0, no holdback
 
-    def take(self, pins: dict[str, str], last: dict[str, Candidate]) -> bool:
-        """The store's pins and candidates; -> whether what should serve changed."""
-        running = {n: c for n, c in last.items() if c.running}
-        changed = pins != self.pins or running != self.candidates
-        self.pins, self.candidates, self.last = pins, running, last
-        return changed
+    def take(self, pins: dict[str, str], last: dict[str, Candidate], *, now: float) -> bool:
+        """The store's pins and candidates as of `now`; -> whether what should serve changed (a holdback
+        also ends with its promotion's probation)."""
+        before = (self.pins, self.candidates, self.holdbacks)
+        self.pins, self.last = pins, last
+        self.candidates = {n: c for n, c in last.items() if c.running}
+        self.holdbacks = {
+            name: Candidate(c.replaced, "holdback", self.holdback_share, ended)
+            for name, c in last.items()
+            if self.holdback_share > 0
+            and c.replaced is not None
+            and name not in self.candidates
+            and (ended := self.probation(name, c.version, now=now)) is not None
+        }
+        return before != (self.pins, self.candidates, self.holdbacks)
 
-    def probation(self, name: str, version: str, *, now: float, span_s: float) -> float | None:
-        """When `version` of `name` was promoted, while that promotion is on probation (within `span_s`
+    def beside(self, name: str) -> Candidate | None:
+        """The version served beside the live one of `name`: its running trial's candidate, else its holdback."""
+        return self.candidates.get(name) or self.holdbacks.get(name)
+
+    def probation(self, name: str, version: str, *, now: float) -> float | None:
+        """When `version` of `name` was promoted, while that promotion is on probation (within probation_s
         of it, and the version still pinned): its live lists are then kept per user from that time."""
         last = self.last.get(name)
         if last is None or last.outcome != "promoted" or last.version != version or last.ended is None:
             return None
-        if now - last.ended > span_s or self.pins.get(name) != version:
+        if now - last.ended > self.probation_s or self.pins.get(name) != version:
             return None
         return last.ended

@@ -112,7 +112,7 @@ class LoadedModels:
     load_timeout_s: float = 300.0  # a version not loaded by then is recorded broken (its thread is abandoned)
     # Pins and candidates: read here, written by the production loop alone (app/choices.py).
     choices: VersionChoices = field(default_factory=VersionChoices)
-    candidate_models: dict[str, Served] = field(default_factory=dict)  # model name -> its loaded candidate
+    candidate_models: dict[str, Served] = field(default_factory=dict)  # model name -> what is loaded beside it
     _reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
     @property
@@ -220,11 +220,11 @@ class LoadedModels:
                 if old is not None:
                     await self._retire(old)
             # After the live ones: a candidate never runs the live version.
-            for name in set(self.candidate_models) | set(self.choices.candidates):
+            for name in set(self.candidate_models) | set(self.choices.candidates) | set(self.choices.holdbacks):
                 old_candidate = self.candidate_models.get(name)
                 await asyncio.to_thread(self._load_candidate, name, every.get(name, []))
                 candidate = self.candidate_models.get(name)
-                if candidate is not None:
+                if candidate is not None and name in self.choices.candidates:
                     report["candidates"][name] = candidate.version
                 if old_candidate is not None and candidate is not old_candidate:
                     await self._retire(old_candidate)
@@ -237,9 +237,10 @@ class LoadedModels:
             await served.batcher.stop()
 
     def _load_candidate(self, name: str, folders: list[Path]) -> None:
-        """Load (or drop) the candidate of `name` to match the choices; a version that fails is recorded
-        broken and no trial runs. Touches `candidate_models` only: the caller retires a replaced entry."""
-        wanted = self.choices.candidates.get(name)
+        """Load (or drop) the version beside the live one of `name` to match the choices (a trial's candidate
+        or a holdback); a version that fails is recorded broken and none runs beside. Touches
+        `candidate_models` only: the caller retires a replaced entry."""
+        wanted = self.choices.beside(name)
         current = self.candidate_models.get(name)
         live = self.models.get(name)
         if wanted is None or (live is not None and live.version == wanted.version):
@@ -253,7 +254,7 @@ class LoadedModels:
         if folder:
             loaded = self._first_loadable(name, folder, batcher_name=f"{name}:candidate", drop_trained=False)
         if loaded is None:
-            log.error("candidate %s/%s not loaded: no trial runs", name, wanted.version)
+            log.error("%s %s/%s not loaded: none runs beside the live version", wanted.mode, name, wanted.version)
             self.candidate_models.pop(name, None)
             return
         loaded.candidate = wanted
@@ -262,7 +263,7 @@ class LoadedModels:
 
     def prune(self, root: Path, keep: int, *, in_use: AbstractSet[str] = frozenset()) -> list[str]:
         """Delete the version folders of each name but its newest `keep` good ones (broken ones do not count),
-        never the pinned one, the one serving here, the candidate, nor any "name/version" in `in_use` (what
+        never the pinned one, the one serving here, the one beside it, nor any "name/version" in `in_use` (what
         other workers serve); -> each deleted.
         A folder that cannot be deleted (a read-only mount) is left, and logged."""
         removed = []
@@ -270,7 +271,7 @@ class LoadedModels:
             spare = {
                 self.choices.pins.get(name),
                 self.models[name].version if name in self.models else None,
-                self.choices.candidates[name].version if name in self.choices.candidates else None,
+                beside.version if (beside := self.choices.beside(name)) is not None else None,
             }
             # The newest `keep` that are not known broken: a broken version never takes a good one's place.
             good = [f for f in folders if f"{name}/{f.name}" not in self.broken][:keep]

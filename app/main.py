@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
 
+from app.choices import VersionChoices
 from app.deps import Services
 from app.handlers import install_error_handlers
 from app.loaded import LoadedModels, resolve_device
@@ -128,6 +129,11 @@ def _loaded_models(settings: Settings, services: Services) -> LoadedModels:
         histories=services.histories,
         on_batch=services.metrics.on_batch,
         load_timeout_s=settings.load_timeout_s,
+        choices=VersionChoices(
+            probation_s=settings.probation_s,
+            # A holdback serves for the NDCG@10 comparison alone, which needs events posted with a key.
+            holdback_share=settings.probation_holdback if settings.events_api_key is not None else 0.0,
+        ),
     )
 
 

@@ -81,8 +81,19 @@ def segment_groups(segment: str) -> tuple[str, str] | None:
 def in_canary(model: str, user: str, share: float) -> bool:
     """Whether `user` is in the canary share of `model`: a hash of both, so the split is the same on
     every worker, host and restart (Python's hash() is salted per process), and differs per model."""
+    return _position(model, user) < share
+
+
+def in_holdback(model: str, user: str, share: float) -> bool:
+    """Whether `user` is in the holdback share of `model`: the canary hash's other end, so the users a
+    promotion's canary left on the live version (up to 1 - share of them) stay on it while it is held back."""
+    return _position(model, user) >= 1.0 - share
+
+
+def _position(model: str, user: str) -> float:
+    """Where `user` falls in [0, 1) for `model`: a hash of both, the same on every worker, host and restart."""
     h = hashlib.blake2b(f"{model}\x00{user}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") / 2.0**64 < share
+    return int.from_bytes(h, "big") / 2.0**64
 
 
 @dataclass

@@ -233,32 +233,36 @@ class ProductionLoop:
 
     async def watch(self) -> None:
         """Probation (SEQSERVE_PROBATION_S): each version promoted within it, as the live version since its
-        promotion, against the version it replaced over as long before it; rolled back by itself when one of
-        its figures is worse beyond its bound (app.promotion.probation_findings): its online NDCG@10 (only
-        with SEQSERVE_EVENTS_API_KEY set: as for the rule, those figures must come from events posted with a
-        key), its answers' 5xx share or their p99 latency (the service's own measurements)."""
+        promotion, against the version it replaced; rolled back by itself when one of its figures is worse
+        beyond its bound (app.promotion.probation_findings): its online NDCG@10 against the holdback's over
+        the same time (only with SEQSERVE_EVENTS_API_KEY set: as for the rule, those figures must come from
+        events posted with a key), its answers' 5xx share or their p99 latency against the old version's
+        over as long before the promotion (the service's own measurements)."""
         s = self.settings
         if not s.probation_s or self.state is None:
             return
         now = time.time()
         for name, cand in list(self.choices.last.items()):
-            ended = self.choices.probation(name, cand.version, now=now, span_s=s.probation_s)
+            ended = self.choices.probation(name, cand.version, now=now)
             if ended is None or cand.replaced is None:
                 continue
             state = self.state
             try:
                 traffic = await asyncio.to_thread(partial(state.traffic, name, since=ended - s.probation_s))
-                # The live lists since the promotion, per user (app.trials: kept under the promotion's time).
-                users = (await asyncio.to_thread(state.trial_stats, name, ended)).get((cand.version, "live"))
+                # The lists since the promotion, per user, of the live version and of the holdback (app.trials:
+                # kept under the promotion's time).
+                sides = await asyncio.to_thread(state.trial_stats, name, ended)
             except StoreError as exc:
                 log.warning("probation waits for the store: %s", exc)
                 return
             keyed = s.events_api_key is not None
+            held = self.choices.holdback_share > 0
             findings = probation_findings(
                 cand,
-                self.online.get(name, {}) if keyed else {},
+                self.online.get(name, {}) if keyed and not held else {},
                 traffic,
-                users=users if keyed and users is not None else UserStats(),
+                users=sides.get((cand.version, "live"), UserStats()) if keyed else UserStats(),
+                holdback=sides.get((cand.replaced, "holdback"), UserStats()) if held else None,
                 settings=s,
             )
             if not findings:
@@ -366,12 +370,12 @@ class ProductionLoop:
         """Take the stored pins and candidates; -> whether what should serve changed (False while they
         cannot be read)."""
         stored = await asyncio.to_thread(self.stored_choices)
-        return stored is not None and self.choices.take(*stored)
+        return stored is not None and self.choices.take(*stored, now=time.time())
 
     async def read_choices(self) -> bool:
         """Take the stored pins and candidates now, for an admin call that must act on them (StoreError
         when they cannot be read)."""
-        return self.choices.take(*await asyncio.to_thread(self._read_stored))
+        return self.choices.take(*await asyncio.to_thread(self._read_stored), now=time.time())
 
     async def pin(self, name: str, version: str | None) -> None:
         """Pin `name` to `version` (None: unpin) in the production state, then take the stored pins."""

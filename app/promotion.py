@@ -161,29 +161,42 @@ def probation_findings(
     traffic: Mapping[TrafficKey, Traffic],
     *,
     users: UserStats,
+    holdback: UserStats | None,
     settings: Settings,
 ) -> list[str]:
     """What is worse beyond its bound about `cand`, a promoted version, as the live version since its
-    promotion against the version it replaced over as long before: each finding with its figures; []
-    while nothing is, or while a side lacks the figures to say. `users`: the new version's lists since
-    the promotion summed per user (the unit of its NDCG@10 interval: one user's lists move together);
-    the old side's are the shared per-minute sums of the span before, lists as the unit."""
+    promotion against the version it replaced: each finding with its figures; [] while nothing is, or
+    while a side lacks the figures to say. `users`: the new version's lists since the promotion summed per
+    user (one user's lists move together: the user is the unit). The old side's NDCG@10: `holdback`, the
+    same sums of the users it kept answering over the same time; with no holdback (None), its shared
+    per-minute sums in `online` over as long before the promotion, lists as the unit, which also moves
+    with whoever came back first and with the period (docs/decisions/online-evaluation.md). The answers'
+    5xx share and p99 latency: `traffic` after the promotion against as long before it."""
     s, ended, old_version = settings, cand.ended, cand.replaced
     assert ended is not None and old_version is not None
     found = []
-    old = Sums()
-    for (_, version, variant, bucket, _), sums in online.items():
-        if version == old_version and variant == "live" and ended - s.probation_s <= bucket < ended:
-            old.add(sums)
-    before = Window.of(old)
     n, mean, var = clustered(users)
-    if before.n >= s.probation_min_lists and n >= s.probation_min_lists and users.users >= s.probation_min_users:
-        drop, half = before.mean - mean, Z95 * math.sqrt(before.var / before.n + var)
+    if holdback is not None:
+        old_n, old_mean, old_var = clustered(holdback)
+        enough_users = min(users.users, holdback.users) >= s.probation_min_users
+        old_side = f"{int(old_n)} lists of {int(holdback.users)} users kept on {old_version} (the holdback)"
+    else:
+        old = Sums()
+        for (_, version, variant, bucket, _), sums in online.items():
+            if version == old_version and variant == "live" and ended - s.probation_s <= bucket < ended:
+                old.add(sums)
+        before = Window.of(old)
+        old_n, old_mean = before.n, before.mean
+        old_var = before.var / before.n if before.n else math.inf
+        enough_users = users.users >= s.probation_min_users
+        old_side = f"{int(old_n)} lists of {old_version} before it"
+    if min(old_n, n) >= s.probation_min_lists and enough_users:
+        drop, half = old_mean - mean, Z95 * math.sqrt(old_var + var)
         if drop > half:
             found.append(
                 f"online NDCG@10 {mean:.4f} over {int(n)} lists of {int(users.users)} users since promotion against"
-                f" {before.mean:.4f} over {int(before.n)} of {old_version} before it, {drop:.4f} lower,"
-                f" interval half-width {half:.4f} (users as the unit)"
+                f" {old_mean:.4f} over {old_side}, {drop:.4f} lower, interval half-width {half:.4f}"
+                " (users as the unit)"
             )
     served_old, served_new = Traffic(), Traffic()
     for (_, version, bucket), t in traffic.items():

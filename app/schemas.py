@@ -28,7 +28,7 @@ from pydantic.json_schema import WithJsonSchema
 
 from app.bodies import token_budget
 from app.limits import Limits
-from app.store.state import Mode
+from app.store.state import Side
 from models.engine import FIELD_NAME
 from models.ids import encodable, trainable
 
@@ -147,7 +147,7 @@ class ErrorDetail(BaseModel):
 
 class CandidateInfo(BaseModel):
     version: str
-    mode: Mode
+    mode: Side
     share: float
     since: float = Field(description="unix seconds it became the candidate")
 

@@ -132,13 +132,17 @@ class Settings(BaseSettings):
     promote_min_events: int = Field(default=0, ge=0)
     shadow_max_in_flight: int = Field(default=2, ge=1)  # shadow query batches running at once, per worker
     # Probation: for this long after a promotion (by the rule or the admin call), the new live version's
-    # online NDCG@10 is compared with the version it replaced (its figures until the promotion), lower by
-    # more than the 95% interval once each side has probation_min_lists scored lists, and the promotion is
-    # rolled back by itself (docs/decisions/online-evaluation.md). 0 = no probation; without
-    # SEQSERVE_EVENTS_API_KEY there is none either (anyone could post the events that decide it).
+    # online NDCG@10 is compared with the version it replaced, lower by more than the 95% interval (users as
+    # the unit) once each side has probation_min_lists scored lists from probation_min_users users, and the
+    # promotion is rolled back by itself (docs/decisions/online-evaluation.md). 0 = no probation; without
+    # SEQSERVE_EVENTS_API_KEY there is no NDCG@10 check (anyone could post the events that decide it).
     probation_s: float = Field(default=3600.0, ge=0)
     probation_min_lists: int = Field(default=200, ge=1)
-    probation_min_users: int = Field(default=30, ge=1)  # ...from this many users since the promotion
+    probation_min_users: int = Field(default=30, ge=1)
+    # The replaced version's side: this share of the users keeps it during probation (the holdback, while no
+    # trial runs), so both sides are measured over the same time; 0 = its figures over as long before the
+    # promotion, which a change of users or period over time moves too.
+    probation_holdback: float = Field(default=0.1, ge=0, le=0.5)
     # ...and its answers (the task routes' requests for it on every worker and host), once each side has
     # probation_min_requests: rolled back when its 5xx share is higher by more than probation_max_5xx_rise
     # (and beyond chance at 95%), or its p99 latency above probation_max_p99_ratio times the old one's.

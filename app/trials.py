@@ -18,7 +18,7 @@ from typing import Any
 from app.interleave import seed_of, team_draft
 from app.loaded import Served, held
 from app.observability import Metrics
-from app.online import CUT, ServedLists, in_canary
+from app.online import CUT, ServedLists, in_canary, in_holdback
 from app.serving import answer, subject
 from app.store import HistoryStore
 from models.engine import UserHistories
@@ -147,7 +147,8 @@ async def answer_with_candidate(
     (an interleaved one: the candidate's) and, for a by-user query, a new recommendation_id; the by-user
     answers are kept in `lists`, and a shadow candidate is offered the by-user queries once the live
     answer is ready. `probation`: when the live version was promoted, while probation watches it; with no
-    trial running, its lists are then kept per user from that time (app.promotion.probation_findings)."""
+    trial running, its lists are then kept per user from that time (app.promotion.probation_findings), and
+    so are those of the holdback (the version it replaced, answering its share of the users)."""
     if beside is not None and (beside.candidate is None or beside.version == served.version):
         beside = None  # promoted a moment ago: it is dropped once this reload ends
     mode = beside.candidate.mode if beside is not None and beside.candidate is not None else None
@@ -168,10 +169,10 @@ async def answer_with_candidate(
             metrics=metrics,
         )
     picks = [False] * len(queries)
-    if mode == "canary":
+    if mode in ("canary", "holdback"):
         assert beside is not None and beside.candidate is not None
-        share = beside.candidate.share
-        picks = [u is not None and in_canary(served.name, u, share) for u in users]
+        share, split = beside.candidate.share, in_canary if mode == "canary" else in_holdback
+        picks = [u is not None and split(served.name, u, share) for u in users]
     # (entry, its queries, their results, their ids, variant): the live version alone, or it and the canary
     parts: list[tuple[Served, Sequence[Any], Sequence[Any], Sequence[str | None], str]]
     if not any(picks):
@@ -191,7 +192,8 @@ async def answer_with_candidate(
         versions = [beside.version if p else served.version for p in picks]
         live_ids = [i for i, p in zip(ids, picks, strict=True) if not p]
         cand_ids = [i for i, p in zip(ids, picks, strict=True) if p]
-        parts = [(served, live_q, live_r, live_ids, "live"), (beside, cand_q, cand_r, cand_ids, "canary")]
+        assert mode is not None
+        parts = [(served, live_q, live_r, live_ids, "live"), (beside, cand_q, cand_r, cand_ids, mode)]
     if lists is not None:
         now = time.time()
         since = beside.candidate.since if beside is not None and beside.candidate is not None else probation

@@ -123,8 +123,9 @@ class ModelsResponse(BaseModel):
 class VersionInfo(BaseModel):
     version: str
     created_at: str | None
-    state: Literal["serving", "candidate", "kept", "broken"] = Field(
-        description="serving: answers requests here; candidate: tried beside it (canary or shadow); "
+    state: Literal["serving", "candidate", "holdback", "kept", "broken"] = Field(
+        description="serving: answers requests here; candidate: tried beside it (canary, shadow or interleave); "
+        "holdback: the version a promotion on probation replaced, answering a share of the users beside it; "
         "kept: on disk, not serving; broken: failed to load"
     )
     pinned: bool
@@ -136,6 +137,11 @@ class VersionsResponse(BaseModel):
     name: str
     pinned: str | None
     candidate: CandidateInfo | None = None
+    holdback: CandidateInfo | None = Field(
+        default=None,
+        description="while probation watches a promotion and no trial runs: the version it replaced, answering "
+        "`share` of the users so that both are measured over the same time",
+    )
     versions: list[VersionInfo] = Field(description="newest first")
 
 
@@ -261,7 +267,8 @@ async def list_versions(services: ServicesDep, name: ModelNamePath) -> VersionsR
     reg = services.loaded
     served = reg.models.get(name)
     pinned = reg.choices.pins.get(name)
-    cand = reg.choices.candidates.get(name)
+    cand, hold = reg.choices.candidates.get(name), reg.choices.holdbacks.get(name)
+    beside = reg.candidate_models.get(name)
     out = []
     for folder in folders:
         key = f"{name}/{folder.name}"
@@ -273,11 +280,11 @@ async def list_versions(services: ServicesDep, name: ModelNamePath) -> VersionsR
             )
         except ArtifactError:
             created, metrics = None, {}
-        state: Literal["serving", "candidate", "kept", "broken"] = "kept"
+        state: Literal["serving", "candidate", "holdback", "kept", "broken"] = "kept"
         if served is not None and served.version == folder.name:
             state = "serving"
-        elif cand is not None and cand.version == folder.name and name in reg.candidate_models:
-            state = "candidate"
+        elif beside is not None and beside.candidate is not None and beside.version == folder.name:
+            state = "holdback" if beside.candidate.mode == "holdback" else "candidate"
         elif key in reg.broken:
             state = "broken"
         out.append(
@@ -290,4 +297,6 @@ async def list_versions(services: ServicesDep, name: ModelNamePath) -> VersionsR
                 reason=reg.broken.get(key) if state == "broken" else None,
             )
         )
-    return VersionsResponse(name=name, pinned=pinned, candidate=CandidateInfo.of(cand), versions=out)
+    return VersionsResponse(
+        name=name, pinned=pinned, candidate=CandidateInfo.of(cand), holdback=CandidateInfo.of(hold), versions=out
+    )

@@ -116,7 +116,7 @@ def probation_of(services: Services, served: Served) -> float | None:
     s = services.settings
     if not s.probation_s or s.events_api_key is None:  # no probation: nothing to keep
         return None
-    return services.loaded.choices.probation(served.name, served.version, now=time.time(), span_s=s.probation_s)
+    return services.loaded.choices.probation(served.name, served.version, now=time.time())
 
 
 def live_route(routes: Sequence[TaskRoute]) -> str | None:

@@ -23,19 +23,23 @@ ONLINE_KEEP_S = 30 * 24 * 3600.0
 # once per bucket of a day.
 EXPOSURE_BUCKET_S = 600.0
 EXPOSURE_KEEP_S = 24 * 3600.0 + EXPOSURE_BUCKET_S
-Mode = Literal["canary", "shadow", "interleave"]
-Variant = Literal["live", "canary", "shadow", "interleave"]
+Mode = Literal["canary", "shadow", "interleave"]  # a trial's: what an admin or a new version starts
+# What a version beside the live one does: a trial's mode, or "holdback", the version a promotion replaced
+# answering a share of the users while probation watches the promotion (app/choices.py; never stored).
+Side = Literal["canary", "shadow", "interleave", "holdback"]
+Variant = Literal["live", "canary", "shadow", "interleave", "holdback"]
 
 
 @dataclass(frozen=True)
 class Candidate:
     """A version of a model tried beside the live one: `canary` answers `share` of the users (sticky
     by user id); `shadow` scores the same by-user queries off the response path; `interleave` mixes its
-    list with the live one in every by-user answer (app/interleave.py). `since`: when it
-    became the candidate (its online figures are compared with the live version's from then on)."""
+    list with the live one in every by-user answer (app/interleave.py); `holdback`, the version a
+    promotion replaced, answers `share` of the users while probation watches it (never stored). `since`:
+    when it became the candidate (its online figures are compared with the live version's from then on)."""
 
     version: str
-    mode: Mode
+    mode: Side
     share: float
     since: float
     outcome: str | None = None  # "promoted", "retired" or "rolled_back" once the trial ended; None while it runs

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.online import ServedList, in_canary
+from app.online import ServedList, in_canary, in_holdback
 from app.settings import Settings, SettingsError
 from app.store import SQLiteStore, Sums, Traffic
 from models.warm import FIRST_SEEN_LIVE
@@ -408,12 +408,15 @@ def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> Non
 
 
 def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path, tmp_path: Path) -> None:
-    """After a promotion (here by the admin call), the new live version's online NDCG@10 against the one it
-    replaced: as good within the interval, it stays; far worse, it is rolled back by itself and counted."""
+    """After a promotion (here by the admin call), with no holdback, the new live version's online NDCG@10
+    against the one it replaced over as long before: as good within the interval, it stays; far worse, it
+    is rolled back by itself and counted."""
     first, third = _first(root), "20991231T235958Z"
     shutil.copytree(root / "sasrec-tiny" / first, root / "sasrec-tiny" / third)
     state = tmp_path / "s"
-    settings = _settings(root, state, probation_min_lists=200, housekeeping_s=3600, events_api_key="events-key")
+    settings = _settings(
+        root, state, probation_min_lists=200, housekeeping_s=3600, events_api_key="events-key", probation_holdback=0
+    )
     with TestClient(create_app(settings)) as c:
         store = SQLiteStore(state / "h.sqlite3")
         production = c.app.state.services.production  # type: ignore[attr-defined]
@@ -474,6 +477,95 @@ def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path,
         tick()
         tick()
         assert served() == (third, "promoted")
+        store.close()
+
+
+def test_a_promotion_on_probation_holds_a_share_of_the_users_back_on_the_version_it_replaced(
+    root: Path, tmp_path: Path
+) -> None:
+    """While probation watches a promotion, the users at the canary hash's other end keep the replaced version
+    (said in each answer to key holders, and in the versions listing); their lists are kept per user beside
+    the new version's, and the holdback ends with the probation."""
+    first, state = _first(root), tmp_path / "s"
+    settings = _settings(root, state, housekeeping_s=3600, events_api_key="events-key", probation_holdback=0.25)
+    with TestClient(create_app(settings)) as c:
+        store = SQLiteStore(state / "h.sqlite3")
+        production = c.app.state.services.production  # type: ignore[attr-defined]
+        _start(c, first, "canary", 0.5)
+        assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
+        ended = store.candidates()["sasrec-tiny"].ended
+        held = {u for u in USERS if in_holdback("sasrec-tiny", u, 0.25)}
+        assert 0 < len(held) < len(USERS) and not any(in_canary("sasrec-tiny", u, 0.5) for u in held)
+        answers = _ask(c, USERS, headers=EVENTS)["results"]
+        assert {u for u, r in zip(USERS, answers, strict=True) if r["version"] == NEWER} == held
+        assert all(r["version"] == first for u, r in zip(USERS, answers, strict=True) if u not in held)
+        listed = c.get("/models/sasrec-tiny/versions").json()
+        assert listed["pinned"] == first and listed["candidate"] is None
+        assert listed["holdback"] == {"version": NEWER, "mode": "holdback", "share": 0.25, "since": ended}
+        assert {v["version"]: v["state"] for v in listed["versions"]}[NEWER] == "holdback"
+        # A held-back user's event scores the replaced version's list, kept per user under the promotion.
+        user = sorted(held)[0]
+        top = answers[USERS.index(user)]["items"][0]["item_id"]
+        event = {"event_id": "h1", "user_id": user, "item_id": top, "timestamp": 1e9}
+        assert c.post("/events", json={"model": "sasrec-tiny", "events": [event]}, headers=EVENTS).status_code == 200
+
+        def kept() -> bool:
+            c.portal.call(production.tick, root, None)  # type: ignore[union-attr]
+            got = store.trial_stats("sasrec-tiny", ended).get((NEWER, "holdback"))
+            return got is not None and (got.users, got.n, got.s) == (1, 1, 1.0)
+
+        wait_until(kept, timeout=10)
+        # The probation's span over (as if its hour had passed): everyone gets the promoted version.
+        production.choices.probation_s = 0.0
+        c.portal.call(production.tick, root, None)  # type: ignore[union-attr]
+        assert all(r["version"] == first for r in _ask(c, USERS, headers=EVENTS)["results"])
+        assert c.get("/models/sasrec-tiny/versions").json()["holdback"] is None
+        store.close()
+
+
+def test_probation_rolls_back_a_promotion_its_holdback_beats_and_keeps_one_it_does_not(
+    root: Path, tmp_path: Path
+) -> None:
+    first, third = _first(root), "20991231T235958Z"
+    shutil.copytree(root / "sasrec-tiny" / first, root / "sasrec-tiny" / third)
+    state = tmp_path / "s"
+    settings = _settings(root, state, housekeeping_s=3600, events_api_key="events-key", probation_holdback=0.25)
+    with TestClient(create_app(settings)) as c:
+        store = SQLiteStore(state / "h.sqlite3")
+        production = c.app.state.services.production  # type: ignore[attr-defined]
+
+        def promote(version: str) -> float:
+            _start(c, version, "canary", 0.5)
+            assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
+            ended = store.candidates()["sasrec-tiny"].ended
+            assert ended is not None
+            return ended
+
+        def sides(ended: float, live: tuple[str, float], holdback: tuple[str, float]) -> None:
+            for (version, mean), variant in ((live, "live"), (holdback, "holdback")):
+                rows = {  # users apart by up to 0.1 either way: the interval is about 0.04 wide
+                    ("sasrec-tiny", ended, version, variant, f"{variant}{n}"): (8.0, 8.0 * (mean + (n % 3 - 1) / 10))
+                    for n in range(40)
+                }
+                store.add_user_sums(rows)
+
+        def tick() -> None:
+            c.portal.call(production.tick, root, None)  # type: ignore[union-attr]
+
+        # The span before the promotion looks far better than anything since: not read with a holdback.
+        store.add_online({("sasrec-tiny", NEWER, "live", time.time() - 600, "known"): Sums(n=900, ndcg=810.0)})
+        ended = promote(first)
+        sides(ended, live=(first, 0.30), holdback=(NEWER, 0.31))
+        tick()
+        tick()
+        assert c.get("/models/sasrec-tiny/versions").json()["pinned"] == first  # level with its holdback: kept
+        ended = promote(third)
+        sides(ended, live=(third, 0.10), holdback=(first, 0.30))
+        tick()  # judged: rolled back in the store
+        tick()  # followed
+        assert c.get("/models/sasrec-tiny/versions").json()["pinned"] == first
+        assert store.candidates()["sasrec-tiny"].outcome == "rolled_back"
+        assert c.get("/models/sasrec-tiny/versions").json()["holdback"] is None  # no promotion on probation
         store.close()
 
 
