@@ -55,6 +55,15 @@ def _start(c: TestClient, version: str, mode: str, share: float | None = None) -
     return dict(r.json())
 
 
+def _promote(c: TestClient, store: SQLiteStore, version: str) -> float:
+    """Start `version` as a canary and promote it by the admin call; -> when the promotion happened."""
+    _start(c, version, "canary", 0.5)
+    assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
+    ended = store.candidates()["sasrec-tiny"].ended
+    assert ended is not None
+    return ended
+
+
 def test_canary_split_is_sticky_by_user_and_says_who_answered(root: Path, tmp_path: Path) -> None:
     first = _first(root)
     with TestClient(create_app(_settings(root, tmp_path / "s"))) as c:
@@ -424,13 +433,6 @@ def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path,
         def tick() -> None:  # the housekeeping tick, run here: judged on exactly the sums written before
             c.portal.call(production.tick, root, None)  # type: ignore[union-attr]
 
-        def promote(version: str) -> float:
-            _start(c, version, "canary", 0.5)
-            assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
-            ended = store.candidates()["sasrec-tiny"].ended
-            assert ended is not None
-            return ended
-
         def sums(n: int, mean: float) -> Sums:
             return Sums(n=n, hits=0, ndcg=n * mean, ndcg2=n * (mean * mean + 0.01), rr=0)
 
@@ -442,7 +444,7 @@ def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path,
                 {("sasrec-tiny", ended, version, "live", f"w{n}"): (lists, lists * mean) for n in range(users)}
             )
 
-        ended = promote(first)  # NEWER was live: `first` replaces it
+        ended = _promote(c, store, first)  # NEWER was live: `first` replaces it
         # The request path keeps the promoted version's lists per user from its promotion on.
         item = _ask(c, ["u1"], headers=EVENTS)["results"][0]["items"][0]["item_id"]
         event = {"event_id": "p1", "user_id": "u1", "item_id": item, "timestamp": 1e9}
@@ -472,7 +474,7 @@ def test_probation_rolls_a_worse_promotion_back_and_keeps_a_good_one(root: Path,
         )
         assert _ask(c, ["u1"], headers=EVENTS)["version"] == NEWER
         # Another version promoted, as good as what it replaced within the interval: it stays.
-        ended = promote(third)
+        ended = _promote(c, store, third)
         per_user(third, ended, 7.5, 0.295)
         tick()
         tick()
@@ -491,9 +493,7 @@ def test_a_promotion_on_probation_holds_a_share_of_the_users_back_on_the_version
     with TestClient(create_app(settings)) as c:
         store = SQLiteStore(state / "h.sqlite3")
         production = c.app.state.services.production  # type: ignore[attr-defined]
-        _start(c, first, "canary", 0.5)
-        assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
-        ended = store.candidates()["sasrec-tiny"].ended
+        ended = _promote(c, store, first)
         held = {u for u in USERS if in_holdback("sasrec-tiny", u, 0.25)}
         assert 0 < len(held) < len(USERS) and not any(in_canary("sasrec-tiny", u, 0.5) for u in held)
         answers = _ask(c, USERS, headers=EVENTS)["results"]
@@ -534,13 +534,6 @@ def test_probation_rolls_back_a_promotion_its_holdback_beats_and_keeps_one_it_do
         store = SQLiteStore(state / "h.sqlite3")
         production = c.app.state.services.production  # type: ignore[attr-defined]
 
-        def promote(version: str) -> float:
-            _start(c, version, "canary", 0.5)
-            assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
-            ended = store.candidates()["sasrec-tiny"].ended
-            assert ended is not None
-            return ended
-
         def sides(ended: float, live: tuple[str, float], holdback: tuple[str, float]) -> None:
             for (version, mean), variant in ((live, "live"), (holdback, "holdback")):
                 rows = {  # users apart by up to 0.1 either way: the interval is about 0.04 wide
@@ -554,12 +547,12 @@ def test_probation_rolls_back_a_promotion_its_holdback_beats_and_keeps_one_it_do
 
         # The span before the promotion looks far better than anything since: not read with a holdback.
         store.add_online({("sasrec-tiny", NEWER, "live", time.time() - 600, "known"): Sums(n=900, ndcg=810.0)})
-        ended = promote(first)
+        ended = _promote(c, store, first)
         sides(ended, live=(first, 0.30), holdback=(NEWER, 0.31))
         tick()
         tick()
         assert c.get("/models/sasrec-tiny/versions").json()["pinned"] == first  # level with its holdback: kept
-        ended = promote(third)
+        ended = _promote(c, store, third)
         sides(ended, live=(third, 0.10), holdback=(first, 0.30))
         tick()  # judged: rolled back in the store
         tick()  # followed
@@ -585,10 +578,7 @@ def test_probation_rolls_back_a_promotion_whose_answers_fail_more(root: Path, tm
         tick()
         counted = [t for (_, v, _), t in store.traffic("sasrec-tiny", since=0.0).items() if v == NEWER]
         assert sum(t.n for t in counted) == 2 and sum(t.errors for t in counted) == 0  # two answers, by request
-        _start(c, first, "canary", 0.5)
-        assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
-        ended = store.candidates()["sasrec-tiny"].ended
-        assert ended is not None
+        ended = _promote(c, store, first)
         store.add_traffic(
             {
                 ("sasrec-tiny", NEWER, ended - 600): Traffic(1000, 1, {5: 1000.0}),
