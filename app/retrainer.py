@@ -7,7 +7,9 @@ Every SEQSERVE_RETRAIN_CHECK_S it takes (or renews) the deployment's lease in th
 several retrainers sharing a store one works and the others wait; a holder that dies stops renewing and
 the next takes over once the lease runs out (SEQSERVE_RETRAIN_LEASE_S). Then, for each model it retrains
 (SEQSERVE_RETRAIN_MODELS; by default every served model whose task retrains warm), unless a
-trial of that model is running or its last retrain is within SEQSERVE_RETRAIN_COOLDOWN_S, it reads:
+trial of that model is running, its serving version is on probation (SEQSERVE_PROBATION_S since its
+promotion: a retrain would start from a version not yet proved, and its trial would end the holdback
+probation compares with), or its last retrain is within SEQSERVE_RETRAIN_COOLDOWN_S, it reads:
 - events: own live events no served version was trained on (what a retrain would add), against
   SEQSERVE_RETRAIN_MIN_EVENTS;
 - unknown: the share of own events stored over the last SEQSERVE_RETRAIN_WINDOW_S that name an item (a
@@ -47,7 +49,7 @@ from app.production import published
 from app.promotion import Window, online_windows, sagged
 from app.retrain import die_with_parent, served_models
 from app.settings import Settings, SettingsError
-from app.store import Arrival, ProductionState, StoreError, open_store
+from app.store import Arrival, Candidate, ProductionState, StoreError, open_store
 from app.store.histories import HistoryStore
 from models.artifact import TMP_PREFIX, ArtifactError, read_id_map, read_manifest
 from models.ids import IdMap
@@ -124,6 +126,18 @@ def fired(r: Reading, b: Bounds) -> list[Fired]:
             Fired("age", r.age_s, b.max_age_s, f"version {r.age_s / 3600:.1f} h old, bound {b.max_age_s / 3600:g} h")
         )
     return out
+
+
+def left_alone(cand: Candidate | None, version: str, *, now: float, probation_s: float) -> str | None:
+    """Why the model serving `version`, whose last candidate is `cand`, is not retrained now; None: it may be."""
+    if cand is None:
+        return None
+    if cand.running:
+        return f"a trial running ({cand.version})"
+    promoted = cand.ended if cand.outcome == "promoted" and cand.version == version else None
+    if promoted is not None and now - promoted < probation_s:
+        return f"{version} on probation since its promotion {now - promoted:.0f} s ago"
+    return None
 
 
 def warm_ids(task: str) -> str | None:
@@ -292,9 +306,9 @@ class Retrainer:
             return []
         done = []
         for name, version in self.chosen(self.served()):
-            cand = candidates.get(name)
-            if cand is not None and cand.running:
-                log.info("retrainer: %s has a trial running (%s); not checked", name, cand.version)
+            why_not = left_alone(candidates.get(name), version, now=self.clock(), probation_s=self.settings.probation_s)
+            if why_not is not None:
+                log.info("retrainer: %s not checked: %s", name, why_not)
                 continue
             if self.clock() - self.last_run.get(name, -math.inf) < self.settings.retrain_cooldown_s:
                 continue

@@ -12,8 +12,9 @@ half-way, which probation must roll back by itself.
    so that retrains and trials happen while users keep coming.
 2. Frozen: a service serving the live version alone, its promotion rule off, no new versions.
 3. Loop: a fresh service over the same cold version with SEQSERVE_NEW_VERSIONS=canary, the rule and
-   probation on, and the retrainer (`python -m app.retrainer`) beside it: it starts warm retrains by
-   itself when its triggers fire, and each result enters as a canary the rule decides. At the start of
+   probation on (--probation-s, with its holdback), and the retrainer (`python -m app.retrainer`) beside
+   it: it starts warm retrains by itself when its triggers fire, and each result enters as a canary the
+   rule decides. At the start of
    the third quarter the serving version's weights are shuffled into a new version, started as a
    candidate and promoted by the admin calls; probation must roll it back by itself.
 Reported per quarter of the slice: each run's NDCG@10 of the lists users were shown against the item
@@ -139,6 +140,8 @@ def settings(args: argparse.Namespace, work: Path, *, loop: bool) -> dict[str, s
         "SEQSERVE_NEW_VERSIONS": "canary",
         "SEQSERVE_CANARY_SHARE": "0.5",
         "SEQSERVE_PROMOTE_MIN_EVENTS": str(args.min_events),
+        "SEQSERVE_PROBATION_S": str(args.probation_s),
+        "SEQSERVE_PROBATION_HOLDBACK": str(args.holdback),
         "SEQSERVE_PROBATION_MIN_LISTS": str(args.probation_lists),
         "SEQSERVE_PROBATION_MIN_REQUESTS": str(args.probation_lists),
     }
@@ -158,6 +161,7 @@ def retrainer_settings(args: argparse.Namespace, work: Path, url: str) -> dict[s
         "SEQSERVE_RETRAIN_COOLDOWN_S": "0",
         "SEQSERVE_RETRAIN_MIN_LISTS": str(args.probation_lists),
         "SEQSERVE_RETRAIN_WINDOW_S": str(args.window_s),
+        "SEQSERVE_PROBATION_S": str(args.probation_s),  # no retrain while the serving version is on probation
         "SEQSERVE_RETRAINER_METRICS_PORT": "0",
     }
 
@@ -271,6 +275,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--min-events", type=int, default=1000, help="SEQSERVE_PROMOTE_MIN_EVENTS")
     p.add_argument("--probation-lists", type=int, default=200, help="SEQSERVE_PROBATION_MIN_LISTS (and requests)")
     p.add_argument("--window-s", type=float, default=120.0, help="SEQSERVE_RETRAIN_WINDOW_S (replay time is fast)")
+    p.add_argument("--probation-s", type=float, default=60.0, help="SEQSERVE_PROBATION_S (replay time is fast)")
+    p.add_argument(
+        "--holdback",
+        type=float,
+        default=0.25,
+        help="SEQSERVE_PROBATION_HOLDBACK: at 40 events/s a 60 s probation is 2,400 events, and the holdback's side "
+        "needs SEQSERVE_PROBATION_MIN_LISTS of them",
+    )
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--shards", type=int, default=16, help="users replayed at once")
     p.add_argument("--port", type=int, default=8933)

@@ -16,9 +16,9 @@ import httpx2 as httpx
 import pytest
 
 from app.promotion import Window, online_windows
-from app.retrainer import LEASE, STALE_TMP_S, Bounds, Metrics, Reading, Recent, Retrainer, fired
+from app.retrainer import LEASE, STALE_TMP_S, Bounds, Metrics, Reading, Recent, Retrainer, fired, left_alone
 from app.settings import Settings
-from app.store import Arrival, SQLiteStore, Sums
+from app.store import Arrival, Candidate, SQLiteStore, Sums
 from models.artifact import TMP_PREFIX, versions
 from tests.servers import ROOT, free_port, start_api, stop, wait_until
 
@@ -140,6 +140,19 @@ def test_a_run_killed_by_the_retrainers_own_stop_is_counted_stopped_not_failed(
         assert retrainer.metrics.runs.labels("m", "failed")._value.get() == 1
     finally:
         store.close()
+
+
+def test_a_model_is_left_alone_while_its_trial_runs_and_while_its_promotion_is_on_probation() -> None:
+    now = 1_800_000_000.0
+    running = Candidate("v2", "canary", 0.5, now - 60)
+    assert left_alone(running, "v1", now=now, probation_s=3600) == "a trial running (v2)"
+    promoted = Candidate("v2", "canary", 0.5, now - 600, "promoted", now - 60, replaced="v1")
+    assert left_alone(promoted, "v2", now=now, probation_s=3600) == "v2 on probation since its promotion 60 s ago"
+    assert left_alone(promoted, "v2", now=now, probation_s=60) is None  # its probation is over
+    assert left_alone(promoted, "v1", now=now, probation_s=3600) is None  # rolled back or pinned away since
+    retired = Candidate("v2", "canary", 0.5, now - 600, "retired", now - 60)
+    assert left_alone(retired, "v1", now=now, probation_s=3600) is None
+    assert left_alone(None, "v1", now=now, probation_s=3600) is None
 
 
 class Clock:
