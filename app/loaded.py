@@ -217,7 +217,7 @@ class LoadedModels:
                 old = self._install(served)
                 report["loaded"][name] = served.version
                 log.info("swapped in %s version %s", name, served.version)
-                if old is not None:
+                if old is not None and not await self._hold_back(old):
                     await self._retire(old)
             # After the live ones: a candidate never runs the live version.
             for name in set(self.candidate_models) | set(self.choices.candidates) | set(self.choices.holdbacks):
@@ -306,6 +306,20 @@ class LoadedModels:
             elif s.batcher.restarts:
                 out[name] = f"batcher worker restarted {s.batcher.restarts} time(s)"
         return out
+
+    async def _hold_back(self, old: Served) -> bool:
+        """Keep the entry a promotion replaced as its holdback when the choices want one of that version: it
+        goes on answering its share without a load (a load on every worker as the promotion lands raised
+        the new version's p99, which probation then read as the new version's own)."""
+        hold = self.choices.holdbacks.get(old.name)
+        if hold is None or hold.version != old.version:
+            return False
+        previous = self.candidate_models.get(old.name)
+        old.candidate = hold
+        self.candidate_models[old.name] = old
+        if previous is not None:
+            await self._retire(previous)
+        return True
 
     async def _retire(self, old: Served) -> None:
         old.retired = True

@@ -299,7 +299,8 @@ class ProductionLoop:
     async def adopt_new_versions(self, root: Path) -> None:
         """SEQSERVE_NEW_VERSIONS=canary|shadow: the newest version, when newer than the live one and
         published after the last trial began (so neither a retired version nor one an admin passed
-        over comes back), becomes the candidate instead of replacing the live one."""
+        over comes back), becomes the candidate instead of replacing the live one; while a promotion's
+        holdback runs it waits for the next reload after it."""
         mode = self.settings.new_versions
         if mode == "serve" or self.state is None:
             return
@@ -309,6 +310,9 @@ class ProductionLoop:
                 continue
             newest = folders[0]
             last = self.choices.last.get(name)
+            if name in self.choices.holdbacks:  # probation compares with it: a trial would end that comparison
+                log.info("new version %s/%s waits: probation of %s runs", name, newest.name, live.version)
+                continue
             if folders.index(live.folder) == 0 or f"{name}/{newest.name}" in self.loaded.broken:
                 continue
             if last is not None and published(newest.name) <= last.since:  # there when the last trial began

@@ -145,8 +145,10 @@ class Settings(BaseSettings):
     probation_holdback: float = Field(default=0.1, ge=0, le=0.5)
     # ...and its answers (the task routes' requests for it on every worker and host), once each side has
     # probation_min_requests: rolled back when its 5xx share is higher by more than probation_max_5xx_rise
-    # (and beyond chance at 95%), or its p99 latency above probation_max_p99_ratio times the old one's.
-    probation_min_requests: int = Field(default=200, ge=1)
+    # (and beyond chance at 95%), or its p99 latency above probation_max_p99_ratio times the old one's. The
+    # p99 of 200 answers is their second slowest, which the loads on every worker as a promotion lands
+    # moved by itself in the loop's replay: 1,000 answers put ten above it.
+    probation_min_requests: int = Field(default=1000, ge=1)
     probation_max_5xx_rise: float = Field(default=0.01, ge=0, le=1)
     probation_max_p99_ratio: float = Field(default=1.5, gt=1)
     # The retrainer (python -m app.retrainer) and one retrain (python -m app.retrain): when a warm retrain

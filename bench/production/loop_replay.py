@@ -143,7 +143,6 @@ def settings(args: argparse.Namespace, work: Path, *, loop: bool) -> dict[str, s
         "SEQSERVE_PROBATION_S": str(args.probation_s),
         "SEQSERVE_PROBATION_HOLDBACK": str(args.holdback),
         "SEQSERVE_PROBATION_MIN_LISTS": str(args.probation_lists),
-        "SEQSERVE_PROBATION_MIN_REQUESTS": str(args.probation_lists),
     }
 
 
@@ -273,7 +272,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=40.0, help="events a second the loop's replay keeps to")
     p.add_argument("--retrain-events", type=int, default=3000, help="SEQSERVE_RETRAIN_MIN_EVENTS")
     p.add_argument("--min-events", type=int, default=1000, help="SEQSERVE_PROMOTE_MIN_EVENTS")
-    p.add_argument("--probation-lists", type=int, default=200, help="SEQSERVE_PROBATION_MIN_LISTS (and requests)")
+    p.add_argument("--probation-lists", type=int, default=200, help="SEQSERVE_PROBATION_MIN_LISTS")
     p.add_argument("--window-s", type=float, default=120.0, help="SEQSERVE_RETRAIN_WINDOW_S (replay time is fast)")
     p.add_argument("--probation-s", type=float, default=60.0, help="SEQSERVE_PROBATION_S (replay time is fast)")
     p.add_argument(

@@ -486,14 +486,20 @@ def test_a_promotion_on_probation_holds_a_share_of_the_users_back_on_the_version
     root: Path, tmp_path: Path
 ) -> None:
     """While probation watches a promotion, the users at the canary hash's other end keep the replaced version
-    (said in each answer to key holders, and in the versions listing); their lists are kept per user beside
-    the new version's, and the holdback ends with the probation."""
+    (said in each answer to key holders, and in the versions listing), served by its entry as it was, with
+    no load; their lists are kept per user beside the new version's; a new version waits for its trial, and
+    the holdback ends with the probation."""
     first, state = _first(root), tmp_path / "s"
-    settings = _settings(root, state, housekeeping_s=3600, events_api_key="events-key", probation_holdback=0.25)
+    settings = _settings(
+        root, state, housekeeping_s=3600, events_api_key="events-key", probation_holdback=0.25, new_versions="canary"
+    )
     with TestClient(create_app(settings)) as c:
         store = SQLiteStore(state / "h.sqlite3")
         production = c.app.state.services.production  # type: ignore[attr-defined]
+        loaded = c.app.state.services.loaded  # type: ignore[attr-defined]
+        replaced = loaded.models["sasrec-tiny"]
         ended = _promote(c, store, first)
+        assert loaded.candidate_models["sasrec-tiny"] is replaced and not replaced.retired
         held = {u for u in USERS if in_holdback("sasrec-tiny", u, 0.25)}
         assert 0 < len(held) < len(USERS) and not any(in_canary("sasrec-tiny", u, 0.5) for u in held)
         answers = _ask(c, USERS, headers=EVENTS)["results"]
@@ -515,11 +521,15 @@ def test_a_promotion_on_probation_holds_a_share_of_the_users_back_on_the_version
             return got is not None and (got.users, got.n, got.s) == (1, 1, 1.0)
 
         wait_until(kept, timeout=10)
+        # A version newer than the live one (NEWER, by its name) is not started while the holdback runs.
+        assert c.post("/admin/reload", headers=ADMIN).json()["candidates"] == {}
+        assert c.get("/models/sasrec-tiny/versions").json()["holdback"]["version"] == NEWER
         # The probation's span over (as if its hour had passed): everyone gets the promoted version.
         production.choices.probation_s = 0.0
         c.portal.call(production.tick, root, None)  # type: ignore[union-attr]
         assert all(r["version"] == first for r in _ask(c, USERS, headers=EVENTS)["results"])
-        assert c.get("/models/sasrec-tiny/versions").json()["holdback"] is None
+        assert c.get("/models/sasrec-tiny/versions").json()["holdback"] is None and replaced.retired
+        assert c.post("/admin/reload", headers=ADMIN).json()["candidates"] == {"sasrec-tiny": NEWER}  # its trial now
         store.close()
 
 
