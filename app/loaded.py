@@ -208,7 +208,9 @@ class LoadedModels:
                 if not newer:
                     report["unchanged"][name] = current.version if current else ""
                     continue
-                served = await asyncio.to_thread(self._first_loadable, name, newer)
+                served = await self._take_beside(name, pin)
+                if served is None:
+                    served = await asyncio.to_thread(self._first_loadable, name, newer)
                 for key, reason in self.broken.items():
                     if key.startswith(f"{name}/") and key.split("/", 1)[1] in {f.name for f in newer}:
                         report["failed"][key] = reason
@@ -306,6 +308,19 @@ class LoadedModels:
             elif s.batcher.restarts:
                 out[name] = f"batcher worker restarted {s.batcher.restarts} time(s)"
         return out
+
+    async def _take_beside(self, name: str, pin: str | None) -> Served | None:
+        """The entry loaded beside the live one of `name` when it holds the pinned version (a promoted
+        candidate, or a holdback rolled back to), to serve as the live one as it is: loaded and warm on every
+        worker already, where a load as the pin lands would weigh on the answers probation then reads."""
+        entry = self.candidate_models.get(name)
+        if pin is None or entry is None or entry.version != pin:
+            return None
+        del self.candidate_models[name]
+        entry.candidate = None
+        entry.batcher.on_batch = self.on_batch(name) if self.on_batch else None  # counted as the live model's
+        await asyncio.to_thread(self._drop_trained_events, entry.engine)  # as a live load does
+        return entry
 
     async def _hold_back(self, old: Served) -> bool:
         """Keep the entry a promotion replaced as its holdback when the choices want one of that version: it

@@ -498,7 +498,12 @@ def test_a_promotion_on_probation_holds_a_share_of_the_users_back_on_the_version
         production = c.app.state.services.production  # type: ignore[attr-defined]
         loaded = c.app.state.services.loaded  # type: ignore[attr-defined]
         replaced = loaded.models["sasrec-tiny"]
-        ended = _promote(c, store, first)
+        _start(c, first, "canary", 0.5)
+        promoted = loaded.candidate_models["sasrec-tiny"]
+        assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
+        ended = store.candidates()["sasrec-tiny"].ended
+        # Both entries go on as they were: the candidate's serves as the live one, the live one's as the holdback.
+        assert loaded.models["sasrec-tiny"] is promoted and promoted.candidate is None
         assert loaded.candidate_models["sasrec-tiny"] is replaced and not replaced.retired
         held = {u for u in USERS if in_holdback("sasrec-tiny", u, 0.25)}
         assert 0 < len(held) < len(USERS) and not any(in_canary("sasrec-tiny", u, 0.5) for u in held)
@@ -564,9 +569,11 @@ def test_probation_rolls_back_a_promotion_its_holdback_beats_and_keeps_one_it_do
         assert c.get("/models/sasrec-tiny/versions").json()["pinned"] == first  # level with its holdback: kept
         ended = _promote(c, store, third)
         sides(ended, live=(third, 0.10), holdback=(first, 0.30))
+        held = c.app.state.services.loaded.candidate_models["sasrec-tiny"]  # type: ignore[attr-defined]
         tick()  # judged: rolled back in the store
         tick()  # followed
         assert c.get("/models/sasrec-tiny/versions").json()["pinned"] == first
+        assert c.app.state.services.loaded.models["sasrec-tiny"] is held  # type: ignore[attr-defined]
         assert store.candidates()["sasrec-tiny"].outcome == "rolled_back"
         assert c.get("/models/sasrec-tiny/versions").json()["holdback"] is None  # no promotion on probation
         store.close()
