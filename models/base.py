@@ -13,6 +13,8 @@ from torch import nn
 from models.ids import N_SPECIAL, PAD
 from models.transitions import transition_table
 
+FILTER_KINDS = ("none", "bsa", "learned")  # RecommenderConfig.filter_kind (models/layers.py FilterSpec)
+
 
 @dataclass
 class RecommenderConfig:
@@ -28,6 +30,12 @@ class RecommenderConfig:
     # False: no dropout on the attention output, the published SASRec's placement
     # (docs/decisions/attention-output-dropout.md); True keeps torch's encoder-layer placement.
     attn_out_dropout: bool = True
+    # A filter along the positions beside attention in every layer (models/layers.py FilterSpec,
+    # docs/decisions/sequence-filters.md): "none", "bsa" (BSARec) or "learned" (FMLP-Rec); its share of
+    # the token mixing (1 = the filter alone) and BSARec's cut-off c.
+    filter_kind: str = "none"
+    filter_mix: float = 0.7
+    filter_cutoff: int = 5
     # Sampled softmax over negatives shared by the batch (0 = a full softmax where the model offers one).
     n_negatives: int = 1024
     negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency
@@ -48,6 +56,10 @@ class RecommenderConfig:
             raise ValueError("d_model must be a multiple of n_heads")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.filter_kind not in FILTER_KINDS:
+            raise ValueError(f"filter_kind must be one of {FILTER_KINDS}, got {self.filter_kind!r}")
+        if not 0.0 <= self.filter_mix <= 1.0 or self.filter_cutoff < 1:
+            raise ValueError("filter_mix must be in [0, 1] and filter_cutoff >= 1")
         if self.transition_width < 0 or self.transition_weight < 0:
             raise ValueError("transition_width and transition_weight must be >= 0")
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import RecommenderConfig
+from models.base import FILTER_KINDS, RecommenderConfig
 from models.ids import N_SPECIAL, PAD
 
 # Masks: True = hidden, everywhere in the project. The (B, L) and (L, L) forms are the building
@@ -151,20 +152,103 @@ class FeedForward(nn.Sequential):
         super().__init__(nn.Linear(d, d_ff), nn.GELU(), Dropout(dropout), nn.Linear(d_ff, d))
 
 
+@dataclass(frozen=True)
+class FilterSpec:
+    """A filter along the positions beside attention (docs/decisions/sequence-filters.md).
+
+    kind: "bsa", BSARec's (AAAI'24) fixed low-pass with the high frequencies rescaled by a learned
+    per-channel beta; "learned", FMLP-Rec's (WWW'22) learnable per-channel filter. `mix`: the filter's
+    share of the token mixing (BSARec's alpha; 1 = the filter alone, as FMLP-Rec). `cutoff`: BSARec's c
+    (the low-pass keeps the first c // 2 + 1 frequencies of a `max_len` frame). A causal filter gives
+    each position what the filter gives the last position of the `max_len` frame ending there (zeros
+    before the start): what BSARec and FMLP-Rec compute at the one position they predict from.
+    """
+
+    kind: str
+    mix: float
+    cutoff: int
+    max_len: int
+    causal: bool
+
+
+def low_pass_matrix(length: int, cutoff: int) -> torch.Tensor:
+    """BSARec's low-pass over a frame of `length` positions as an (L, L) matrix P (low = P @ x):
+    rfft, the first cutoff // 2 + 1 frequencies kept, irfft. P is circulant."""
+    spec = torch.fft.rfft(torch.eye(length, dtype=torch.float64), dim=0, norm="ortho")
+    spec[cutoff // 2 + 1 :] = 0
+    return torch.fft.irfft(spec, n=length, dim=0, norm="ortho").float()
+
+
+class SequenceFilter(nn.Module):
+    """Each channel mixed along the positions by an (L, L) filter of offsets t - s (FilterSpec)."""
+
+    def __init__(self, spec: FilterSpec, d: int) -> None:
+        super().__init__()
+        if spec.kind not in FILTER_KINDS[1:]:
+            raise ValueError(f"filter kind must be one of {FILTER_KINDS[1:]}, got {spec.kind!r}")
+        self.kind = spec.kind
+        n = spec.max_len
+        offsets = torch.arange(n)[:, None] - torch.arange(n)[None, :]  # (L, L): t - s
+        # Causal: offsets 0..L-1 back, none forward; bidirectional: circular, as the FFT's frame.
+        self.register_buffer("index", offsets.clamp(min=0) if spec.causal else offsets % n, persistent=False)
+        self.register_buffer("valid", (offsets >= 0 if spec.causal else torch.ones(n, n, dtype=torch.bool)).float(), persistent=False)
+        if spec.kind == "bsa":
+            # By offset: the circulant's first column. Derived from the spec, so not stored.
+            self.register_buffer("kernel", low_pass_matrix(n, spec.cutoff)[:, 0].contiguous(), persistent=False)
+            self.sqrt_beta = nn.Parameter(torch.randn(d))  # BSARec's initialisation
+        else:
+            self.kernel = nn.Parameter(torch.randn(n, d) * 0.02)  # (L, D), FMLP-Rec's scale
+
+    def _matrix(self, length: int) -> torch.Tensor:
+        """(l, l) for "bsa", (l, l, D) for "learned": the filter over the first l positions."""
+        index, valid = self.index[:length, :length], self.valid[:length, :length]
+        k = self.kernel[index]
+        return k * (valid if k.dim() == 2 else valid[..., None])
+
+    def forward(self, h: torch.Tensor, keep: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """h: (B, L, D); keep: (B, L) bool, the positions that may contribute (None = all); rows: (B,),
+        one output position per row -> (B, 1, D), else -> (B, L, D)."""
+        m = self._matrix(h.size(1))  # (L, L[, D])
+        src = h if keep is None else h * keep[..., None]
+        if rows is not None:
+            m = m[rows]  # (B, L[, D])
+            mixed = (m[..., None] * src if m.dim() == 2 else m * src).sum(1, keepdim=True)  # (B, 1, D)
+            here = h[torch.arange(h.size(0), device=h.device), rows][:, None]  # (B, 1, D)
+        else:
+            mixed = m @ src if m.dim() == 2 else torch.einsum("tsd,bsd->btd", m, src)  # (B, L, D)
+            here = h
+        if self.kind == "learned":
+            return mixed
+        return mixed + self.sqrt_beta**2 * (here - mixed)  # low + beta^2 * high
+
+
 class EncoderLayer(nn.Module):
     """The one transformer encoder layer of every model. Pre-norm (x + SelfAttention(LN(x)), then
     x + FF(LN(x))) or, with `norm_first=False`, post-norm (LN(x + SelfAttention(x)), then
     LN(x + FF(x))). Dropout where torch's encoder layer has it: attention weights, after attention,
     inside and after the feed-forward; `attn_out_dropout=False` leaves the attention output undropped,
-    as the published SASRec does (docs/decisions/attention-output-dropout.md)."""
+    as the published SASRec does (docs/decisions/attention-output-dropout.md). `filter`: a filter along
+    the positions mixed with attention (FilterSpec), the token mixing then mix * filter + (1 - mix) *
+    attention."""
 
     def __init__(
-        self, d: int, n_heads: int, d_ff: int, dropout: float, *, norm_first: bool = True, attn_out_dropout: bool = True
+        self,
+        d: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float,
+        *,
+        norm_first: bool = True,
+        attn_out_dropout: bool = True,
+        filter: FilterSpec | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = Attention(d, n_heads, dropout)
+        self.mix = 0.0 if filter is None else filter.mix
+        # The filter alone (mix 1) has no attention: no weights that never train.
+        self.attn = Attention(d, n_heads, dropout) if self.mix < 1.0 else None
+        self.filter = None if filter is None else SequenceFilter(filter, d)
         self.ff = FeedForward(d, d_ff, dropout)
         self.drop = Dropout(dropout)
         self.attn_drop = self.drop if attn_out_dropout else nn.Identity()
@@ -183,11 +267,20 @@ class EncoderLayer(nn.Module):
         asked. `read` = (batch rows, positions): only those positions are queries -> (B, 1, D), for a
         last layer whose other positions nobody reads (mask then broadcastable to (B, H, 1, L))."""
         h = self.norm1(x) if self.norm_first else x
-        if read is None:
-            a, w = self.attn(h, h, mask, rope=rope, need_weights=need_weights, causal=causal)
-        else:
+        a: torch.Tensor | float = 0.0
+        w = None
+        if self.attn is not None:
+            if read is None:
+                a, w = self.attn(h, h, mask, rope=rope, need_weights=need_weights, causal=causal)
+            else:
+                a, w = self.attn(h[read][:, None], h, mask, rope=rope, need_weights=need_weights)
+        if read is not None:
             x = x[read][:, None]  # (B, 1, D): the residual stream of the read rows only
-            a, w = self.attn(h[read][:, None], h, mask, rope=rope, need_weights=need_weights)
+        if self.filter is not None:
+            # Keys hidden from every query (padding, or what follows a read position) take no part.
+            keep = None if mask is None else ~mask[:, 0].all(dim=-2)  # (B, L)
+            f = self.filter(h, keep, rows=None if read is None else read[1])
+            a = self.mix * f + (1.0 - self.mix) * a
         if self.norm_first:
             x = x + self.attn_drop(a)
             return x + self.drop(self.ff(self.norm2(x))), w
@@ -210,10 +303,11 @@ class EncoderStack(nn.Module):
         norm_first: bool = True,
         final_norm: bool = False,
         attn_out_dropout: bool = True,
+        filter: FilterSpec | None = None,
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            EncoderLayer(d, n_heads, d_ff, dropout, norm_first=norm_first, attn_out_dropout=attn_out_dropout)
+            EncoderLayer(d, n_heads, d_ff, dropout, norm_first=norm_first, attn_out_dropout=attn_out_dropout, filter=filter)
             for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(d) if final_norm else None
@@ -221,7 +315,8 @@ class EncoderStack(nn.Module):
     def init_as_torch(self) -> None:
         for layer in self.layers:
             assert isinstance(layer, EncoderLayer)
-            layer.attn.init_as_torch()
+            if layer.attn is not None:
+                layer.attn.init_as_torch()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, *, causal: bool = False) -> torch.Tensor:
         """x: (B, L, D), mask broadcastable to (B, H, L, L) (True = hidden) -> (B, L, D)."""
@@ -280,6 +375,9 @@ class SequenceEncoder(nn.Module):
         dropout: float,
         causal: bool,
         attn_out_dropout: bool = True,
+        filter_kind: str = "none",
+        filter_mix: float = 0.0,
+        filter_cutoff: int = 0,
     ) -> None:
         super().__init__()
         self.causal = causal
@@ -288,7 +386,12 @@ class SequenceEncoder(nn.Module):
         self.pos_emb = nn.Embedding(max_len, d_model)
         self.emb_norm = nn.LayerNorm(d_model)
         self.dropout = Dropout(dropout)
-        self.layers = EncoderStack(n_layers, d_model, n_heads, d_ff, dropout, attn_out_dropout=attn_out_dropout)
+        spec = None
+        if filter_kind != "none":
+            spec = FilterSpec(filter_kind, filter_mix, filter_cutoff, max_len, causal)
+        self.layers = EncoderStack(
+            n_layers, d_model, n_heads, d_ff, dropout, attn_out_dropout=attn_out_dropout, filter=spec
+        )
         self.out_norm = nn.LayerNorm(d_model)
         self.apply(init_weights)
         self.layers.init_as_torch()
@@ -306,6 +409,9 @@ class SequenceEncoder(nn.Module):
             dropout=config.dropout,
             causal=causal,
             attn_out_dropout=config.attn_out_dropout,
+            filter_kind=config.filter_kind,
+            filter_mix=config.filter_mix,
+            filter_cutoff=config.filter_cutoff,
         )
 
     def _embed(self, seq: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:

@@ -58,7 +58,10 @@ def run_one(label: str, sets: list[str], seed: int, *, args: argparse.Namespace,
     for o in overrides:
         cmd += ["--set", o]
     with (args.out / f"{tag}.log").open("w") as log:
-        subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
+        done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode:  # one failed run is reported, the others still run
+        print(f"{tag}: exit {done.returncode}, see {args.out / tag}.log", file=sys.stderr)
+        return {"failed": done.returncode}
     metrics: dict[str, Any] = json.loads((latest_versions(args.out / tag)[tag] / "metrics.json").read_text())
     return metrics
 
@@ -77,6 +80,7 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], help="'label:override;override' (repeatable)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads a run (0: the cores shared out)")
     ap.add_argument("--metric", action="append", required=True, help="dotted path in metrics.json (repeatable)")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="override for every run")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "sweep")
@@ -84,7 +88,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     args.data = args.data.resolve() if args.data else None
     variants = [parse_variant(v) for v in args.variant] or [("config", [])]
-    threads = max(1, (os.cpu_count() or 1) // args.parallel)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.parallel)
     jobs = [(label, sets, seed) for label, sets in variants for seed in args.seeds]
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(lambda j: run_one(j[0], j[1], j[2], args=args, threads=threads), jobs))
@@ -94,7 +98,7 @@ def main() -> None:
     (args.out / "sweep.json").write_text(json.dumps(by_label, indent=1))
     print(f"| run | n | train s | {' | '.join(args.metric)} |")
     print("|---|---|---|" + "---|" * len(args.metric))
-    for name in results[0].get("baselines_test") or {}:
+    for name in next((m["baselines_test"] for m in results if "baselines_test" in m), {}):
         paths = [re.sub(r"^test\.", f"baselines_test.{name}.", p) for p in args.metric]
         print(
             f"| baseline: {name} | {len(results)} | - | "

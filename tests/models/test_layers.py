@@ -19,10 +19,16 @@ from models.sasrec import SASRec, SASRecConfig
 V = 50
 
 
-def _models() -> list[torch.nn.Module]:
+def _models(**extra: object) -> list[torch.nn.Module]:
     torch.manual_seed(0)
-    cfg = {"vocab_size": V, "max_len": 12, "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32}
+    cfg = {"vocab_size": V, "max_len": 12, "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, **extra}
     return [SASRec(SASRecConfig(**cfg)).eval(), BERT4Rec(BERT4RecConfig(**cfg)).eval()]
+
+
+# Every model test runs on the plain encoder and on each filter the encoder offers.
+FILTERS = {"": {}, "-bsa": {"filter_kind": "bsa", "filter_mix": 0.7}, "-learned": {"filter_kind": "learned", "filter_mix": 1.0}}
+MODELS = [m for opts in FILTERS.values() for m in _models(**opts)]
+MODEL_IDS = [f"{name}{suffix}" for suffix in FILTERS for name in ("sasrec", "bert4rec")]
 
 
 def test_masks_dtype_and_logic() -> None:
@@ -44,7 +50,7 @@ def test_last_valid_gather_with_ragged_lengths() -> None:
     assert torch.equal(out[2], hidden[2, 3])
 
 
-@pytest.mark.parametrize("model", _models(), ids=["sasrec", "bert4rec"])
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
 def test_padding_does_not_change_outputs(model: torch.nn.Module) -> None:
     seq = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 10, 11, 12]])
     longer = torch.cat([seq, torch.zeros(2, 4, dtype=torch.long)], 1)
@@ -57,8 +63,8 @@ def test_padding_does_not_change_outputs(model: torch.nn.Module) -> None:
         assert torch.allclose(s1, s2, atol=1e-5)
 
 
-def test_causal_mask_hides_the_future() -> None:
-    model = _models()[0]
+@pytest.mark.parametrize("model", MODELS[::2], ids=MODEL_IDS[::2])
+def test_causal_mask_hides_the_future(model: torch.nn.Module) -> None:
     a = torch.tensor([[5, 6, 7, 8]])
     b = torch.tensor([[5, 6, 7, 30]])
     with torch.no_grad():
@@ -67,15 +73,15 @@ def test_causal_mask_hides_the_future() -> None:
     assert not torch.allclose(ha[0, 3], hb[0, 3])
 
 
-def test_bidirectional_model_sees_both_sides() -> None:
-    model = _models()[1]
+@pytest.mark.parametrize("model", MODELS[1::2], ids=MODEL_IDS[1::2])
+def test_bidirectional_model_sees_both_sides(model: torch.nn.Module) -> None:
     a = torch.tensor([[5, 6, 7, 8]])
     b = torch.tensor([[5, 6, 7, 30]])
     with torch.no_grad():
         assert not torch.allclose(model(a)[0, 0], model(b)[0, 0])
 
 
-@pytest.mark.parametrize("model", _models(), ids=["sasrec", "bert4rec"])
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
 def test_scores_shape_and_specials_never_rank(model: torch.nn.Module) -> None:
     seq = torch.tensor([[5, 6, 0], [7, 0, 0]])
     with torch.no_grad():
@@ -84,7 +90,7 @@ def test_scores_shape_and_specials_never_rank(model: torch.nn.Module) -> None:
     assert torch.isinf(s[:, :2]).all() and torch.isfinite(s[:, 2:]).all()
 
 
-@pytest.mark.parametrize("model", _models(), ids=["sasrec", "bert4rec"])
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
 def test_loss_is_finite_and_backpropagates(model: torch.nn.Module) -> None:
     model.train()
     seq = torch.tensor([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])
@@ -140,12 +146,15 @@ def test_negative_sampler_mixes_and_corrects() -> None:
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("n_layers", [1, 3])
-def test_read_equals_forward_at_the_read_position(causal: bool, n_layers: int) -> None:
+@pytest.mark.parametrize("filter_opts", FILTERS.values(), ids=[k or "plain" for k in FILTERS])
+def test_read_equals_forward_at_the_read_position(causal: bool, n_layers: int, filter_opts: dict) -> None:
     """Serving's shortcut (the last layer computes only the row read) gives forward()'s numbers."""
     from models.layers import SequenceEncoder
 
     torch.manual_seed(0)
-    enc = SequenceEncoder(50, 12, d_model=16, n_heads=2, n_layers=n_layers, d_ff=32, dropout=0.1, causal=causal).eval()
+    enc = SequenceEncoder(
+        50, 12, d_model=16, n_heads=2, n_layers=n_layers, d_ff=32, dropout=0.1, causal=causal, **filter_opts
+    ).eval()
     seq = torch.tensor([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 0, 0, 0, 0, 0, 0], [3, 4, 5, 6, 7, 8, 9, 10]])
     at = torch.tensor([5, 1, 4])  # the last item, or (row 3) a position before the end
     for ctx in (torch.no_grad, torch.inference_mode):  # the fused fast path runs under inference_mode
@@ -330,3 +339,48 @@ def test_dropout_drops_its_share_scales_the_rest_and_is_the_identity_in_eval() -
     assert x.grad is not None and torch.equal(x.grad, y.detach())  # the gradient passes where the value did
     assert torch.equal(d.eval()(x), x)
     assert torch.equal(Dropout(0.0).train()(x), x)
+
+
+def test_bsa_low_pass_is_bsarecs_fft_cut() -> None:
+    """The fixed filter is BSARec's: rfft over the positions, the first c // 2 + 1 frequencies kept, irfft."""
+    from models.layers import low_pass_matrix
+
+    x = torch.randn(3, 12, 4)
+    spec = torch.fft.rfft(x, dim=1, norm="ortho")
+    spec[:, 9 // 2 + 1 :] = 0
+    assert torch.allclose(low_pass_matrix(12, 9) @ x, torch.fft.irfft(spec, n=12, dim=1, norm="ortho"), atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["bsa", "learned"])
+def test_a_causal_filter_gives_each_position_the_frame_ending_there(kind: str) -> None:
+    """Position t of a causal filter = the filter at the last position of the max_len frame ending at t,
+    zeros before the start (the one position BSARec and FMLP-Rec predict from)."""
+    from models.layers import FilterSpec, SequenceFilter, low_pass_matrix
+
+    torch.manual_seed(0)
+    n, d = 6, 3
+    f = SequenceFilter(FilterSpec(kind, 1.0, 5, n, causal=True), d)
+    x = torch.randn(2, n, d)
+    out = f(x, None)
+    for t in range(n):
+        frame = torch.cat([torch.zeros(2, n - 1 - t, d), x[:, : t + 1]], 1)  # (B, n, D), ending at t
+        if kind == "bsa":
+            low = (low_pass_matrix(n, 5) @ frame)[:, -1]
+            want = low + f.sqrt_beta**2 * (x[:, t] - low)
+        else:  # a learned kernel by how far back: k[0] on t itself, k[j] on t - j
+            want = sum(f.kernel[j] * frame[:, n - 1 - j] for j in range(n))
+        assert torch.allclose(out[:, t], want, atol=1e-5), t
+
+
+def test_the_filter_alone_has_no_attention_and_its_weights_train() -> None:
+    model = _models(filter_kind="learned", filter_mix=1.0)[0].train()
+    names = [n for n, _ in model.named_parameters()]
+    assert not any(".attn." in n for n in names) and any(".filter.kernel" in n for n in names)
+    model.loss(torch.tensor([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters() if "filter" in n)
+
+
+@pytest.mark.parametrize(("field", "value"), [("filter_kind", "wavelet"), ("filter_mix", 1.5), ("filter_cutoff", 0)])
+def test_filter_options_out_of_range_are_refused(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        SASRecConfig(vocab_size=V, **{field: value})
