@@ -280,12 +280,20 @@ def test_the_transition_prior_weight_is_chosen_on_validation_and_served(syntheti
         "eval.transition_weights=[0.0, 1.0, 50.0]",
     ]
     folder = run_job(overrides, tmp_path, synthetic_dir)
-    tried = json.loads((folder / "metrics.json").read_text())["transition_prior_valid_ndcg10"]
+    metrics = json.loads((folder / "metrics.json").read_text())
+    tried = metrics["transition_prior_valid_ndcg10"]
     assert set(tried) == {"0", "1", "50"}
     art = load_artifact(folder)
     model = art.model
     best = max(tried.values())
     assert tried[f"{model.config.transition_weight:g}"] == best
+    # With a prior, the test also scores the network alone, on the same users.
+    if model.config.transition_weight:
+        alone = metrics["test_network_alone"]
+        assert set(alone) == set(metrics["test"]) and alone["full"]["n"] == metrics["test"]["full"]["n"]
+        assert alone["full"]["MRR"] != metrics["test"]["full"]["MRR"]
+    else:
+        assert "test_network_alone" not in metrics
     assert min(w for w in (0.0, 1.0, 50.0) if tried[f"{w:g}"] == best) == model.config.transition_weight
     # The served table counts what test time knows: everything but the test items.
     job = RecommendJob(

@@ -65,6 +65,8 @@ TEST_MARGIN = 1.3
 # whole phase costs about a second, and a figure on the half of the users a tight deadline let through
 # is noise (the deadlines are for big logs).
 EVERY_USER_SHARE = 0.05
+# A model with a transition prior is also tested without it ("test_network_alone" in metrics.json).
+NETWORK_ALONE = "network alone"
 
 
 @dataclass
@@ -494,8 +496,13 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         # sampled or not).
         known = self.split.test.histories + short_sequences(self.split)
         fitted = self._fit_baselines(known)
+        scorers: dict[str, ScoreFn] = {"model": model.scores}
+        if model.uses_prior:  # the network alone beside it, from the same scores: what the prior adds
+            weight = model.config.transition_weight
+            both = self._prior_scorers(model, [weight, 0.0])
+            scorers = {"model": both[f"{weight:g}"], NETWORK_ALONE: both["0"]}
         got = self._evaluate_all(
-            {"model": model.scores, **fitted}, test, e.protocols, deadline=self._evaluation_deadline("test", "export")
+            {**scorers, **fitted}, test, e.protocols, deadline=self._evaluation_deadline("test", "export")
         )
         return test, list(fitted), got, len(known)
 
@@ -537,6 +544,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         out["baselines_valid_per_epoch_users"] = self.valid_baselines
         out["protocol"]["baselines_valid_users"] = self.valid_baselines_users
         out["test"] = got.metrics["model"]
+        if NETWORK_ALONE in got.metrics:
+            out["test_network_alone"] = got.metrics[NETWORK_ALONE]
         out["baselines_test"] = {name: got.metrics[name] for name in fitted}
         out["protocol"]["baselines_fitted_users"] = {
             "valid": self.valid_baselines_fitted,
@@ -553,6 +562,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
                 m["MRR"],
                 rows,
             )
+        for proto, m in out.get("test_network_alone", {}).items():
+            log.info("test (%s) without the transition prior: NDCG@10 %.4f", proto, m["NDCG@10"])
         if "full" in out["test"] and out["baselines_test"]:
             best = max(out["baselines_test"].items(), key=lambda kv: kv[1]["full"]["NDCG@10"])
             ratio = out["test"]["full"]["NDCG@10"] / max(best[1]["full"]["NDCG@10"], 1e-12)
