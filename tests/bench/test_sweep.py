@@ -32,6 +32,8 @@ def test_two_variants_two_seeds_give_a_table_of_means(
         "wide:model.d_model=16",
         "--variant",
         "narrow:model.d_model=8;model.d_ff=16",
+        "--variant",
+        "broken:model.d_model=7",  # not a multiple of the heads: the job fails, the sweep goes on
         "--metric",
         "test.full.NDCG@10",
         "--metric",
@@ -56,9 +58,12 @@ def test_two_variants_two_seeds_give_a_table_of_means(
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "| run | n | train s | test.full.NDCG@10 | test.nothing.here |"
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:]}
-    assert set(rows) == {"baseline: popularity", "baseline: transitions", "baseline: item_knn", "wide", "narrow"}
+    assert set(rows) == {"baseline: popularity", "baseline: transitions", "baseline: item_knn", "wide", "narrow", "broken"}
     saved = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert [len(saved[v]) for v in ("wide", "narrow")] == [2, 2]
+    assert [set(m) for m in saved["broken"]] == [{"failed"}] * 2 and all(m["failed"] for m in saved["broken"])
+    assert rows["broken"] == "| broken | 2 | - | - | - |"
+    assert "d_model" in (tmp_path / "sweep" / "broken-s1.log").read_text()
     ndcg = [m["test"]["full"]["NDCG@10"] for m in saved["narrow"]]
     mean = sum(ndcg) / 2
     assert "| narrow | 2 | " in rows["narrow"] and f"{mean:.4f} ± " in rows["narrow"]

@@ -305,6 +305,30 @@ def test_the_transition_prior_weight_is_chosen_on_validation_and_served(syntheti
     assert torch.equal(model.successors, succ) and torch.equal(model.successor_log_counts, logc)
 
 
+def test_the_prior_grid_goes_on_past_its_top_while_validation_rises(synthetic_dir: Path, tmp_path: Path) -> None:
+    """The synthetic users walk the items in a cycle: counting is exact, so validation rises with the
+    prior's weight until counting decides, and a grid that stops at 0.01 is extended."""
+    from training.jobs.recommend import PRIOR_GRID_ROUNDS, PRIOR_GRID_STEP
+
+    overrides = [
+        "model.kind='sasrec'",
+        "name='grid'",
+        "model.n_negatives=8",
+        *TINY_REC,
+        "train.epochs=1",
+        "model.transition_width=4",
+        "eval.transition_weights=[0.0, 0.01]",
+    ]
+    metrics = json.loads((run_job(overrides, tmp_path, synthetic_dir) / "metrics.json").read_text())
+    tried = {float(w): v for w, v in metrics["transition_prior_valid_ndcg10"].items()}
+    assert tried[0.01] > tried[0.0] and len(tried) > 2
+    # Each round is the three next weights up from the best so far, and one ends the grid by not
+    # improving on the best (or the rounds run out).
+    assert float(f"{0.01 * PRIOR_GRID_STEP:.3g}") in tried
+    best = max(tried, key=lambda w: (tried[w], -w))
+    assert best < max(tried) or len(tried) == 2 + 3 * PRIOR_GRID_ROUNDS
+
+
 def test_the_plan_keeps_for_the_artifact_what_writing_its_bytes_takes(synthetic_dir: Path, tmp_path: Path) -> None:
     """A 30-minute budget on a small log keeps seconds for writing the artifact, not 3% of the budget
     (which at 50M rows held back 54 s for a 6-second write and cut the test short)."""

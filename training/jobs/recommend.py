@@ -50,6 +50,10 @@ EVALSET_FIELDS = ("users", "histories", "targets", "interacted")
 BASELINES_SHARE = 0.05
 FIT_SHARE = 0.035  # fitting the baselines, each of the two times (on the training part, then for the test)
 REFIT_SHARE = 0.1
+# The prior's grid, past its top while validation still rises there: up to this many rounds of the
+# three next weights up, each PRIOR_GRID_STEP times the one before.
+PRIOR_GRID_ROUNDS = 3
+PRIOR_GRID_STEP = 1.5
 EXPORT_SHARE = 0.03  # at most: the plan keeps the artifact's bytes at EXPORT_BYTES_PER_S
 MAX_AFTER_SHARE = 0.3
 # Writing the artifact: its weights and about 13 bytes an interaction for the users' histories (840 MB
@@ -116,7 +120,8 @@ class RecEval:
     # A model with a transition table (model.transition_width): the prior's weights tried on validation
     # after training; the best NDCG@10 is kept (0 = no prior). Without a validation split (full_data),
     # the config's model.transition_weight stays.
-    # The grid reaches 8: a model weaker than counting (BERT4Rec on Beauty) peaks at 5 on validation.
+    # The grid reaches 8 (a model weaker than counting, BERT4Rec on Beauty, peaked at 5 on validation)
+    # and goes on past its top while validation still rises there (PRIOR_GRID_ROUNDS).
     transition_weights: list[float] = field(
         default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0]
     )
@@ -432,6 +437,18 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         got = self._evaluate_all(self._prior_scorers(model, e.transition_weights), valid, protocols, deadline=deadline)
         tried = {w: got.metrics[f"{w:g}"][e.protocol]["NDCG@10"] for w in e.transition_weights}
         chosen = max(tried, key=lambda w: (tried[w], -w))
+        # The grid follows validation past its top: while the best weight is the largest tried, the next
+        # weights up are scored on the same users (docs/decisions/transition-prior.md).
+        for _ in range(PRIOR_GRID_ROUNDS):
+            if chosen != max(tried) or chosen <= 0 or got.users < len(valid.targets):
+                break
+            more = [float(f"{chosen * PRIOR_GRID_STEP**k:.3g}") for k in (1, 2, 3)]
+            ext = self._evaluate_all(self._prior_scorers(model, more), valid, protocols, deadline=deadline)
+            if ext.users < got.users:  # cut by the deadline: not the same users, not comparable
+                break
+            got.metrics.update(ext.metrics)
+            tried.update({w: ext.metrics[f"{w:g}"][e.protocol]["NDCG@10"] for w in more})
+            chosen = max(tried, key=lambda w: (tried[w], -w))
         model.config.transition_weight = chosen
         self.transition_weights_tried = tried
         log.info(
