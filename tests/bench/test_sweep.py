@@ -58,7 +58,14 @@ def test_two_variants_two_seeds_give_a_table_of_means(
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "| run | n | train s | test.full.NDCG@10 | test.nothing.here |"
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:]}
-    assert set(rows) == {"baseline: popularity", "baseline: transitions", "baseline: item_knn", "wide", "narrow", "broken"}
+    assert set(rows) == {
+        "baseline: popularity",
+        "baseline: transitions",
+        "baseline: item_knn",
+        "wide",
+        "narrow",
+        "broken",
+    }
     saved = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert [len(saved[v]) for v in ("wide", "narrow")] == [2, 2]
     assert [set(m) for m in saved["broken"]] == [{"failed"}] * 2 and all(m["failed"] for m in saved["broken"])

@@ -26,7 +26,11 @@ def _models(**extra: object) -> list[torch.nn.Module]:
 
 
 # Every model test runs on the plain encoder and on each filter the encoder offers.
-FILTERS = {"": {}, "-bsa": {"filter_kind": "bsa", "filter_mix": 0.7}, "-learned": {"filter_kind": "learned", "filter_mix": 1.0}}
+FILTERS = {
+    "": {},
+    "-bsa": {"filter_kind": "bsa", "filter_mix": 0.7},
+    "-learned": {"filter_kind": "learned", "filter_mix": 1.0},
+}
 MODELS = [m for opts in FILTERS.values() for m in _models(**opts)]
 MODEL_IDS = [f"{name}{suffix}" for suffix in FILTERS for name in ("sasrec", "bert4rec")]
 
@@ -343,7 +347,7 @@ def test_dropout_drops_its_share_scales_the_rest_and_is_the_identity_in_eval() -
 
 def test_bsa_low_pass_is_bsarecs_fft_cut() -> None:
     """The fixed filter is BSARec's: rfft over the positions, the first c // 2 + 1 frequencies kept, irfft."""
-    from models.layers import low_pass_matrix
+    from models.filters import low_pass_matrix
 
     x = torch.randn(3, 12, 4)
     spec = torch.fft.rfft(x, dim=1, norm="ortho")
@@ -355,7 +359,7 @@ def test_bsa_low_pass_is_bsarecs_fft_cut() -> None:
 def test_a_causal_filter_gives_each_position_the_frame_ending_there(kind: str) -> None:
     """Position t of a causal filter = the filter at the last position of the max_len frame ending at t,
     zeros before the start (the one position BSARec and FMLP-Rec predict from)."""
-    from models.layers import FilterSpec, SequenceFilter, low_pass_matrix
+    from models.filters import FilterSpec, SequenceFilter, low_pass_matrix
 
     torch.manual_seed(0)
     n, d = 6, 3
