@@ -177,7 +177,7 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str) -> subprocess.Popen[byte
             pass
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {last_output()}")
-        time.sleep(0.3)
+        time.sleep(0.05)
     stop(proc)
     raise RuntimeError("server did not become ready in 120 s")
 

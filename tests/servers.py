@@ -90,7 +90,7 @@ def start_api(
             proc.kill()
             err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
             raise AssertionError(f"server did not become ready: {err}")
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

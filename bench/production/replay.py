@@ -43,6 +43,7 @@ from bench.servers import ROOT, last_output, start_server, stop
 
 NAME = "sasrec-ml100k"
 TENTH = "20000101T000000Z"  # the tenth-of-the-data version's name: older than any, so never "new"
+HOUSEKEEPING_S = 0.5  # the service's tick, which shares each worker's figures
 ADMIN = "replay-admin-key"
 # The promotion rule needs /events behind a key (it acts only on authenticated events); the same key
 # reads stored histories and shows which version answered each user.
@@ -172,7 +173,7 @@ async def settled(client: httpx.AsyncClient, timeout_s: float = 30) -> dict[str,
         if now == last:
             return dict(now)
         last = now
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(HOUSEKEEPING_S + 0.1)  # a tick apart: each worker shared its sums in between
     return dict(last or {})
 
 
@@ -248,7 +249,7 @@ def server_settings(args: argparse.Namespace, work: Path) -> dict[str, str]:
         "SEQSERVE_NEW_VERSIONS": "canary",
         "SEQSERVE_CANARY_SHARE": "0.5",
         "SEQSERVE_PROMOTE_MIN_EVENTS": str(args.min_events),
-        "SEQSERVE_HOUSEKEEPING_S": "0.5",
+        "SEQSERVE_HOUSEKEEPING_S": str(HOUSEKEEPING_S),
         "SEQSERVE_ONLINE_SCORE_S": "0.1",
         "SEQSERVE_EVENT_SKEW_S": "0",
         "PROMETHEUS_MULTIPROC_DIR": str(work / "prom"),

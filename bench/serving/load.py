@@ -391,6 +391,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--idle-seconds", type=float, default=3.0, help="how long each idle server's CPU is read")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "load.json")
@@ -495,11 +496,12 @@ class Run:
             for srv in servers:
                 procs[srv] = self.start(srv, ports[srv])
                 results["rss_mb"][srv] = round(rss_mb(procs[srv].pid), 1)
-            # What the idle servers cost the measured one: each server's CPU over 3 s with no load.
+            # What the idle servers cost the measured one: each server's CPU over a while with no load.
             before = {srv: group_cpu_seconds(proc.pid) for srv, proc in procs.items()}
-            time.sleep(3)
+            time.sleep(args.idle_seconds)
             results["idle_cores"] = {
-                srv: round((group_cpu_seconds(proc.pid) - before[srv]) / 3, 3) for srv, proc in procs.items()
+                srv: round((group_cpu_seconds(proc.pid) - before[srv]) / args.idle_seconds, 3)
+                for srv, proc in procs.items()
             }
             for proc in procs.values():
                 pause(proc, True)

@@ -30,7 +30,7 @@ def test_compare_alternates_two_variants_one_logging_every_request(tiny_artifact
     _run(
         "serving.compare",
         *("--artifacts", str(tiny_artifacts), "--models", "sasrec-tiny", "--paths", "/recommend"),
-        *("--concurrency", "4", "--rounds", "2", "--seconds", "2", "--warmup", "0.2"),
+        *("--concurrency", "4", "--rounds", "2", "--seconds", "1", "--warmup", "0.2"),
         *("--variant", "quiet", "--variant", "logged:SEQSERVE_LOG_LEVEL=INFO"),
         *("--port", "0", "--out", str(out)),  # each variant on a port free when it starts
     )
@@ -155,7 +155,8 @@ def test_load_measures_the_ceiling_the_no_op_and_the_service(tiny_artifacts: Pat
     _run(
         "serving.load",
         *("--artifacts", str(tiny_artifacts), "--models", "sasrec-tiny", "--modes", "raw", "noop", "batched"),
-        *("--concurrency", "2", "--seconds", "1", "--warmup", "0.2", "--port", str(free_port()), "--out", str(out)),
+        *("--concurrency", "2", "--seconds", "1", "--warmup", "0.2", "--idle-seconds", "0.5"),
+        *("--port", str(free_port()), "--out", str(out)),
     )
     rows = json.loads(out.read_text())
     rows = rows["rows"] if isinstance(rows, dict) else rows
