@@ -84,11 +84,19 @@ class Settings(BaseSettings):
     max_queue: int = Field(default=_BATCH.max_queue, ge=1)  # waiting requests per model before 503
     request_timeout_s: float = Field(default=10.0, gt=0)  # 504 after this
     # Live user events (POST /events), read after the artifacts' own histories.
-    history_store: Literal["sqlite", "redis"] = "sqlite"
+    # sqlite: one host; redis: one Redis server for several hosts; redis-cluster: a Redis Cluster (redis_url
+    # names any node of it; docs/decisions/redis-cluster.md)
+    history_store: Literal["sqlite", "redis", "redis-cluster"] = "sqlite"
     history_path: Path = Path("state/history.sqlite3")  # the SQLite store's file (not under the artifacts)
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")  # may hold a password: never shown
     redis_password: SecretStr | None = None  # Redis AUTH password, when not in the URL (e.g. from a _FILE)
     redis_prefix: str = "seqserve:"  # key prefix, so several deployments can share one Redis
+    # An event is acknowledged once this many replicas hold it too (Redis WAIT), within redis_wait_ms (else
+    # 503, and the client's retry is a duplicate). 0: once the primary has it; a primary killed before its
+    # replica read the newest events loses them in a failover (docs/decisions/redis-cluster.md).
+    redis_wait_replicas: int = Field(default=0, ge=0)
+    redis_wait_ms: int = Field(default=1000, ge=1)
+    redis_buckets: int = Field(default=64, ge=1, le=16384)  # the cluster store's user buckets (hash tags)
     # How far back the Redis store keeps every user's events for recent activity (a social model's
     # windows, which follow its network's clock, must fit; SQLite reads its events table instead).
     recent_keep_s: float = Field(default=RECENT_KEEP_S, gt=0)
@@ -251,6 +259,9 @@ class Settings(BaseSettings):
             "keep": self.live_events,
             "redis_password": self.redis_password.get_secret_value() if self.redis_password else None,
             "recent_keep_s": self.recent_keep_s,
+            "redis_wait_replicas": self.redis_wait_replicas,
+            "redis_wait_ms": self.redis_wait_ms,
+            "redis_buckets": self.redis_buckets,
         }
 
     def batch_policy(self, device_type: str) -> BatchPolicy:

@@ -2,7 +2,8 @@
 
 Shared by load.py, compare.py, gpu.py, hostile.py, replay.py, store_fill.py, warm_retrain.py and
 scale_serve.py; every server is started in its own process group (so its workers go with it) and
-logs to a file, never to a pipe nobody reads.
+logs to a file, never to a pipe nobody reads. Also a Redis Cluster on loopback, for the cluster
+store's tests and bench.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -44,6 +47,21 @@ def free_port() -> int:
                 continue
             return port
     raise OSError("no free loopback port found in 64 tries")
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (it + 10000, Redis Cluster's) is free and valid too."""
+    for _ in range(64):
+        port = free_port()
+        if port + 10_000 > 65_535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10_000))
+            except OSError:
+                continue
+        return port
+    raise OSError("no free loopback port pair found in 64 tries")
 
 
 def uvicorn_process(
@@ -187,3 +205,125 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+class RedisClusterNodes:
+    """A Redis Cluster on loopback: `primaries` primaries with a replica each, every node its own
+    redis-server (`--cluster-enabled`, append-only, fsync always, as in compose), joined by
+    `redis-cli --cluster create`. A node killed with -9 is failed over by its replica within about
+    `node_timeout_ms` plus an election."""
+
+    def __init__(
+        self, data_dir: Path, *, binary: str, cli: str, primaries: int = 3, node_timeout_ms: int = 1000
+    ) -> None:
+        self.binary, self.cli = binary, cli
+        self.dir = data_dir
+        self.node_timeout_ms = node_timeout_ms
+        self.ports = [free_cluster_port() for _ in range(2 * primaries)]
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        """A start-up node's URL; the client finds every other node from it."""
+        return f"redis://127.0.0.1:{self.ports[0]}"
+
+    def start(self) -> RedisClusterNodes:
+        for port in self.ports:
+            self._spawn(port)
+        for port in self.ports:
+            _until(partial(self._answers, port), 20, f"node {port} answering")
+        nodes = [f"127.0.0.1:{p}" for p in self.ports]
+        subprocess.run(
+            [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        _until(self.healthy, 30, "cluster_state:ok on every node")
+        _until(self.replicated, 30, "a replica online for every primary")
+        return self
+
+    def _spawn(self, port: int) -> None:
+        d = self.dir / str(port)
+        d.mkdir(parents=True, exist_ok=True)
+        self.procs[port] = subprocess.Popen(
+            [
+                self.binary,
+                *("--port", str(port), "--bind", "127.0.0.1", "--dir", str(d)),
+                *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+                *("--cluster-node-timeout", str(self.node_timeout_ms)),
+                *("--appendonly", "yes", "--appendfsync", "always", "--save", ""),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+
+    def restart(self, port: int) -> None:
+        """Start a killed node again from its files: it rejoins, as the replica of whoever took its slots."""
+        self._spawn(port)
+        _until(partial(self._answers, port), 20, f"node {port} answering")
+
+    def _answers(self, port: int) -> bool:
+        return self._cli(port, "PING") == "PONG"
+
+    def _cli(self, port: int, *args: str) -> str:
+        proc = subprocess.run([self.cli, "-p", str(port), *args], capture_output=True, text=True, timeout=10)
+        return proc.stdout.strip()
+
+    def healthy(self) -> bool:
+        """Every live node says the cluster is ok (every slot served)."""
+        alive = [p for p, proc in self.procs.items() if proc.poll() is None]
+        return all("cluster_state:ok" in self._cli(p, "CLUSTER", "INFO") for p in alive)
+
+    def replicated(self) -> bool:
+        """Every live primary has a replica online (cluster_state:ok comes before the replicas' first sync)."""
+        alive = [p for p, proc in self.procs.items() if proc.poll() is None]
+        infos = [self._cli(p, "INFO", "replication") for p in alive]
+        primaries = [i for i in infos if "role:master" in i]
+        return bool(primaries) and all("state=online" in i for i in primaries)
+
+    def primary_of(self, key: str) -> int | None:
+        """The port of the primary serving `key`'s slot now (None while none does: a failover)."""
+        slot = self._cli(self.ports[0], "CLUSTER", "KEYSLOT", key)
+        for line in self._cli(self.ports[0], "CLUSTER", "NODES").splitlines():
+            fields = line.split()
+            if "master" in fields[2] and "fail" not in fields[2]:
+                for span in fields[8:]:
+                    lo, _, hi = span.partition("-")
+                    if lo.isdigit() and int(lo) <= int(slot) <= int(hi or lo):
+                        return int(fields[1].split(":")[1].split("@")[0])
+        return None
+
+    def replica_of(self, port: int) -> int:
+        """The port of the replica of the primary on `port`."""
+        lines = [line.split() for line in self._cli(self.ports[0], "CLUSTER", "NODES").splitlines()]
+        primary = next(f[0] for f in lines if f[1].split("@")[0].endswith(f":{port}"))
+        return next(int(f[1].split(":")[1].split("@")[0]) for f in lines if f[3] == primary)
+
+    def pause(self, port: int, paused: bool) -> None:
+        """SIGSTOP (or SIGCONT) one node: it holds its connections and answers nothing."""
+        self.procs[port].send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
+    def kill(self, port: int) -> None:
+        """SIGKILL one node: no shutdown save; what survives is what its append-only file and replica hold."""
+        self.procs[port].kill()
+        self.procs[port].wait()
+
+    def flush(self) -> None:
+        for port, proc in self.procs.items():
+            if proc.poll() is None and "role:master" in self._cli(port, "INFO", "replication"):
+                self._cli(port, "FLUSHALL")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(0.05)

@@ -34,3 +34,9 @@ litserve_api.encode_response
 # uvicorn's RequestResponseCycle reads it after the response (app/server.py: a reserve answer closes).
 request_cycle = object()
 request_cycle.keep_alive
+
+# The Redis Cluster's tests find which node to kill or pause with these (tests/app/test_redis_cluster.py).
+cluster_nodes = object()
+cluster_nodes.primary_of
+cluster_nodes.replica_of
+cluster_nodes.restart

@@ -88,6 +88,23 @@ def redis_server(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
+def redis_cluster_nodes(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A real Redis Cluster (three primaries, a replica each) on loopback, shared by a worker's tests."""
+    from tests.servers import redis_cluster_nodes as cluster
+
+    nodes = cluster(tmp_path_factory.mktemp("cluster")).start()
+    yield nodes
+    nodes.stop()
+
+
+@pytest.fixture
+def redis_cluster(redis_cluster_nodes):  # type: ignore[no-untyped-def]
+    """The shared cluster, emptied for this test."""
+    redis_cluster_nodes.flush()
+    return redis_cluster_nodes
+
+
+@pytest.fixture(scope="session")
 def synthetic_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A RecBole-style dataset folder (.inter + .item with titles, release years and genres)."""
     d = tmp_path_factory.mktemp("synthetic")

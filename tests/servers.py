@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from bench.servers import free_port
+from bench.servers import RedisClusterNodes, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,3 +169,12 @@ class RedisServer:
         if self.proc is not None:
             stop(self.proc)
             self.proc = None
+
+
+def redis_cluster_nodes(data_dir: Path, **kwargs: int) -> RedisClusterNodes:
+    """A Redis Cluster on loopback (bench.servers.RedisClusterNodes), skipped where redis-server is not."""
+    binary = redis_binary()
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        pytest.skip("redis-cli not installed (it comes with redis-server)")
+    return RedisClusterNodes(data_dir, binary=binary, cli=cli, **kwargs)

@@ -221,6 +221,8 @@ class RedisStore(HistoryStore, ProductionState):
         keep: int = LIVE_EVENTS,
         password: str | None = None,
         recent_keep_s: float = RECENT_KEEP_S,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> None:
         import redis
 
@@ -228,15 +230,12 @@ class RedisStore(HistoryStore, ProductionState):
         self.recent_keep_s = self.recent_horizon_s = recent_keep_s
         self._redis_errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self.where = redact(url)
+        # An append is acknowledged once this many replicas have it (Redis WAIT): without, an event the
+        # primary took and then lost with it (kill -9 before its replica read it) is gone after a failover.
+        self.wait_replicas, self.wait_timeout_ms = wait_replicas, wait_timeout_ms
         auth = {"password": password} if password else {}
         try:
-            self.r = redis.Redis.from_url(
-                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True, **auth
-            )
-            # The pool makes its connections lazily: one made here (it does not connect) turns an
-            # unknown URL parameter into a start-up error instead of a 500 on every store call.
-            pool = self.r.connection_pool
-            pool.connection_class(**pool.connection_kwargs).disconnect()
+            self.r = self._connect(url, timeout_s=timeout_s, auth=auth)
         except (ValueError, TypeError, *self._redis_errors) as exc:  # TypeError: an unknown URL parameter
             raise StoreError(f"redis {self.where}: {type(exc).__name__}") from None
         self.prefix = prefix
@@ -247,8 +246,43 @@ class RedisStore(HistoryStore, ProductionState):
         self._drop_lease = self.r.register_script(_DROP_LEASE_LUA)
         self._user_sums = self.r.register_script(_USER_SUMS_LUA)
 
+    def _connect(self, url: str, *, timeout_s: float, auth: dict[str, str]) -> Any:
+        import redis
+
+        r = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True, **auth
+        )
+        # The pool makes its connections lazily: one made here (it does not connect) turns an
+        # unknown URL parameter into a start-up error instead of a 500 on every store call.
+        pool = r.connection_pool
+        pool.connection_class(**pool.connection_kwargs).disconnect()
+        return r
+
     def _k(self, namespace: str, what: str) -> str:
         return f"{self.prefix}{namespace}:{what}"
+
+    def _shared(self, what: str) -> str:
+        """A key every model shares (pins, candidates)."""
+        return f"{self.prefix}{what}"
+
+    def _of_model(self, name: str, what: str, rest: str = "") -> str:
+        """A key of model `name`'s production state (its online sums, trials, lease...)."""
+        return f"{self.prefix}{what}:{name}{rest}"
+
+    def _acknowledged(self, client: Any, write: Callable[[Any], Any]) -> Any:
+        """`write(client)`'s result; when replicas are asked for, the write and a WAIT go on one pipeline
+        (one connection: WAIT covers that connection's writes), and fewer replicas acknowledging in time
+        is a StoreError. The write stands on the primary either way: a retry of the same events is a
+        duplicate."""
+        if not self.wait_replicas:
+            return write(client)
+        pipe = client.pipeline(transaction=False)
+        write(pipe)
+        pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+        got = pipe.execute()
+        if int(got[-1]) < self.wait_replicas:
+            raise StoreError(f"redis {self.where}: {got[-1]} of {self.wait_replicas} replicas acknowledged in time")
+        return got[0]
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
@@ -264,12 +298,12 @@ class RedisStore(HistoryStore, ProductionState):
             for eid in self.r.sscan_iter(old_ids, count=1000):
                 self.r.hsetnx(self._k(namespace, "eids"), eid, "")  # "": any payload counts as a duplicate
             self.r.delete(old_ids)
-        live: set[str] = self.r.smembers(self._k(namespace, "live"))  # type: ignore[assignment]
+        live: set[str] = self.r.smembers(self._k(namespace, "live"))
         for user in live:
             old = self._k(namespace, f"ev:{user}")
             if self.r.type(old) != "list":
                 continue
-            payloads: list[str] = self.r.lrange(old, 0, -1)  # type: ignore[assignment]
+            payloads: list[str] = self.r.lrange(old, 0, -1)
             for payload in payloads:
                 item, ts = json.loads(payload)[:2]
                 seq = self.r.incr(self._k(namespace, "seq"))
@@ -292,7 +326,7 @@ class RedisStore(HistoryStore, ProductionState):
                 if not held:
                     continue
                 for key in (self._k(namespace, f"z:{user}"), self._k(namespace, f"r:{user}")):
-                    members: list[str] = self.r.zrange(key, 0, -1)  # type: ignore[assignment]
+                    members: list[str] = self.r.zrange(key, 0, -1)
                     folded = [m for m in members if event_key(*_decode(m)[:2]) in held]
                     if folded:
                         # Removing these members only: events appended meanwhile are untouched.
@@ -337,9 +371,9 @@ class RedisStore(HistoryStore, ProductionState):
             self._k(namespace, "live"),
             self._k(namespace, "seq"),
             self._k(namespace, "recent"),
-            f"{self.prefix}arrivals",
+            self._shared("arrivals"),
         ]
-        codes = self._call(lambda: self._append(keys=keys, args=args))
+        codes = self._call(lambda: self._acknowledged(self.r, lambda c: self._append(keys=keys, args=args, client=c)))
         return [_OUTCOMES[int(c)] for c in codes]
 
     def events(self, namespace: str, users: Sequence[str], limit: int | None = None) -> dict[str, Timeline]:
@@ -366,7 +400,7 @@ class RedisStore(HistoryStore, ProductionState):
 
     def recent(self, namespace: str, *, start: float, end: float, limit: int = RECENT_EVENTS) -> list[RecentEvent]:
         def do() -> list[tuple[str, float]]:
-            return self.r.zrevrangebyscore(  # type: ignore[return-value]
+            return self.r.zrevrangebyscore(
                 self._k(namespace, "recent"), f"({end!r}", repr(float(start)), start=0, num=limit + 1, withscores=True
             )
 
@@ -394,20 +428,20 @@ class RedisStore(HistoryStore, ProductionState):
 
     def users(self, namespace: str) -> Iterator[str]:
         def do() -> list[str]:
-            return sorted(self.r.smembers(self._k(namespace, "live")))  # type: ignore[arg-type]
+            return sorted(self.r.smembers(self._k(namespace, "live")))
 
         return iter(self._call(do))
 
     def pins(self) -> dict[str, str]:
-        found = self._call(lambda: self.r.hgetall(f"{self.prefix}pins"))
+        found = self._call(lambda: self.r.hgetall(self._shared("pins")))
         return {str(k): str(v) for k, v in found.items()}
 
     def set_pin(self, name: str, version: str | None) -> None:
-        key = f"{self.prefix}pins"
+        key = self._shared("pins")
         self._call(lambda: self.r.hdel(key, name) if version is None else self.r.hset(key, name, version))
 
     def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:
-        key = f"{self.prefix}arrivals"
+        key = self._shared("arrivals")
         Entries = list[tuple[str, dict[str, str]]]  # decode_responses=True: every id and field is a str
         if cursor is None:
             last = cast(Entries, self._call(lambda: self.r.xrevrange(key, count=1)))
@@ -425,16 +459,16 @@ class RedisStore(HistoryStore, ProductionState):
             for (name, version, variant, bucket, segment), s in sums.items():
                 for metric, value in zip(Sums.FIELDS, s.values(), strict=True):
                     pipe.hincrbyfloat(
-                        f"{self.prefix}online:{name}", f"{version}|{variant}|{bucket:.0f}|{segment}|{metric}", value
+                        self._of_model(name, "online"), f"{version}|{variant}|{bucket:.0f}|{segment}|{metric}", value
                     )
             pipe.execute()
             for name in {key[0] for key in sums}:
-                self._drop_buckets(f"{self.prefix}online:{name}", before=time.time() - ONLINE_KEEP_S)
+                self._drop_buckets(self._of_model(name, "online"), before=time.time() - ONLINE_KEEP_S)
 
         self._call(do)
 
     def online(self, name: str) -> dict[OnlineKey, Sums]:
-        found = self._call(lambda: self.r.hgetall(f"{self.prefix}online:{name}"))
+        found = self._call(lambda: self.r.hgetall(self._of_model(name, "online")))
         out: dict[OnlineKey, Sums] = {}
         for field_name, value in found.items():
             parts = str(field_name).split("|")
@@ -453,7 +487,7 @@ class RedisStore(HistoryStore, ProductionState):
 
     def _exposed(self, name: str, bucket: float) -> str:
         """The set of `version|variant|item` shown in one exposure bucket of model `name`."""
-        return f"{self.prefix}exposed:{name}:{bucket:.0f}"
+        return self._of_model(name, "exposed", f":{bucket:.0f}")
 
     def add_exposure(self, rows: Mapping[ExposureKey, Exposure]) -> None:
         if not rows:
@@ -464,14 +498,14 @@ class RedisStore(HistoryStore, ProductionState):
             for (name, version, variant, bucket), e in rows.items():
                 head = f"{version}|{variant}|{bucket:.0f}|"
                 for metric, value in (("lists", e.lists), ("slots", e.slots), ("head", e.head)):
-                    pipe.hincrbyfloat(f"{self.prefix}exposure:{name}", f"{head}{metric}", value)
+                    pipe.hincrbyfloat(self._of_model(name, "exposure"), f"{head}{metric}", value)
                 if e.items:
                     key = self._exposed(name, bucket)
                     pipe.sadd(key, *(f"{version}|{variant}|{item}" for item in e.items))
                     pipe.expire(key, int(EXPOSURE_KEEP_S))
             pipe.execute()
             for name in {key[0] for key in rows}:
-                self._drop_buckets(f"{self.prefix}exposure:{name}", before=time.time() - EXPOSURE_KEEP_S)
+                self._drop_buckets(self._of_model(name, "exposure"), before=time.time() - EXPOSURE_KEEP_S)
 
         self._call(do)
 
@@ -482,7 +516,7 @@ class RedisStore(HistoryStore, ProductionState):
 
         def do() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
-            pipe.hgetall(f"{self.prefix}exposure:{name}")
+            pipe.hgetall(self._of_model(name, "exposure"))
             for b in buckets:
                 pipe.smembers(self._exposed(name, b))
             return cast(list[Any], pipe.execute())
@@ -542,7 +576,7 @@ class RedisStore(HistoryStore, ProductionState):
 
     def _traffic(self, name: str, bucket: float) -> str:
         """The hash of `name`'s traffic on the UTC day of `bucket`: a read covers only the days it asks for."""
-        return f"{self.prefix}traffic:{name}:{int(bucket // _DAY_S)}"
+        return self._of_model(name, "traffic", f":{int(bucket // _DAY_S)}")
 
     def add_user_sums(self, sums: Mapping[UserKey, Sequence[float]]) -> None:
         per_trial: dict[tuple[str, float], list[str | float]] = {}
@@ -568,21 +602,25 @@ class RedisStore(HistoryStore, ProductionState):
 
     def _trial(self, name: str, trial: float, what: str = "") -> str:
         """A trial's per-user hash (its sides' running sums: `what` = "sides")."""
-        return f"{self.prefix}trial{what}:{name}:{trial!r}"
+        return self._of_model(name, f"trial{what}", f":{trial!r}")
+
+    def _trial_patterns(self, name: str) -> tuple[str, ...]:
+        """Key patterns matching every trial key of model `name`."""
+        return self._of_model(name, "trial", ":*"), self._of_model(name, "trialsides", ":*")
 
     def candidates(self) -> dict[str, Candidate]:
-        found = self._call(lambda: self.r.hgetall(f"{self.prefix}candidates"))
+        found = self._call(lambda: self.r.hgetall(self._shared("candidates")))
         return {str(k): Candidate.from_json(str(v)) for k, v in found.items()}
 
     def set_candidate(self, name: str, candidate: Candidate | None) -> None:
-        key = f"{self.prefix}candidates"
+        key = self._shared("candidates")
         trials = [candidate.since] if candidate else []
         if (promoted := probation_key(cast(str | None, self._call(lambda: self.r.hget(key, name))))) >= 0:
             trials.append(promoted)
         keep = {self._trial(name, t, kind) for t in trials for kind in ("", "sides")}
 
         def do() -> None:
-            for pattern in (f"{self.prefix}trial:{name}:*", f"{self.prefix}trialsides:{name}:*"):
+            for pattern in self._trial_patterns(name):
                 for old in self.r.scan_iter(pattern, count=100):
                     if old not in keep:
                         self.r.unlink(old)
@@ -594,7 +632,7 @@ class RedisStore(HistoryStore, ProductionState):
         self._call(do)
 
     def settle(self, name: str, version: str, *, promote: bool) -> bool:
-        keys = [f"{self.prefix}candidates", f"{self.prefix}pins"]
+        keys = [self._shared("candidates"), self._shared("pins")]
         spec = self._call(lambda: self.r.hget(keys[0], name))
         if spec is None:
             return False
@@ -608,7 +646,7 @@ class RedisStore(HistoryStore, ProductionState):
         return bool(self._call(lambda: self._settle(keys=keys, args=[name, version, int(promote), ended.to_json()])))
 
     def roll_back(self, name: str, version: str) -> bool:
-        keys = [f"{self.prefix}candidates", f"{self.prefix}pins"]
+        keys = [self._shared("candidates"), self._shared("pins")]
         spec = self._call(lambda: self.r.hget(keys[0], name))
         if spec is None:
             return False
@@ -616,11 +654,11 @@ class RedisStore(HistoryStore, ProductionState):
         return bool(self._call(lambda: self._roll_back(keys=keys, args=[name, version, rolled.to_json()])))
 
     def take_lease(self, name: str, holder: str, *, ttl_s: float, now: float) -> bool:
-        key = f"{self.prefix}lease:{name}"
+        key = self._of_model(name, "lease")
         return bool(self._call(lambda: self._lease(keys=[key], args=[holder, repr(now), repr(now + ttl_s)])))
 
     def drop_lease(self, name: str, holder: str) -> None:
-        self._call(lambda: self._drop_lease(keys=[f"{self.prefix}lease:{name}"], args=[holder]))
+        self._call(lambda: self._drop_lease(keys=[self._of_model(name, "lease")], args=[holder]))
 
     def expire(self, *, now: float) -> None:
         """Nothing: the append script caps the arrivals stream (ARRIVALS_MAX) and the recent set on each write."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.store import HistoryStore, ProductionState, RedisStore, SQLiteStore
+from app.store import HistoryStore, ProductionState, RedisClusterStore, RedisStore, SQLiteStore
 from models.artifact import latest_versions
 from tests.servers import NEWER
 
@@ -23,14 +23,16 @@ def root(tiny_artifacts: Path, tmp_path: Path) -> Path:
     return out
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLiteStore | RedisStore]:
     """Each store backend, keeping 5 live events a user; it serves both interfaces."""
     s: SQLiteStore | RedisStore
     if request.param == "sqlite":
         s = SQLiteStore(tmp_path / "h.sqlite3", keep=5)
-    else:
+    elif request.param == "redis":
         s = RedisStore(request.getfixturevalue("redis_server").url, keep=5)
+    else:  # eight buckets: a test's few users fall in several, so calls span slots and nodes
+        s = RedisClusterStore(request.getfixturevalue("redis_cluster").url, keep=5, buckets=8)
     yield s
     s.close()
 

@@ -121,7 +121,7 @@ def test_exposure_adds_up_across_writers_and_its_items_are_one_set(state: Produc
 def test_online_sums_written_before_segments_read_as_segment_none(state: ProductionState) -> None:
     b = math.floor(time.time() / 60) * 60
     if isinstance(state, RedisStore):  # fields of the earlier layout: version|variant|bucket|metric
-        state.r.hset(f"{state.prefix}online:m", mapping={f"v1|live|{b}|n": 2, f"v1|live|{b}|ndcg": 0.5})
+        state.r.hset(state._of_model("m", "online"), mapping={f"v1|live|{b}|n": 2, f"v1|live|{b}|ndcg": 0.5})
     else:
         assert isinstance(state, SQLiteStore)
         state._write(

@@ -309,3 +309,20 @@ def test_retrain_beside_alternates_the_api_alone_and_beside_each_job(
     got = json.loads(out.read_text())["conditions"]
     assert set(got) == {"alone", "retrainer", "unbounded"} and all(c["errors"] == 0 for c in got.values())
     assert got["alone"]["job_cores"]["median"] == 0 and got["retrainer"]["job_cores"]["median"] > 0
+
+
+@pytest.mark.slow
+def test_redis_cluster_measures_appends_on_one_server_and_on_a_cluster(tiny_artifacts: Path, tmp_path: Path) -> None:
+    from tests.servers import redis_binary
+
+    redis_binary()  # skips (fails under CI) without redis-server
+    out = tmp_path / "cluster.json"
+    _run(
+        "scale.redis_cluster",
+        *("--artifacts", str(tiny_artifacts), "--models", "sasrec-tiny", "--writers", "2", "--seconds", "0.3"),
+        *("--rounds", "1", "--compare-seconds", "0", "--out", str(out)),  # the req/s half is compare.py's run
+    )
+    report = json.loads(out.read_text())
+    assert set(report["events"]) == {"one server", "cluster", "cluster, WAIT 1 replica"}
+    assert all(e["events_per_s_median"] > 0 and e["errors"] == 0 for e in report["events"].values())
+    assert report["events"]["one server"]["over_one_server"] == 1.0 and "recommend_by_user" not in report
