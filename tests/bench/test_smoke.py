@@ -326,3 +326,21 @@ def test_redis_cluster_measures_appends_on_one_server_and_on_a_cluster(tiny_arti
     assert set(report["events"]) == {"one server", "cluster", "cluster, WAIT 1 replica"}
     assert all(e["events_per_s_median"] > 0 and e["errors"] == 0 for e in report["events"].values())
     assert report["events"]["one server"]["over_one_server"] == 1.0 and "recommend_by_user" not in report
+
+
+def test_capacity_plan_follows_the_unit_costs_it_measured(tiny_artifacts: Path, tmp_path: Path) -> None:
+    from models.artifact import latest_versions
+    from tests.servers import redis_binary
+
+    redis_binary()
+    version = latest_versions(tiny_artifacts)["sasrec-tiny"]
+    out = tmp_path / "capacity.json"
+    args = ("--artifact", str(version), "--users", "1e6", "--events", "1e8", "--items", "1e5", "--out", str(out))
+    _run("scale.capacity", *args)
+    got = json.loads(out.read_text())
+    units, plan = got["units"], got["plan"]
+    assert units["table"]["bytes_per_step"] > 0 and units["redis"]["bytes_per_live_event"] > 0
+    # The plan follows its units: the history table is users x bytes a user + events x bytes a step.
+    table = (1e6 * units["table"]["bytes_per_user"] + 1e8 * units["table"]["bytes_per_step"]) / 1e9
+    assert plan["artifact"]["history_table_gb"] == round(table, 1)
+    assert plan["training"]["rate_is"] == "measured" and plan["api"]["hosts"] >= 1 and plan["redis"]["primaries"] >= 1
