@@ -227,3 +227,38 @@ def test_a_defect_in_a_later_chunk_names_its_line(tmp_path: Path, monkeypatch: p
         load_interactions(log)
     log.write_text("user_id,item_id,timestamp\n" + "\n".join(f"u{k},i{k}," for k in range(9)) + "\n")
     assert load_interactions(log).n_interactions == 9  # no timestamp at all: file order, in every chunk
+
+
+def test_a_log_named_its_own_way_is_read_by_its_column_mapping(tmp_path: Path) -> None:
+    """Another engine's event log: its own column names, an event type to filter on, times in milliseconds
+    and ISO 8601 alike; a mapping for a log in a known layout, or half a filter, is refused."""
+    from training.data import Columns
+
+    rows = pd.DataFrame(
+        {
+            "visitor": ["a", "a", "b", "a", "b", "a"],
+            "sku": ["x", "y", "z", "w", "x", "v"],
+            "kind": ["purchase", "view", "purchase", "purchase", "cart", "purchase"],
+            "event_ms": ["3000", "1000", "2000", "1970-01-01T00:00:01.5Z", "500", "2500"],
+        }
+    )
+    rows.to_csv(tmp_path / "events.csv", index=False)
+    rows.to_parquet(tmp_path / "events.parquet", index=False)
+    mapping = Columns(user="visitor", item="sku", time="event_ms", event="kind", keep=("purchase",), time_unit="ms")
+    for path in (tmp_path / "events.csv", tmp_path / "events.parquet"):
+        got = load_interactions(path, columns=mapping)
+        assert got.users == ["a", "b"] and item_lists(got) == [["w", "v", "x"], ["z"]]  # views and carts dropped
+        assert time_lists(got) == [[1.5, 2.5, 3.0], [2.0]]  # ms / 1000; the ISO time as it says
+    # Read without the filter, the same file is other data.
+    unfiltered = Columns("visitor", "sku", "event_ms", time_unit="ms")
+    everything = load_interactions(tmp_path / "events.csv", columns=unfiltered)
+    assert len(everything.items) == 6 and everything.sha256 != got.sha256
+    with pytest.raises(DataFormatError, match="no column among \\['user_id'\\]"):
+        load_interactions(tmp_path / "events.csv", columns=Columns(user="user_id", item="sku", time="event_ms"))
+    (tmp_path / "u.inter").write_text("user_id:token\titem_id:token\ttimestamp:float\na\tx\t1\n")
+    with pytest.raises(DataFormatError, match="apply to a CSV or Parquet log"):
+        load_interactions(tmp_path / "u.inter", columns=mapping)
+    with pytest.raises(ValueError, match="go together"):
+        Columns(event="kind")
+    with pytest.raises(ValueError, match="time unit"):
+        Columns(time_unit="minutes")

@@ -363,3 +363,25 @@ def test_bf16_autocast_trains_on_the_cpu_as_it_does_on_cuda(loss: str, synthetic
     folder = run_job([*overrides, f"name='bf16-{loss}'"], tmp_path, synthetic_dir)
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["device"] == "cpu" and all(math.isfinite(x) for x in metrics["history"]["loss"])
+
+
+def test_a_job_reads_a_log_by_the_column_mapping_in_its_config(tmp_path: Path) -> None:
+    """A purchase log written by another engine (its own names, milliseconds, views among the rows) trains
+    through `[data]`'s mapping; the views never reach the artifact."""
+    import pandas as pd
+
+    from tests.conftest import synthetic_log
+
+    rows = [(u, i, t * 1000, "purchase") for u, i, t in synthetic_log()]
+    rows += [(u, "999", t * 1000 + 1, "view") for u, _, t in synthetic_log(seed=1)[:50]]
+    log = tmp_path / "purchases.csv"
+    pd.DataFrame(rows, columns=["account", "product", "at_ms", "type"]).to_csv(log, index=False)
+    mapping = ["data.user_column='account'", "data.item_column='product'", "data.time_column='at_ms'"]
+    mapping += ["data.event_column='type'", "data.events=['purchase']", "data.time_unit='ms'", "data.name='shop'"]
+    folder = run_job(["model.kind='sasrec'", "name='shop'", "model.n_negatives=8", *TINY_REC, *mapping], tmp_path, log)
+    art = load_rec_artifact(folder)
+    assert "999" not in art.items and len(stored_users(art)) == 40
+    year = 365 * 24 * 3600
+    assert 25 * year <= stored(art, "u0")[0][1] < 30 * year  # synthetic_log's 1995..1999, in seconds
+    with pytest.raises(ValueError, match="go together"):
+        run_job(["model.kind='sasrec'", "data.event_column='type'"], tmp_path, log)

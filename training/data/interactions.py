@@ -11,6 +11,7 @@ as display fields.
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
 import re
 from collections.abc import Iterator, Sequence
@@ -47,6 +48,33 @@ RELEASE_COLS = ("release_time", "release_year", "released_at", "release")
 # An item table's display columns, kept in the artifact for answers that ask for them.
 TITLE_COLS = ("title", "movie_title", "name")
 LIST_COLS = {"genres": ("genres", "genre", "class"), "categories": ("categories", "category")}
+
+
+TIME_UNITS = {"s": 1.0, "ms": 1000.0}
+
+
+@dataclass(frozen=True)
+class Columns:
+    """How a generic CSV or Parquet log names its columns, as another engine wrote it: empty names take
+    the accepted ones (USER_COLS, ITEM_COLS, TIME_COLS); `event` with `keep`: only the rows whose event
+    type is one of `keep` (views, purchases...) are read; `time_unit`: what a numeric time counts (ISO
+    8601 texts are read as such whatever it says)."""
+
+    user: str = ""
+    item: str = ""
+    time: str = ""
+    event: str = ""
+    keep: tuple[str, ...] = ()
+    time_unit: str = "s"
+
+    def __post_init__(self) -> None:
+        if self.time_unit not in TIME_UNITS:
+            raise ValueError(f"time unit {self.time_unit!r}: one of {sorted(TIME_UNITS)}")
+        if bool(self.event) != bool(self.keep):
+            raise ValueError("an event column and the event types to keep go together")
+
+    def given(self) -> bool:
+        return self != Columns()
 
 
 @dataclass
@@ -347,19 +375,24 @@ def load_user_item_lines(path: Path) -> Interactions:
 # --- generic tables -------------------------------------------------------------------------------
 
 
-def load_table(path: Path, item_table: Path | None = None) -> Interactions:
+def load_table(path: Path, item_table: Path | None = None, columns: Columns | None = None) -> Interactions:
     """A CSV or Parquet log read in chunks: each chunk's ids become integer codes before the next is
     read, so memory holds the codes and times of the whole log and the strings of one chunk."""
+    cols = columns or Columns()
     csv = is_csv(path)
     users, items = _Codes(csv=csv), _Codes(csv=csv)
     user_parts, item_parts, time_parts = [], [], []
     first_missing: int | None = None  # line of the first row without a timestamp
     for df in table_chunks(path):
-        ui, ii = pick(df, USER_COLS, path), pick(df, ITEM_COLS, path)
-        ti = pick(df, TIME_COLS, path)
+        ui = pick(df, (cols.user,) if cols.user else USER_COLS, path)
+        ii = pick(df, (cols.item,) if cols.item else ITEM_COLS, path)
+        ti = pick(df, (cols.time,) if cols.time else TIME_COLS, path)
         assert ui is not None and ii is not None and ti is not None
+        if cols.event:
+            ei = pick(df, (cols.event,), path)
+            df = df[df[ei].str.strip().isin(cols.keep)]
         require_ids(df, (ui, ii), path)
-        times = unix_times(df, ti, path, what="timestamp", allow_missing=True)
+        times = unix_times(df, ti, path, what="timestamp", allow_missing=True, per_second=TIME_UNITS[cols.time_unit])
         missing = np.isnan(times)
         if first_missing is None and missing.any():
             first_missing = int(df["_line"].iloc[int(np.flatnonzero(missing)[0])])
@@ -393,35 +426,45 @@ def load_table(path: Path, item_table: Path | None = None) -> Interactions:
         data.release = dict(zip(meta[iid], values.astype(float).tolist(), strict=True))
         data.release_unit = ("year" if year_only else "second") if data.release else None
     data.sha256 = sha256(files)
+    if cols.given():  # the same file read another way is other data
+        data.sha256 = hashlib.sha256(f"{data.sha256} {cols!r}".encode()).hexdigest()
     return data
 
 
-def load_interactions(path: Path, item_table: Path | None = None) -> Interactions:
-    """Detect the format of `path` (a file or a dataset folder) and load it."""
-    return _load(Path(path), item_table)
+def load_interactions(path: Path, item_table: Path | None = None, columns: Columns | None = None) -> Interactions:
+    """Detect the format of `path` (a file or a dataset folder) and load it; `columns` names a generic
+    log's columns (CSV or Parquet), and a log in a known layout refuses them."""
+    return _load(Path(path), item_table, columns or Columns())
 
 
-def _load(path: Path, item_table: Path | None) -> Interactions:
+def _load(path: Path, item_table: Path | None, columns: Columns) -> Interactions:
     if path.is_dir():
         inters = sorted(path.glob("*.inter"))
         if inters:
-            return load_recbole(inters[0])
+            return load_recbole(_known_layout(inters[0], columns))
         if (path / "u.data").exists():
-            return load_grouplens_100k(path)
+            return load_grouplens_100k(_known_layout(path, columns))
         if (path / "ratings.dat").exists():
-            return load_grouplens_dat(path)
+            return load_grouplens_dat(_known_layout(path, columns))
         if (path / "ratings.csv").exists():
             movies = path / "movies.csv"
-            return load_movielens_csv(path / "ratings.csv", movies if movies.exists() else None)
+            return load_movielens_csv(_known_layout(path / "ratings.csv", columns), movies if movies.exists() else None)
         if parquet_parts(path):  # a table written as part files (Spark, Dask, DuckDB)
-            return load_table(path, item_table)
+            return load_table(path, item_table, columns)
         raise DataFormatError(
             path, None, "no known interaction file (*.inter, u.data, ratings.dat, ratings.csv, Parquet part files)"
         )
     if not path.exists():
         raise DataFormatError(path, None, "no such file")
     if path.suffix == ".inter":
-        return load_recbole(path)
+        return load_recbole(_known_layout(path, columns))
     if path.suffix in (".csv", ".parquet") or path.name.endswith(".csv.gz"):
-        return load_table(path, item_table)
-    return load_user_item_lines(path)
+        return load_table(path, item_table, columns)
+    return load_user_item_lines(_known_layout(path, columns))
+
+
+def _known_layout(path: Path, columns: Columns) -> Path:
+    """`path`, a log in a layout of its own: column names given for it would be ignored, so they stop the load."""
+    if columns.given():
+        raise DataFormatError(path, None, "column names (data.*_column, data.events) apply to a CSV or Parquet log")
+    return path

@@ -224,10 +224,13 @@ def numbers(df: pd.DataFrame, col: str, path: Path, *, what: str, allow_missing:
     return values
 
 
-def unix_times(df: pd.DataFrame, col: str, path: Path, *, what: str, allow_missing: bool = False) -> np.ndarray:
-    """Unix seconds from numbers or ISO 8601 texts (UTC when no zone is given); NaN where allowed missing."""
+def unix_times(
+    df: pd.DataFrame, col: str, path: Path, *, what: str, allow_missing: bool = False, per_second: float = 1.0
+) -> np.ndarray:
+    """Unix seconds from numbers (`per_second` of them a second: 1000 for milliseconds) or ISO 8601
+    texts (UTC when no zone is given); NaN where allowed missing."""
     text = df[col].str.strip()
-    values = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64, copy=True)
+    values = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64, copy=True) / per_second
     todo = np.isnan(values) & (text != "").to_numpy()
     if todo.any():
         parsed = pd.to_datetime(text[todo], errors="coerce", utc=True, format="ISO8601")

@@ -25,7 +25,7 @@ from models.ranking import pad_rows
 from models.tasks.recommend import RecArtifact, load_artifact
 from models.warm import carry_over
 from training.config import LoopConfig, read_raw
-from training.data import Interactions, load_interactions, locate_ml100k
+from training.data import Columns, Interactions, load_interactions, locate_ml100k
 from training.evaluate import (
     BASELINES,
     FIT_SECONDS,
@@ -89,6 +89,22 @@ class RecData:
     item_table: str = ""  # optional item table (item, release time) for CSV/Parquet logs
     name: str = ""  # the data set's name: the artifact's history namespace
     full_data: bool = False  # train on every interaction (production model), no held-out split
+    # A CSV or Parquet log as another engine named it: its user, item and time columns (empty: the
+    # accepted names), an event-type column with the types to keep, what a numeric time counts ("s", "ms").
+    user_column: str = ""
+    item_column: str = ""
+    time_column: str = ""
+    event_column: str = ""
+    events: list[str] = field(default_factory=list)
+    time_unit: str = "s"
+
+    def __post_init__(self) -> None:
+        self.columns()  # an inconsistent mapping stops the config, not the load
+
+    def columns(self) -> Columns:
+        return Columns(
+            self.user_column, self.item_column, self.time_column, self.event_column, tuple(self.events), self.time_unit
+        )
 
 
 @dataclass
@@ -214,7 +230,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     def prepare_data(self) -> None:
         c = self.cfg.data
         item_table = Path(c.item_table) if c.item_table else None
-        self.data = load_interactions(self._data_path(), item_table)
+        self.data = load_interactions(self._data_path(), item_table, c.columns())
         if self.warm_from is not None:
             self._carry_item_meta(load_artifact(self.warm_from))
         self.items, self.users, sequences = index_data(self.data)
