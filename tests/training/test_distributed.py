@@ -1,4 +1,4 @@
-"""Data-parallel training: 2 CPU ranks under torchrun (gloo) train together and write one artifact."""
+"""Data-parallel training: 2 CPU ranks on two "hosts" under torchrun (gloo) train together and write one artifact."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.artifact import latest_versions
 from models.tasks.recommend import load_artifact as load_rec_artifact
 from tests.servers import ROOT
 from training.distributed import Dist, resolve_device
@@ -29,50 +28,51 @@ def test_shards_are_disjoint_and_equal() -> None:
 
 
 @pytest.mark.slow
-def test_torchrun_two_cpu_ranks_write_one_artifact(tmp_path: Path, synthetic_dir: Path) -> None:
-    cfg = tmp_path / "ddp.toml"
-    cfg.write_text(
-        'name = "sasrec-ddp"\n[model]\nkind = "sasrec"\nmax_len = 16\nd_model = 16\nn_heads = 2\nn_layers = 1\n'
-        "d_ff = 32\n[train]\nepochs = 3\nbatch_size = 8\npatience = 5\n[eval]\nn_negatives = 10\n"
-    )
-    out = tmp_path / "arts"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            "2",
-            "--standalone",  # torchrun binds a port the system picks: one chosen here could be taken before it binds
-            "-m",
-            "training",
-            "train",
-            "--config",
-            str(cfg),
-            "--data",
-            str(synthetic_dir),
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-3000:]
-    assert "rank 0 of 2 finished" in log and "rank 1 of 2 finished" in log
-    versions = list((out / "sasrec-ddp").iterdir())
-    assert len(versions) == 1, versions  # rank 1 wrote nothing
-    folder = latest_versions(out)["sasrec-ddp"]
+def test_torchrun_on_two_hosts_trains_together_and_writes_one_artifact(tmp_path: Path, synthetic_dir: Path) -> None:
+    """Two "hosts" on one box: two torchrun agents (`--nnodes 2`, one rank each) meeting at a c10d
+    rendezvous on loopback, each in its own working folder with its own copy of the data and config. They
+    train as one job (gloo); only the first host's rank writes the artifact."""
+    import shutil
+
+    from bench.servers import free_port
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    hosts = []
+    for node in (0, 1):
+        home = tmp_path / f"host{node}"
+        shutil.copytree(synthetic_dir, home / "data")
+        (home / "ddp.toml").write_text(
+            'name = "sasrec-ddp"\n[model]\nkind = "sasrec"\nmax_len = 16\nd_model = 16\nn_heads = 2\nn_layers = 1\n'
+            "d_ff = 32\n[train]\nepochs = 3\nbatch_size = 8\npatience = 5\n[eval]\nn_negatives = 10\n"
+        )
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+        cmd += [
+            "--node-rank",
+            str(node),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            "two-hosts",
+        ]
+        cmd += ["-m", "training", "train", "--config", str(home / "ddp.toml"), "--data", str(home / "data")]
+        cmd += ["--out", str(home / "arts")]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        hosts.append(
+            subprocess.Popen(cmd, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    logs = []
+    for proc in hosts:
+        out, _ = proc.communicate(timeout=300)
+        logs.append(out)
+        assert proc.returncode == 0, out[-3000:]
+    assert "rank 0 of 2 finished" in logs[0] and "rank 1 of 2 finished" in logs[1]
+    assert not (tmp_path / "host1" / "arts").exists()  # the second host's rank wrote nothing
+    (folder,) = list((tmp_path / "host0" / "arts" / "sasrec-ddp").iterdir())
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["ranks"] == 2 and metrics["epochs_run"] == 3
-    art = load_rec_artifact(folder)
-    assert len(art.histories) == 40
+    assert len(load_rec_artifact(folder).histories) == 40
 
 
 @pytest.mark.parametrize(
