@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: environment with dev tools, a redis-server for the store tests, promtool for the alert
-# rules, chromium for the browser tests, lint, format, types, dead code, tests with a coverage report.
+# rules, haproxy for the balancer's config, chromium for the browser tests, lint, format, types, dead code,
+# tests with a coverage report.
 # Any failure fails the run, and so does pytest collecting no test (exit code 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +22,15 @@ if ! command -v promtool >/dev/null; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     else
         echo "test: promtool not installed and cannot install it here; the alert rules test skips (fails under CI=true)" >&2
+    fi
+fi
+if ! command -v haproxy >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "test: installing haproxy (tests/test_deploy.py checks ops/lb/haproxy.cfg, the compose balancer's)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy >/dev/null
+    else
+        echo "test: haproxy not installed and cannot install it here; the balancer's config check skips (fails under CI=true)" >&2
     fi
 fi
 if ! command -v chromedriver >/dev/null; then

@@ -36,7 +36,7 @@ def _volumes(service: dict[str, Any]) -> list[tuple[str, str, bool]]:
 
 def test_services_and_start_order(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert {"api", "redis", "trainer", "train", "retrain"} <= set(services)
+    assert {"api", "lb", "redis", "trainer", "train", "retrain"} <= set(services)
     deps = services["api"]["depends_on"]
     assert deps["trainer"]["condition"] == "service_completed_successfully"
     assert deps["redis"]["condition"] == "service_healthy"
@@ -59,7 +59,6 @@ def test_api_uses_redis_and_reads_artifacts_read_only(compose: dict[str, Any]) -
     env = api["environment"]
     assert env["SEQSERVE_HISTORY_STORE"] == "redis" and env["SEQSERVE_REDIS_URL"].startswith("redis://redis:")
     assert ("artifacts", "/app/artifacts", True) in _volumes(api)
-    assert any(p.endswith(":8000") for p in api["ports"])
     assert "/readyz" in " ".join(api["healthcheck"]["test"])
     for name in ("trainer", "train", "retrain", "retrainer"):
         assert ("artifacts", "/app/artifacts", False) in _volumes(compose["services"][name])
@@ -140,10 +139,30 @@ def test_one_shot_services_have_no_healthcheck(compose: dict[str, Any]) -> None:
         assert compose["services"][name].get("healthcheck") == {"disable": True}, name
 
 
-def test_api_listens_on_loopback_unless_told(compose: dict[str, Any]) -> None:
-    [port] = compose["services"]["api"]["ports"]
-    assert _default(port) == "127.0.0.1:8000:8000"
-    assert "${SEQSERVE_BIND" in port
+def test_the_balancer_listens_on_loopback_unless_told_and_the_api_scales_behind_it(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    [port] = services["lb"]["ports"]
+    assert _default(port) == "127.0.0.1:8000:8080" and "${SEQSERVE_BIND" in port
+    # No host port on the api: `--scale api=N` would collide on it. Its replicas are reached through lb.
+    assert "ports" not in services["api"] and services["api"]["expose"] == ["8000"]
+    assert services["lb"]["depends_on"]["api"]["condition"] == "service_healthy"
+    assert services["lb"]["build"]["context"] == "ops/lb" and services["lb"]["restart"] == "unless-stopped"
+    cfg = (ROOT / "ops" / "lb" / "haproxy.cfg").read_text()
+    # Every replica compose's DNS names, re-read while running; each checked on /readyz.
+    assert re.search(r"server-template api \d+ api:8000", cfg) and "nameserver dns 127.0.0.11:53" in cfg
+    assert "option httpchk GET /readyz" in cfg and "resolvers docker" in cfg
+    assert "bind :8080" in cfg and "retry-on conn-failure empty-response" in cfg
+    dockerfile = (ROOT / "ops" / "lb" / "Dockerfile").read_text()
+    assert "apt-get install" in dockerfile and "haproxy -c -f" in dockerfile  # Debian's package, checked at build
+    haproxy = shutil.which("haproxy")
+    if haproxy is None:
+        if os.environ.get("CI"):
+            pytest.fail("haproxy is not installed; scripts/test.sh installs it (apt-get install haproxy)")
+        pytest.skip("haproxy not installed (scripts/test.sh installs it when run as root)")
+    out = subprocess.run(
+        [haproxy, "-c", "-f", str(ROOT / "ops" / "lb" / "haproxy.cfg")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_redis_needs_a_password_and_never_evicts(compose: dict[str, Any]) -> None:
