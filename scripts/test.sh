@@ -6,42 +6,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh dev
-if ! command -v redis-server >/dev/null; then
+# need COMMAND WHY PACKAGE...: installs the packages (root with apt) when COMMAND is missing; else says
+# which tests will skip (and fail under CI=true).
+need() {
+    local cmd="$1" why="$2"
+    shift 2
+    command -v "$cmd" >/dev/null && return 0
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "test: installing redis-server (the Redis store tests run against a real server)" >&2
+        echo "test: installing $* ($why)" >&2
         DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
     else
-        echo "test: redis-server not installed and cannot install it here; Redis tests will skip (fail under CI=true)" >&2
+        echo "test: $cmd not installed and cannot install it here: $why skips (fails under CI=true)" >&2
     fi
-fi
-if ! command -v promtool >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "test: installing prometheus for promtool (tests/test_deploy.py checks ops/prometheus/alerts.yml)" >&2
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-    else
-        echo "test: promtool not installed and cannot install it here; the alert rules test skips (fails under CI=true)" >&2
-    fi
-fi
-if ! command -v haproxy >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "test: installing haproxy (tests/test_deploy.py checks ops/lb/haproxy.cfg, the compose balancer's)" >&2
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy >/dev/null
-    else
-        echo "test: haproxy not installed and cannot install it here; the balancer's config check skips (fails under CI=true)" >&2
-    fi
-fi
-if ! command -v chromedriver >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "test: installing chromium and chromedriver (tests/app/test_browser.py drives /docs and /console)" >&2
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
-    else
-        echo "test: chromium not installed and cannot install it here; browser tests will skip (fail under CI=true)" >&2
-    fi
-fi
+}
+need redis-server "the Redis store tests run against real servers and a cluster" redis-server
+need promtool "tests/test_deploy.py checks ops/prometheus/alerts.yml" prometheus
+need haproxy "tests/test_deploy.py checks ops/lb/haproxy.cfg, the compose balancer's" haproxy
+need chromedriver "tests/app/test_browser.py drives /docs and /console" chromium chromium-driver
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

@@ -17,19 +17,17 @@ different buckets is two events here, where one server refuses the second as a c
 from __future__ import annotations
 
 import heapq
-import json
 import logging
-import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, cast
 
-from app.store.base import StoreError, event_key, json_ts
-from app.store.histories import RECENT_EVENTS, RECENT_KEEP_S, Event, Outcome, StoredEvents
-from app.store.redis_store import _OUTCOMES, _SEQ_WIDTH, ARRIVALS_MAX, RedisStore, _decode, _recent_payload, _score
+from app.store.base import StoreError
+from app.store.histories import RECENT_EVENTS, RECENT_KEEP_S, Event, Outcome
+from app.store.redis_store import _OUTCOMES, ARRIVALS_MAX, RedisStore, _recent_events
 from app.store.state import Arrival
-from models.engine import LIVE_EVENTS, RecentEvent, Timeline
+from models.engine import LIVE_EVENTS, RecentEvent
 
 log = logging.getLogger(__name__)
 BUCKETS = 64  # a few per primary even on a large cluster, so that the users spread evenly
@@ -176,29 +174,12 @@ class RedisClusterStore(RedisStore):
         return ["conflict" if c else "skipped" for c in conflict]
 
     def _append_bucket(self, namespace: str, b: int, events: Sequence[Event], members: list[int]) -> list[Any]:
-        args: list[str | int | float] = [
-            self._b(b, f"{namespace}:z:"),
-            self.keep,
-            self._b(b, f"{namespace}:r:"),
-            self.recent_keep_s,
-            namespace,
-            repr(time.time()),
-            max(1, ARRIVALS_MAX // self.buckets),
-        ]
-        for i in members:
-            e = events[i]
-            args += [
-                e.event_id,
-                e.user_id,
-                e.digest,
-                _score(e.timestamp),
-                json.dumps([e.item_id, json_ts(e.timestamp), e.action]),
-                int(e.received),
-                _recent_payload(e.user_id, e.item_id, e.action),
-                e.recommendation_id or "",
-            ]
         keys = [self._b(b, f"{namespace}:{what}") for what in ("eids", "live", "seq", "recent")]
         keys.append(self._b(b, "arrivals"))
+        part = [events[i] for i in members]
+        args = self._append_args(
+            namespace, part, prefix=self._b(b, f"{namespace}:"), arrivals_max=max(1, ARRIVALS_MAX // self.buckets)
+        )
         return cast(
             list[Any],
             self._with_topology(
@@ -209,97 +190,26 @@ class RedisClusterStore(RedisStore):
             ),
         )
 
-    def events(self, namespace: str, users: Sequence[str], limit: int | None = None) -> dict[str, Timeline]:
-        wanted = list(dict.fromkeys(users))
-        if not wanted:
-            return {}
-        n = min(limit or self.keep, self.keep)
+    def _user_key(self, namespace: str, user: str, kind: str) -> str:
+        return self._b(self.bucket(user), f"{namespace}:{kind}:{user}")
 
-        def do() -> list[Any]:
-            pipe = self.r.pipeline(transaction=False)
-            for u in wanted:
-                b = self.bucket(u)
-                pipe.zrange(self._b(b, f"{namespace}:z:{u}"), -n, -1, withscores=True)
-                pipe.zrange(self._b(b, f"{namespace}:r:{u}"), -n, -1, withscores=True)
-            return cast(list[Any], pipe.execute())
+    def _recent_key(self, namespace: str, user: str) -> str:
+        return self._b(self.bucket(user), f"{namespace}:recent")
 
-        found = self._call(do)
-        out: dict[str, Timeline] = {}
-        for k, u in enumerate(wanted):
-            members = found[2 * k] + found[2 * k + 1]
-            if members:
-                members.sort(key=lambda ms: (ms[1], ms[0][:_SEQ_WIDTH]))  # time, then arrival
-                out[u] = [_decode(m) for m, _ in members]
-        return out
+    def _live_users(self, namespace: str) -> Iterator[str]:
+        for b in range(self.buckets):
+            yield from self.r.sscan_iter(self._b(b, f"{namespace}:live"), count=1000)
 
     def recent(self, namespace: str, *, start: float, end: float, limit: int = RECENT_EVENTS) -> list[RecentEvent]:
         def do() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
             for b in range(self.buckets):
-                key = self._b(b, f"{namespace}:recent")
-                pipe.zrevrangebyscore(key, f"({end!r}", repr(float(start)), start=0, num=limit + 1, withscores=True)
+                self._recent_span(pipe, self._b(b, f"{namespace}:recent"), start, end, limit)
             return cast(list[Any], pipe.execute())
 
-        # Each bucket's newest first; merged, the newest `limit` of them all (equal times: any order).
+        # Each bucket's newest first; merged, the newest of them all (equal times: any order).
         merged = list(heapq.merge(*self._call(do), key=lambda ms: -ms[1]))
-        if len(merged) > limit:
-            log.warning(
-                "recent activity: more than %d live events in %s; the newest %d counted", limit, namespace, limit
-            )
-        out: list[RecentEvent] = []
-        for member, t in reversed(merged[:limit]):
-            user, item, action = json.loads(member[_SEQ_WIDTH:])
-            out.append((str(user), str(item), float(t), action))
-        return out
-
-    def _users_of(self, namespace: str, b: int) -> list[str]:
-        return list(self.r.sscan_iter(self._b(b, f"{namespace}:live"), count=1000))
-
-    def pending(self, namespace: str) -> int:
-        def do() -> int:
-            total = 0
-            for b in range(self.buckets):
-                pipe = self.r.pipeline(transaction=False)
-                for user in self._users_of(namespace, b):
-                    pipe.zcard(self._b(b, f"{namespace}:z:{user}"))
-                total += sum(pipe.execute())
-            return total
-
-        return cast(int, self._call(do))
-
-    def users(self, namespace: str) -> Iterator[str]:
-        def do() -> list[str]:
-            return sorted(u for b in range(self.buckets) for u in self._users_of(namespace, b))
-
-        return iter(self._call(do))
-
-    def drop_trained_events(self, namespace: str, data_hash: str, stored: StoredEvents) -> int | None:
-        def do() -> int | None:
-            if self.r.get(self._k(namespace, "seeded")) == data_hash:
-                return None
-            dropped = 0
-            for b in range(self.buckets):
-                for user in self._users_of(namespace, b):
-                    held = stored(user)
-                    if held:
-                        dropped += self._drop_held(namespace, b, user, held)
-            self.r.set(self._k(namespace, "seeded"), data_hash)
-            return dropped
-
-        return cast(int | None, self._call(do))
-
-    def _drop_held(self, namespace: str, b: int, user: str, held: set[tuple[str | None, float | None]]) -> int:
-        dropped = 0
-        for kind in ("z", "r"):
-            key = self._b(b, f"{namespace}:{kind}:{user}")
-            members: list[str] = self.r.zrange(key, 0, -1)
-            folded = [m for m in members if event_key(*_decode(m)[:2]) in held]
-            if folded:
-                dropped += int(self.r.zrem(key, *folded))
-                if kind == "z":  # own events: now counted from the artifact's log
-                    recent = [m[:_SEQ_WIDTH] + _recent_payload(user, i, a) for m in folded for i, _, a in [_decode(m)]]
-                    self.r.zrem(self._b(b, f"{namespace}:recent"), *recent)
-        return dropped
+        return _recent_events(merged[: limit + 1], namespace, limit)
 
     # -- arrivals: one stream per bucket ---------------------------------------------------------------
 

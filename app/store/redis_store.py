@@ -315,45 +315,70 @@ class RedisStore(HistoryStore, ProductionState):
         # Earlier versions kept a copy of every artifact history here; the tables hold them now.
         self.r.unlink(self._k(namespace, "base"))
 
+    # -- where a user's keys live (one server: under the namespace; a cluster moves them into buckets) --
+
+    def _user_key(self, namespace: str, user: str, kind: str) -> str:
+        """A user's sorted set: `z` its own events, `r` the steps it received."""
+        return self._k(namespace, f"{kind}:{user}")
+
+    def _recent_key(self, namespace: str, user: str) -> str:
+        """The recent-events set `user`'s own events join."""
+        return self._k(namespace, "recent")
+
+    def _live_users(self, namespace: str) -> Iterator[str]:
+        """Every user with live events in `namespace` (scanned: the set may be large)."""
+        return cast(Iterator[str], self.r.sscan_iter(self._k(namespace, "live"), count=1000))
+
     def drop_trained_events(self, namespace: str, data_hash: str, stored: StoredEvents) -> int | None:
         def do() -> int | None:
             self._migrate(namespace)
             if self.r.get(self._k(namespace, "seeded")) == data_hash:
                 return None
             dropped = 0
-            for user in self.r.sscan_iter(self._k(namespace, "live"), count=1000):
+            for user in self._live_users(namespace):
                 held = stored(user)
-                if not held:
-                    continue
-                for key in (self._k(namespace, f"z:{user}"), self._k(namespace, f"r:{user}")):
-                    members: list[str] = self.r.zrange(key, 0, -1)
-                    folded = [m for m in members if event_key(*_decode(m)[:2]) in held]
-                    if folded:
-                        # Removing these members only: events appended meanwhile are untouched.
-                        dropped += int(self.r.zrem(key, *folded))
-                        if key.endswith(f"z:{user}"):  # own events: now counted from the artifact's log
-                            recent = [
-                                m[:_SEQ_WIDTH] + _recent_payload(user, item, action)
-                                for m in folded
-                                for item, _, action in [_decode(m)]
-                            ]
-                            self.r.zrem(self._k(namespace, "recent"), *recent)
+                if held:
+                    dropped += self._drop_held(namespace, user, held)
             self.r.set(self._k(namespace, "seeded"), data_hash)
             return dropped
 
         return self._call(do)
 
+    def _drop_held(self, namespace: str, user: str, held: set[tuple[str | None, float | None]]) -> int:
+        """Remove `user`'s live events an artifact now holds; -> how many."""
+        dropped = 0
+        for kind in ("z", "r"):
+            key = self._user_key(namespace, user, kind)
+            members: list[str] = self.r.zrange(key, 0, -1)
+            folded = [m for m in members if event_key(*_decode(m)[:2]) in held]
+            if folded:
+                # Removing these members only: events appended meanwhile are untouched.
+                dropped += int(self.r.zrem(key, *folded))
+                if kind == "z":  # own events: now counted from the artifact's log
+                    recent = [m[:_SEQ_WIDTH] + _recent_payload(user, i, a) for m in folded for i, _, a in [_decode(m)]]
+                    self.r.zrem(self._recent_key(namespace, user), *recent)
+        return dropped
+
     def append(self, namespace: str, events: Sequence[Event]) -> list[Outcome]:
         if not events:
             return []
+        keys = [self._k(namespace, what) for what in ("eids", "live", "seq", "recent")] + [self._shared("arrivals")]
+        args = self._append_args(namespace, events, prefix=self._k(namespace, ""), arrivals_max=ARRIVALS_MAX)
+        codes = self._call(lambda: self._acknowledged(self.r, lambda c: self._append(keys=keys, args=args, client=c)))
+        return [_OUTCOMES[int(c)] for c in codes]
+
+    def _append_args(
+        self, namespace: str, events: Sequence[Event], *, prefix: str, arrivals_max: int
+    ) -> list[str | int | float]:
+        """The append script's arguments (_APPEND_LUA): the users' key prefixes under `prefix`, then eight per event."""
         args: list[str | int | float] = [
-            self._k(namespace, "z:"),
+            f"{prefix}z:",
             self.keep,
-            self._k(namespace, "r:"),
+            f"{prefix}r:",
             self.recent_keep_s,
             namespace,
             repr(time.time()),
-            ARRIVALS_MAX,
+            arrivals_max,
         ]
         for e in events:
             args += [
@@ -366,15 +391,7 @@ class RedisStore(HistoryStore, ProductionState):
                 _recent_payload(e.user_id, e.item_id, e.action),
                 e.recommendation_id or "",
             ]
-        keys = [
-            self._k(namespace, "eids"),
-            self._k(namespace, "live"),
-            self._k(namespace, "seq"),
-            self._k(namespace, "recent"),
-            self._shared("arrivals"),
-        ]
-        codes = self._call(lambda: self._acknowledged(self.r, lambda c: self._append(keys=keys, args=args, client=c)))
-        return [_OUTCOMES[int(c)] for c in codes]
+        return args
 
     def events(self, namespace: str, users: Sequence[str], limit: int | None = None) -> dict[str, Timeline]:
         wanted = list(dict.fromkeys(users))
@@ -385,9 +402,9 @@ class RedisStore(HistoryStore, ProductionState):
         def do() -> list[Any]:
             pipe = self.r.pipeline(transaction=False)
             for u in wanted:
-                pipe.zrange(self._k(namespace, f"z:{u}"), -n, -1, withscores=True)
-                pipe.zrange(self._k(namespace, f"r:{u}"), -n, -1, withscores=True)
-            return pipe.execute()
+                pipe.zrange(self._user_key(namespace, u, "z"), -n, -1, withscores=True)
+                pipe.zrange(self._user_key(namespace, u, "r"), -n, -1, withscores=True)
+            return cast(list[Any], pipe.execute())
 
         found = self._call(do)
         out: dict[str, Timeline] = {}
@@ -400,26 +417,22 @@ class RedisStore(HistoryStore, ProductionState):
 
     def recent(self, namespace: str, *, start: float, end: float, limit: int = RECENT_EVENTS) -> list[RecentEvent]:
         def do() -> list[tuple[str, float]]:
-            return self.r.zrevrangebyscore(
-                self._k(namespace, "recent"), f"({end!r}", repr(float(start)), start=0, num=limit + 1, withscores=True
+            return cast(
+                list[tuple[str, float]], self._recent_span(self.r, self._k(namespace, "recent"), start, end, limit)
             )
 
-        found = self._call(do)
-        if len(found) > limit:
-            log.warning(
-                "recent activity: more than %d live events in %s; the newest %d counted", limit, namespace, limit
-            )
-        out: list[RecentEvent] = []
-        for member, t in reversed(found[:limit]):
-            user, item, action = json.loads(member[_SEQ_WIDTH:])
-            out.append((str(user), str(item), float(t), action))
-        return out
+        return _recent_events(self._call(do), namespace, limit)
+
+    @staticmethod
+    def _recent_span(client: Any, key: str, start: float, end: float, limit: int) -> Any:
+        """The newest `limit` + 1 members of a recent set in [start, end), newest first, with their times."""
+        return client.zrevrangebyscore(key, f"({end!r}", repr(float(start)), start=0, num=limit + 1, withscores=True)
 
     def pending(self, namespace: str) -> int:
         def do() -> int:
             total, pipe = 0, self.r.pipeline(transaction=False)
-            for n, user in enumerate(self.r.sscan_iter(self._k(namespace, "live"), count=1000), 1):
-                pipe.zcard(self._k(namespace, f"z:{user}"))
+            for n, user in enumerate(self._live_users(namespace), 1):
+                pipe.zcard(self._user_key(namespace, user, "z"))
                 if n % 1000 == 0:
                     total += sum(pipe.execute())
             return total + sum(pipe.execute())
@@ -428,7 +441,7 @@ class RedisStore(HistoryStore, ProductionState):
 
     def users(self, namespace: str) -> Iterator[str]:
         def do() -> list[str]:
-            return sorted(self.r.smembers(self._k(namespace, "live")))
+            return sorted(self._live_users(namespace))
 
         return iter(self._call(do))
 
@@ -672,6 +685,17 @@ class RedisStore(HistoryStore, ProductionState):
 
 def _bucket(field_name: str) -> float:
     return float(field_name.split("|")[2])
+
+
+def _recent_events(found: Sequence[tuple[str, float]], namespace: str, limit: int) -> list[RecentEvent]:
+    """Recent-set members, newest first (at most `limit` + 1), as the oldest-first events of the newest `limit`."""
+    if len(found) > limit:
+        log.warning("recent activity: more than %d live events in %s; the newest %d counted", limit, namespace, limit)
+    out: list[RecentEvent] = []
+    for member, t in reversed(found[:limit]):
+        user, item, action = json.loads(member[_SEQ_WIDTH:])
+        out.append((str(user), str(item), float(t), action))
+    return out
 
 
 def _recent_payload(user: str, item: str, action: str | None) -> str:
