@@ -82,14 +82,45 @@ class ProductionLoop:
         self._coverage_read = 0.0  # when the coverage gauge was last set from the store
         # Model name -> its running trial and what the rule reads of it, as of the last housekeeping tick.
         self.trials: dict[str, tuple[Candidate, Verdict]] = {}
+        # The deployment's reload count as this worker last acted on it (None until first read): a reload
+        # asked of another host reaches this one through the store.
+        self.reloads_seen: int | None = None
 
     def begin(self) -> None:
-        """Start reading arrivals from now: lists served from here on are scored by events from here on."""
-        if self.state is not None and self.lists is not None:
+        """Start reading arrivals from now: lists served from here on are scored by events from here on;
+        and count reloads from now (what the start loads is the newest already)."""
+        if self.state is None:
+            return
+        if self.lists is not None:
             try:
                 self.cursor, _ = self.state.arrivals(None)
             except StoreError as exc:
                 log.warning("online evaluation starts when the store is back: %s", exc)
+        try:
+            self.reloads_seen = self.state.reloads()
+        except StoreError as exc:
+            log.warning("reloads asked of other hosts are followed once the store is back: %s", exc)
+
+    def ask_reload(self) -> None:
+        """A reload asked of this host (POST /admin/reload): counted in the store, so that every other host
+        reloads on its next tick; this one reloads now and has seen it."""
+        if self.state is None:
+            return
+        try:
+            self.reloads_seen = self.state.add_reload()
+        except StoreError as exc:
+            log.warning("reload not shared with the other hosts (the store is away): %s", exc)
+
+    def reload_asked(self) -> bool:
+        """Whether another host was asked for a reload since this worker last looked."""
+        if self.state is None:
+            return False
+        try:
+            count = self.state.reloads()
+        except StoreError:
+            return False
+        seen, self.reloads_seen = self.reloads_seen, count
+        return seen is not None and count > seen
 
     async def score(self) -> None:
         """Score the lists this worker holds against the arrivals since its cursor (every
@@ -351,9 +382,10 @@ class ProductionLoop:
         """Every housekeeping tick: the stored pins and candidates are read first, so a reload another worker
         was asked for serves them, and those set through another host (a shared Redis) or by the promotion
         rule reach this worker too; then the online figures are shared and the rule judges."""
+        asked = await asyncio.to_thread(self.reload_asked)
         changed = await self.follow_choices()
         followed = coordinator is not None and await coordinator.follow()
-        if changed and not followed:
+        if (changed or asked) and not followed:
             await self.loaded.reload(artifacts)
             if coordinator is not None:
                 coordinator.announce()

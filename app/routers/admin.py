@@ -93,7 +93,10 @@ router = APIRouter(tags=["admin"])
 @router.post("/admin/reload", response_model=ReloadReport, responses=errors(401, 403), dependencies=[AdminKey])
 async def reload(services: ServicesDep) -> ReloadReport:
     """Pick up new artifact versions without downtime: load and warm beside the old, then swap. With
-    several workers, every worker reloads; the answer comes once all have (or after SEQSERVE_RELOAD_WAIT_S)."""
+    several workers, every worker reloads; the answer comes once all have (or after SEQSERVE_RELOAD_WAIT_S).
+    Other hosts on the same store reload on their next housekeeping tick."""
+    if services.production is not None:  # the other hosts on this store reload on their next tick
+        await asyncio.to_thread(services.production.ask_reload)
     return await _reload_everywhere(services)
 
 

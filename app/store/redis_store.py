@@ -673,6 +673,12 @@ class RedisStore(HistoryStore, ProductionState):
     def drop_lease(self, name: str, holder: str) -> None:
         self._call(lambda: self._drop_lease(keys=[self._of_model(name, "lease")], args=[holder]))
 
+    def reloads(self) -> int:
+        return int(self._call(lambda: self.r.get(self._shared("reloads"))) or 0)
+
+    def add_reload(self) -> int:
+        return int(self._call(lambda: self.r.incr(self._shared("reloads"))))
+
     def expire(self, *, now: float) -> None:
         """Nothing: the append script caps the arrivals stream (ARRIVALS_MAX) and the recent set on each write."""
 

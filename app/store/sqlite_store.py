@@ -89,6 +89,7 @@ class SQLiteStore(HistoryStore, ProductionState):
     CREATE TABLE IF NOT EXISTS candidates (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
     -- Who holds a deployment-wide lease (the retrainer's) and until when (take_lease).
     CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, until REAL NOT NULL);
+    CREATE TABLE IF NOT EXISTS reloads (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL);
     -- Online evaluation sums of every worker and host, per model, version, variant, time bucket and segment.
     CREATE TABLE IF NOT EXISTS online (name TEXT NOT NULL, version TEXT NOT NULL, variant TEXT NOT NULL,
         bucket REAL NOT NULL, segment TEXT NOT NULL, n REAL NOT NULL, hits REAL NOT NULL, ndcg REAL NOT NULL,
@@ -601,6 +602,17 @@ class SQLiteStore(HistoryStore, ProductionState):
 
     def drop_lease(self, name: str, holder: str) -> None:
         self._write(lambda c: c.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)))
+
+    def reloads(self) -> int:
+        row = self._read(lambda c: c.execute("SELECT n FROM reloads WHERE id = 0").fetchone())
+        return int(row[0]) if row else 0
+
+    def add_reload(self) -> int:
+        def do(conn: sqlite3.Connection) -> int:
+            conn.execute("INSERT INTO reloads (id, n) VALUES (0, 1) ON CONFLICT (id) DO UPDATE SET n = n + 1")
+            return int(conn.execute("SELECT n FROM reloads WHERE id = 0").fetchone()[0])
+
+        return self._write(do)
 
     def expire(self, *, now: float) -> None:
         # Arrivals are also trimmed when an event arrives; without events they would stay (41,198 rows

@@ -313,5 +313,13 @@ class ProductionState(Store):
         """Give the lease `name` up, when `holder` holds it."""
 
     @abstractmethod
+    def reloads(self) -> int:
+        """How many reloads were asked of the deployment: every host reloads when the count grows."""
+
+    @abstractmethod
+    def add_reload(self) -> int:
+        """One more reload asked (POST /admin/reload, which reaches one host); -> the new count."""
+
+    @abstractmethod
     def expire(self, *, now: float) -> None:
         """Drop what is past its keep time; every housekeeping tick calls it, with or without events."""

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from models.artifact import latest_versions
-from tests.servers import wait_until_async
+from tests.servers import NEWER, wait_until, wait_until_async
 
 KEY = {"X-API-Key": "s3cret"}
 
@@ -219,3 +219,31 @@ def test_one_reload_reaches_every_worker(tiny_artifacts: Path, tmp_path: Path) -
         assert versions == {"29990101T000000Z"}
     finally:
         stop(proc)
+
+
+def test_a_reload_asked_of_one_host_reaches_another_on_the_same_store(tiny_artifacts: Path, tmp_path: Path) -> None:
+    """Two hosts (their own reload state, as containers behind a balancer have) on one store: a reload
+    reaches the host that took the call at once and the other on its next housekeeping tick."""
+    root = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts, root)
+    old = latest_versions(root)["sasrec-tiny"]
+
+    def host(n: int) -> Settings:
+        return Settings(
+            artifacts_dir=root,
+            device="cpu",
+            admin_api_key="k",
+            history_path=tmp_path / "shared.sqlite3",
+            state_dir=tmp_path / f"host{n}",
+            housekeeping_s=0.05,
+        )
+
+    def version(c: TestClient) -> str:
+        return {m["name"]: m["version"] for m in c.get("/models").json()["models"]}["sasrec-tiny"]
+
+    with TestClient(create_app(host(1))) as a, TestClient(create_app(host(2))) as b:
+        assert version(a) == version(b) == old.name
+        shutil.copytree(old, old.parent / NEWER)
+        assert a.post("/admin/reload", headers={"x-api-key": "k"}).status_code == 200
+        assert version(a) == NEWER
+        wait_until(lambda: version(b) == NEWER, timeout=10)

@@ -276,3 +276,9 @@ def test_a_new_trial_keeps_the_running_probation_s_per_user_sums(state: Producti
     assert state.trial_stats("m", 100.0) == {}  # the trial that ended is dropped
     state.set_candidate("m", Candidate("v4", "canary", 0.5, ended + 20))  # the last one was no promotion
     assert state.trial_stats("m", ended) == {}
+
+
+def test_the_reloads_asked_are_one_count_every_host_reads(state: ProductionState) -> None:
+    assert state.reloads() == 0
+    assert [state.add_reload(), state.add_reload()] == [1, 2]
+    assert state.reloads() == 2
