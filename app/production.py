@@ -120,7 +120,10 @@ class ProductionLoop:
         except StoreError:
             return False
         seen, self.reloads_seen = self.reloads_seen, count
-        return seen is not None and count > seen
+        if seen is None or count <= seen:
+            return False
+        log.info("reload asked of another host (reloads %d, last acted on %d): reloading", count, seen)
+        return True
 
     async def score(self) -> None:
         """Score the lists this worker holds against the arrivals since its cursor (every
