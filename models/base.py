@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from models.ids import N_SPECIAL, PAD
-from models.transitions import transition_table
+from models.transitions import pair_counts, top_successors
 
 FILTER_KINDS = ("none", "bsa", "learned")  # RecommenderConfig.filter_kind (models/layers.py FilterSpec)
 
@@ -108,9 +108,14 @@ class SequentialRecommender(nn.Module, ABC):
 
     def set_transitions(self, sequences: Sequence[Sequence[int]]) -> None:
         """Fill the transition table from training sequences (a no-op without one)."""
+        if self.config.transition_width:
+            self.set_transition_counts(*pair_counts(sequences, self.config.vocab_size))
+
+    def set_transition_counts(self, keys: torch.Tensor, counts: torch.Tensor) -> None:
+        """Fill the transition table from `models.transitions.pair_counts` (a no-op without one)."""
         if not self.config.transition_width:
             return
-        succ, logc = transition_table(sequences, self.config.vocab_size, width=self.config.transition_width)
+        succ, logc = top_successors(keys, counts, self.config.vocab_size, width=self.config.transition_width)
         self.successors.copy_(succ)
         self.successor_log_counts.copy_(logc)
 

@@ -34,21 +34,32 @@ def transition_pairs(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, 
     return items[:-1][within], items[1:][within]
 
 
-def transition_table(
-    sequences: Sequence[Sequence[int]], vocab_size: int, *, width: int
+def pair_counts(sequences: Sequence[Sequence[int]], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """How often each (item, next item) pair occurs. -> (keys (P,) item * V + next item, sorted;
+    counts (P,)), both long. Counts of parts of a log add up: `merge_counts`."""
+    first, second = transition_pairs(sequences)
+    return torch.unique(first * vocab_size + second, return_counts=True)
+
+
+def merge_counts(keys: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pair counts with repeated keys (parts concatenated) -> one sorted count per key."""
+    merged, where = torch.unique(keys, return_inverse=True)
+    return merged, torch.zeros(len(merged), dtype=counts.dtype).scatter_add_(0, where, counts)
+
+
+def top_successors(
+    keys: torch.Tensor, counts: torch.Tensor, vocab_size: int, *, width: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `width` most frequent next items of each item and log1p of their counts.
+    """The `width` most frequent next items of each item and log1p of their counts, from `pair_counts`'
+    keys (sorted, each once) and counts.
 
     -> (successors (V, width) int32, PAD where an item has fewer; log_counts (V, width) float32,
     0 there). Ties in count go to the smaller index, so the table does not depend on input order."""
     succ = torch.zeros(vocab_size, width, dtype=torch.int32)
     logc = torch.zeros(vocab_size, width)
-    first, second = transition_pairs(sequences)
-    if len(first) == 0 or width == 0:
+    if len(keys) == 0 or width == 0:
         return succ, logc
-    # One key per (item, next item); unique sorts the keys, so by item, then next item.
-    keys, counts = torch.unique(first * vocab_size + second, return_counts=True)
-    first, second = keys // vocab_size, keys % vocab_size
+    first, second = keys // vocab_size, keys % vocab_size  # sorted keys: by item, then next item
     # Within each first item, by count descending (a stable sort keeps ties in index order).
     order = torch.sort(counts, descending=True, stable=True).indices
     order = order[torch.sort(first[order], stable=True).indices]

@@ -19,6 +19,7 @@ from models.tasks import TASKS
 from training import distributed
 from training.config import apply_override, kind_of, read_raw
 from training.data import DataFormatError
+from training.job import peak_rss_gb
 
 ROOT = Path(__file__).resolve().parent.parent
 # A warm retrain is held back under this share of its parent's figure against the best baseline: ml-100k's
@@ -121,8 +122,9 @@ def _train(args: argparse.Namespace) -> int:
             print(folder)
         return 0
     finally:
-        if dist.enabled:
-            logging.getLogger("training").info("rank %d of %d finished", dist.rank, dist.world)
+        # Each rank's own peak (a process alone is rank 0 of 1): what reading a share of the log saves.
+        log = logging.getLogger("training")
+        log.info("rank %d of %d finished, peak RSS %.2f GB", dist.rank, dist.world, peak_rss_gb())
         dist.close()
 
 

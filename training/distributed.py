@@ -4,6 +4,9 @@
 shuffled batches (same seed) and trains on its own share of them; DistributedDataParallel averages
 the gradients, so every rank holds the same weights. Rank 0 validates and broadcasts what it found,
 so all ranks stop together; only rank 0 evaluates the test split and writes the artifact.
+Where each rank reads only its users' share of the log (`own_data`), each trains on its own batches
+(as many steps as the rank with the fewest), sums its counts with the others' and scores its own test
+users (docs/decisions/rank-shares.md).
 Without torchrun (no WORLD_SIZE) everything here is a no-op.
 """
 
@@ -16,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as tdist
 from torch import nn
@@ -29,6 +33,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0  # this rank's GPU on its host
+    own_data: bool = False  # each rank holds its own users' data, not a copy of everyone's
 
     @property
     def enabled(self) -> bool:
@@ -43,6 +48,12 @@ class Dist:
         world - 1 batches of an epoch are left out; they differ from epoch to epoch."""
         if not self.enabled:
             return batches  # as drawn: a lazy epoch stays lazy
+        if self.own_data:  # each rank's own batches, cut to the fewest any rank has
+            count = torch.tensor([len(batches)], dtype=torch.int64)
+            fewest = int(self.all_reduce(count, op=tdist.ReduceOp.MIN).item())
+            if fewest == 0:
+                raise ValueError("a rank has no training batch: fewer users than ranks, or lower batch_size")
+            return list(batches[:fewest])
         per_rank = len(batches) // self.world
         if per_rank == 0:
             raise ValueError(f"{len(batches)} batches cannot be shared by {self.world} ranks: lower batch_size")
@@ -52,11 +63,58 @@ class Dist:
         """Rank 0's values on every rank (decisions such as early stopping must agree)."""
         if not self.enabled:
             return list(values)
-        backend = tdist.get_backend()
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        t = torch.tensor(values, dtype=torch.float64, device=device)
+        t = torch.tensor(values, dtype=torch.float64, device=self._device())
         tdist.broadcast(t, src=0)
         return [float(v) for v in t.tolist()]
+
+    def all_reduce(self, t: torch.Tensor, op: Any = None) -> torch.Tensor:
+        """`t` reduced over the ranks (a sum unless `op`), on `t`'s device; `t` itself alone."""
+        if not self.enabled:
+            return t
+        out = t.to(self._device())
+        tdist.all_reduce(out, op=tdist.ReduceOp.SUM if op is None else op)
+        return out.to(t.device)
+
+    def total(self, t: torch.Tensor) -> torch.Tensor:
+        """Counts over the whole log: summed over the ranks when each holds its own users, else `t`."""
+        return self.all_reduce(t) if self.own_data else t
+
+    def gather(self, t: torch.Tensor, *, everywhere: bool = False) -> list[torch.Tensor]:
+        """Every rank's 1-D `t` (lengths may differ), in rank order: on rank 0 only (others get []) unless
+        `everywhere`. Tensors, not pickled objects: nothing a peer sends is unpickled."""
+        if not self.enabled:
+            return [t]
+        device = self._device()
+        sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.world)]
+        tdist.all_gather(sizes, torch.tensor([len(t)], dtype=torch.int64, device=device))
+        lengths = [int(n.item()) for n in sizes]
+        padded = torch.zeros(max(*lengths, 1), dtype=t.dtype, device=device)
+        padded[: len(t)] = t.to(device)
+        if everywhere:
+            parts = [torch.empty_like(padded) for _ in range(self.world)]
+            tdist.all_gather(parts, padded)
+        else:
+            parts = [torch.empty_like(padded) for _ in range(self.world)] if self.is_main else []
+            tdist.gather(padded, parts if self.is_main else None, dst=0)
+        return [part[:n].to(t.device) for part, n in zip(parts, lengths, strict=False)]
+
+    def gather_strings(self, values: Sequence[str], *, everywhere: bool = False) -> list[list[str]]:
+        """Every rank's strings, in rank order (see `gather`): UTF-8 bytes and their lengths."""
+        if not self.enabled:
+            return [list(values)]
+        encoded = [v.encode() for v in values]
+        blob = torch.from_numpy(np.frombuffer(b"".join(encoded), dtype=np.uint8).copy())
+        lengths = self.gather(torch.tensor([len(b) for b in encoded], dtype=torch.int64), everywhere=everywhere)
+        data = self.gather(blob, everywhere=everywhere)
+        out = []
+        for n, raw in zip(lengths, data, strict=True):
+            text, ends = raw.numpy().tobytes(), n.cumsum(0).tolist()
+            out.append([text[a:b].decode() for a, b in zip([0, *ends[:-1]], ends, strict=True)])
+        return out
+
+    def _device(self) -> torch.device:
+        nccl = tdist.get_backend() == "nccl"
+        return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """A module whose forward is the model's training loss, under DDP when distributed."""

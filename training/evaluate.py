@@ -17,6 +17,7 @@ from models.ids import N_SPECIAL, PAD
 from models.layers import last_valid_index
 from models.ranking import index_mask, pack_histories, pad_rows
 from models.transitions import flatten, transition_pairs
+from training.distributed import Dist
 from training.splits import EvalSet
 
 log = logging.getLogger(__name__)
@@ -308,6 +309,27 @@ def evaluate_all(
             m["n"] = float(done)
             metrics[name][p.negatives] = m
     return Evaluated(metrics, done, n_targets, time.monotonic() - t0)
+
+
+def pooled(got: Evaluated, dist: Dist) -> Evaluated:
+    """Every rank's evaluation of its own users as one, on rank 0 (the others keep theirs): each figure
+    the mean over every rank's users, `users` and `of` summed, `seconds` the slowest rank's. Every rank
+    scores the same scorers under the same protocols; a rank without users adds nothing."""
+    names = [*(f"{m}@{k}" for k in KS for m in ("HR", "NDCG")), "MRR"]
+    cells = [(s, p, m) for s, by in got.metrics.items() for p in by for m in names]
+    sums = [got.metrics[s][p].get(m, 0.0) * got.users for s, p, m in cells]
+    parts = dist.gather(torch.tensor([*sums, got.users, got.of, got.seconds], dtype=torch.float64))
+    if not dist.is_main:
+        return got
+    total = torch.stack(parts).sum(0).tolist()
+    users, of = int(total[-3]), int(total[-2])
+    metrics: dict[str, dict[str, dict[str, float]]] = {s: {p: {} for p in by} for s, by in got.metrics.items()}
+    for (s, p, m), v in zip(cells, total, strict=False):
+        metrics[s][p][m] = v / max(users, 1)
+    for by_protocol in metrics.values():
+        for figures in by_protocol.values():
+            figures["n"] = float(users)
+    return Evaluated(metrics, users, of, max(float(part[-1]) for part in parts))
 
 
 def evaluate(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import resource
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -55,11 +56,13 @@ class Export:
 
 
 class JobClock:
-    """The job's budget, counted from the end of data loading, and the seconds of each phase."""
+    """The job's budget, counted from the end of data loading, the seconds of each phase and the
+    process's peak RSS when each ended (the phase that raised it is the one whose figure grew)."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds, self.t0 = seconds, time.monotonic()
         self.phases: dict[str, float] = {}
+        self.peak_gb: dict[str, float] = {}
 
     def left(self) -> float:
         return self.t0 + self.seconds - time.monotonic()
@@ -74,6 +77,12 @@ class JobClock:
             yield
         finally:
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - t0
+            self.peak_gb[name] = peak_rss_gb()
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, in GB (Linux counts ru_maxrss in kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
 
 
 def vs_best_baseline(metrics: dict[str, Any]) -> float | None:
@@ -234,11 +243,15 @@ class Job(ABC, Generic[D, T, E]):
         """Train, evaluate and export; returns the artifact folder (None on ranks other than 0)."""
         data_seconds = self._prepare()
         self.clock = JobClock(self.cfg.train.max_minutes * 60)  # the budget starts once the data is in
+        self.clock.peak_gb["data"] = peak_rss_gb()
         model, warm = self._model()
         history, train_seconds = self._train(model)
-        if not self.dist.is_main:
+        if not self.dist.is_main and not self.dist.own_data:
             return None
         metrics = self._evaluate(model, history, train_seconds=train_seconds)
+        if not self.dist.is_main:  # its users scored, and its histories sent to rank 0 for the artifact
+            self.export(model)
+            return None
         return self._publish(model, history, metrics, warm=warm, data_seconds=data_seconds)
 
     def _prepare(self) -> float:
@@ -348,6 +361,8 @@ class Job(ABC, Generic[D, T, E]):
             "budget": round(clock.seconds, 3),
         }
         log.info("seconds: %s", " | ".join(f"{k} {v:g}" for k, v in metrics["seconds"].items()))
+        metrics["peak_rss_gb"] = {name: round(v, 2) for name, v in clock.peak_gb.items()}
+        log.info("peak RSS (GB) at the end of: %s", " | ".join(f"{k} {v:g}" for k, v in metrics["peak_rss_gb"].items()))
         run_config = self.cfg.to_dict()
         config = getattr(model, "config", None)
         if dataclasses.is_dataclass(config) and not isinstance(config, type):

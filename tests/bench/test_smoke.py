@@ -344,3 +344,27 @@ def test_capacity_plan_follows_the_unit_costs_it_measured(tiny_artifacts: Path, 
     table = (1e6 * units["table"]["bytes_per_user"] + 1e8 * units["table"]["bytes_per_step"]) / 1e9
     assert plan["artifact"]["history_table_gb"] == round(table, 1)
     assert plan["training"]["rate_is"] == "measured" and plan["api"]["hosts"] >= 1 and plan["redis"]["primaries"] >= 1
+
+
+@pytest.mark.slow
+def test_rank_shares_reports_each_rank_s_peak_and_the_pooled_test(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from tests.conftest import TINY_REC, synthetic_log
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    log = pd.DataFrame(synthetic_log(), columns=["user_id", "item_id", "timestamp"])
+    log.iloc[:200].to_parquet(parts / "part-0.parquet", index=False)
+    log.iloc[200:].to_parquet(parts / "part-1.parquet", index=False)
+    out = tmp_path / "shares.json"
+    sets = [*TINY_REC, "train.epochs=1", "train.batch_size=4", "model.n_negatives=8", "data.name='syn'"]
+    text = _run("scale.rank_shares", "--data", str(parts), "--settings", "1", "2", "--set", *sets, "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["ranks"], r["reads"], len(r["peak_rss_gb_by_rank"])) for r in rows] == [
+        (1, "the whole log", 1),
+        (2, "its share", 2),
+    ]
+    assert all(r["artifact_users"] == 40 and r["test_users"]["of"] == 40 for r in rows)
+    assert all(p > 0 for r in rows for p in r["peak_rss_gb_by_rank"]) and "| 2 | its share |" in text
+    assert set(rows[1]["rank0_peak_rss_gb_at_the_end_of"]) >= {"data", "training_loop", "evaluation"}

@@ -7,10 +7,15 @@ from models.base import SequentialRecommender
 from models.bert4rec import BERT4Rec, BERT4RecConfig
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.sasrec import SASRec, SASRecConfig
-from models.transitions import transition_table
+from models.transitions import merge_counts, pair_counts, top_successors
 
 V = 10
 SEQUENCES = [[2, 3, 4, 3, 4], [3, 4], [], [5], [2, 5, 2, 3], [6, 3, 7]]
+
+
+def transition_table(sequences: list[list[int]], vocab_size: int, *, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table a model's `set_transitions` fills from `sequences`."""
+    return top_successors(*pair_counts(sequences, vocab_size), vocab_size, width=width)
 
 
 def test_table_keeps_the_most_frequent_next_items_with_log_counts() -> None:
@@ -31,6 +36,22 @@ def test_table_width_ties_and_input_order() -> None:
     assert torch.equal(succ, again)
     empty, logc = transition_table([[], [4]], V, width=3)
     assert (empty == 0).all() and (logc == 0).all()
+
+
+def test_counts_of_parts_of_a_log_add_up_to_the_whole_table() -> None:
+    """Ranks holding different users count their pairs apart; merged, the table is the whole log's."""
+    parts = [pair_counts(SEQUENCES[:2], V), pair_counts(SEQUENCES[2:5], V), pair_counts(SEQUENCES[5:], V)]
+    keys, counts = merge_counts(torch.cat([k for k, _ in parts]), torch.cat([c for _, c in parts]))
+    whole_keys, whole_counts = pair_counts(SEQUENCES, V)
+    assert torch.equal(keys, whole_keys) and torch.equal(counts, whole_counts)
+    assert int(counts[keys.tolist().index(3 * V + 4)]) == 3  # 3 -> 4 in the first two sequences
+    for got, want in zip(
+        top_successors(keys, counts, V, width=2), transition_table(SEQUENCES, V, width=2), strict=True
+    ):
+        assert torch.equal(got, want)
+    model = SASRec(SASRecConfig(vocab_size=V, max_len=8, d_model=8, n_heads=2, n_layers=1, transition_width=2))
+    model.set_transition_counts(keys, counts)
+    assert torch.equal(model.successors, transition_table(SEQUENCES, V, width=2)[0])
 
 
 def _dense_prior(last: list[int]) -> torch.Tensor:

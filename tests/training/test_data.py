@@ -262,3 +262,41 @@ def test_a_log_named_its_own_way_is_read_by_its_column_mapping(tmp_path: Path) -
         Columns(event="kind")
     with pytest.raises(ValueError, match="time unit"):
         Columns(time_unit="minutes")
+
+
+def test_ranks_read_disjoint_shares_that_together_are_the_log(tmp_path: Path) -> None:
+    """Each of three ranks keeps only its users' rows of a Parquet folder (CSV alike), every user on exactly
+    one rank with all its rows in order; aligned to the sorted union of their items, every rank indexes an
+    item the same way. A log in a known layout cannot be shared."""
+    from training.data import Share, with_items
+
+    rows = _log_rows(500)
+    rows.to_csv(tmp_path / "log.csv", index=False)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    rows.iloc[:230].to_parquet(folder / "part-0.parquet", index=False)
+    rows.iloc[230:].to_parquet(folder / "part-1.parquet", index=False)
+    whole = load_interactions(tmp_path / "log.csv")
+    by_user = dict(zip(whole.users, zip(item_lists(whole), time_lists(whole), strict=True), strict=True))
+    for path in (folder, tmp_path / "log.csv"):
+        shares = [load_interactions(path, share=Share(r, 3)) for r in range(3)]
+        users = [u for s in shares for u in s.users]
+        assert sorted(users) == sorted(whole.users) and len(set(users)) == len(users)
+        assert all(len(s.users) < len(whole.users) for s in shares)  # three real shares, not one rank with all
+        items = sorted(set().union(*(s.item_ids for s in shares)))
+        assert items == sorted(whole.item_ids)
+        for s in shares:
+            own = dict(zip(s.users, zip(item_lists(s), time_lists(s), strict=True), strict=True))
+            with_items(s, items)
+            assert s.item_ids == items and item_lists(s) == [own[u][0] for u in s.users]  # same raw ids, new codes
+            assert all(own[u] == by_user[u] for u in s.users)
+    # The same rank for a user on every host, run and version: pinned, so a change of hash shows here.
+    ranks = [next(r for r in range(3) if Share(r, 3).keeps(pd.Series([f"u{k}"]))[0]) for k in range(10)]
+    assert ranks == [2, 0, 2, 0, 0, 2, 2, 1, 2, 2]
+    with pytest.raises(ValueError, match="not in the shared item list"):
+        with_items(load_interactions(folder, share=Share(0, 3)), ["nothing"])
+    (tmp_path / "u.inter").write_text("user_id:token\titem_id:token\ttimestamp:float\na\tx\t1\n")
+    with pytest.raises(DataFormatError, match="share of a CSV or Parquet log"):
+        load_interactions(tmp_path / "u.inter", share=Share(0, 2))
+    with pytest.raises(ValueError, match="rank 3 of 3"):
+        Share(3, 3)

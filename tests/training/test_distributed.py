@@ -28,22 +28,30 @@ def test_shards_are_disjoint_and_equal() -> None:
 
 
 @pytest.mark.slow
-def test_torchrun_on_two_hosts_trains_together_and_writes_one_artifact(tmp_path: Path, synthetic_dir: Path) -> None:
+def test_torchrun_on_two_hosts_each_reading_its_share_writes_one_artifact(tmp_path: Path) -> None:
     """Two "hosts" on one box: two torchrun agents (`--nnodes 2`, one rank each) meeting at a c10d
-    rendezvous on loopback, each in its own working folder with its own copy of the data and config. They
-    train as one job (gloo); only the first host's rank writes the artifact."""
-    import shutil
+    rendezvous on loopback, each in its own working folder with its own copy of a Parquet log (two parts)
+    and the config. Each rank reads only its users (`data.share_by_user`); they agree on one item map,
+    train as one job (gloo), and only the first host's rank writes the artifact, with every user in it."""
+    import re
+
+    import pandas as pd
 
     from bench.servers import free_port
+    from tests.conftest import synthetic_log
 
+    log = pd.DataFrame(synthetic_log(), columns=["user_id", "item_id", "timestamp"])
     endpoint = f"127.0.0.1:{free_port()}"
     hosts = []
     for node in (0, 1):
         home = tmp_path / f"host{node}"
-        shutil.copytree(synthetic_dir, home / "data")
+        (home / "data").mkdir(parents=True)
+        log.iloc[:200].to_parquet(home / "data" / "part-00000.parquet", index=False)
+        log.iloc[200:].to_parquet(home / "data" / "part-00001.parquet", index=False)
         (home / "ddp.toml").write_text(
             'name = "sasrec-ddp"\n[model]\nkind = "sasrec"\nmax_len = 16\nd_model = 16\nn_heads = 2\nn_layers = 1\n'
-            "d_ff = 32\n[train]\nepochs = 3\nbatch_size = 8\npatience = 5\n[eval]\nn_negatives = 10\n"
+            "d_ff = 32\ntransition_width = 4\n[data]\nshare_by_user = true\n"
+            "[train]\nepochs = 3\nbatch_size = 4\npatience = 5\nrefit_epochs = 1\n[eval]\nn_negatives = 10\n"
         )
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
         cmd += [
@@ -67,12 +75,21 @@ def test_torchrun_on_two_hosts_trains_together_and_writes_one_artifact(tmp_path:
         out, _ = proc.communicate(timeout=300)
         logs.append(out)
         assert proc.returncode == 0, out[-3000:]
-    assert "rank 0 of 2 finished" in logs[0] and "rank 1 of 2 finished" in logs[1]
+    assert "rank 0 of 2 finished, peak RSS" in logs[0] and "rank 1 of 2 finished, peak RSS" in logs[1]
+    held = [re.search(r"holds (\d+) users; item map of (\d+) items, sha256 (\w+)", out) for out in logs]
+    users = [int(m.group(1)) for m in held if m]
+    assert len(users) == 2 and sum(users) == 40 and min(users) > 0  # disjoint shares of the 40 users
+    assert [int(m.group(2)) for m in held if m] == [30, 30]  # every item, on both ranks
+    assert len({m.group(3) for m in held if m}) == 1  # the same map: an item is one index everywhere
     assert not (tmp_path / "host1" / "arts").exists()  # the second host's rank wrote nothing
     (folder,) = list((tmp_path / "host0" / "arts" / "sasrec-ddp").iterdir())
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["ranks"] == 2 and metrics["epochs_run"] == 3
-    assert len(load_rec_artifact(folder).histories) == 40
+    assert metrics["protocol"]["users_split_over_ranks"] == 2
+    assert metrics["protocol"]["test_users"]["scored"] == metrics["protocol"]["test_users"]["of"] == 40
+    artifact = load_rec_artifact(folder)
+    assert sorted(artifact.histories.users()) == sorted(f"u{k}" for k in range(40))  # both ranks' users
+    assert artifact.manifest.data["interactions"] == len(log)
 
 
 @pytest.mark.parametrize(
@@ -103,3 +120,32 @@ def test_explicit_cuda_with_too_few_gpus_says_so(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     with pytest.raises(ValueError, match="CUDA is not available"):
         resolve_device("cuda")
+
+
+def test_pooled_figures_weigh_each_rank_by_the_users_it_scored() -> None:
+    """Rank 0 turns every rank's means into the means over all their users; a rank without users adds none."""
+    from training.evaluate import Evaluated, pooled
+
+    def ours(ndcg: float, users: int) -> Evaluated:
+        figures = {"HR@10": min(2 * ndcg, 1.0), "NDCG@10": ndcg, "n": float(users)} if users else {"n": 0.0}
+        return Evaluated({"model": {"full": figures}}, users, users + 1, 0.5 + users / 100)
+
+    ranks = [ours(0.5, 30), ours(0.1, 10), ours(0.0, 0)]
+
+    class Gathered(Dist):
+        """gather() as torch.distributed's: the others' tensors reach rank 0 only."""
+
+        def gather(self, t: torch.Tensor, *, everywhere: bool = False) -> list[torch.Tensor]:
+            if self.rank:
+                sent.append(t)
+                return []
+            return [t, *sent]
+
+    sent: list[torch.Tensor] = []
+    for r in (1, 2):
+        assert pooled(ranks[r], Gathered(r, 3, own_data=True)) is ranks[r]  # its figures went to rank 0
+    got = pooled(ranks[0], Gathered(0, 3, own_data=True))
+    figures = got.metrics["model"]["full"]
+    assert (got.users, got.of, got.seconds) == (40, 43, 0.8)
+    assert figures["NDCG@10"] == pytest.approx((0.5 * 30 + 0.1 * 10) / 40) and figures["n"] == 40
+    assert figures["HR@10"] == pytest.approx((1.0 * 30 + 0.2 * 10) / 40) and figures["MRR"] == 0.0

@@ -266,7 +266,7 @@ def test_predict_covers_every_task_that_keeps_user_histories(
 
 def test_the_transition_prior_weight_is_chosen_on_validation_and_served(synthetic_dir: Path, tmp_path: Path) -> None:
     from models.tasks.recommend import load_artifact
-    from models.transitions import transition_table
+    from tests.models.test_transitions import transition_table
     from training.jobs.recommend import RecommendJob, short_sequences
 
     overrides = [

@@ -77,6 +77,25 @@ class Columns:
         return self != Columns()
 
 
+@dataclass(frozen=True)
+class Share:
+    """One rank's part of a log that several ranks read: the users whose id hashes to `rank` modulo
+    `world`. The hash is pandas' keyed SipHash of the id's text, the same on every host and run, so the
+    ranks split the users without exchanging anything (docs/decisions/rank-shares.md)."""
+
+    rank: int = 0
+    world: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"rank {self.rank} of {self.world}")
+
+    def keeps(self, user_ids: pd.Series) -> np.ndarray:
+        """(N,) bool: which rows' users are this rank's."""
+        hashed = pd.util.hash_array(user_ids.to_numpy(dtype=object))
+        return np.asarray(hashed % np.uint64(self.world) == np.uint64(self.rank))
+
+
 @dataclass
 class Interactions:
     """Per-user item sequences in time order, as columns: a log of tens of millions of rows holds one
@@ -375,9 +394,12 @@ def load_user_item_lines(path: Path) -> Interactions:
 # --- generic tables -------------------------------------------------------------------------------
 
 
-def load_table(path: Path, item_table: Path | None = None, columns: Columns | None = None) -> Interactions:
+def load_table(
+    path: Path, item_table: Path | None = None, columns: Columns | None = None, *, share: Share | None = None
+) -> Interactions:
     """A CSV or Parquet log read in chunks: each chunk's ids become integer codes before the next is
-    read, so memory holds the codes and times of the whole log and the strings of one chunk."""
+    read, so memory holds the codes and times of the whole log (of `share`'s users only, when given)
+    and the strings of one chunk."""
     cols = columns or Columns()
     csv = is_csv(path)
     users, items = _Codes(csv=csv), _Codes(csv=csv)
@@ -391,6 +413,8 @@ def load_table(path: Path, item_table: Path | None = None, columns: Columns | No
         if cols.event:
             ei = pick(df, (cols.event,), path)
             df = df[df[ei].str.strip().isin(cols.keep)]
+        if share is not None and share.world > 1:
+            df = df[share.keeps(df[ui])]
         require_ids(df, (ui, ii), path)
         times = unix_times(df, ti, path, what="timestamp", allow_missing=True, per_second=TIME_UNITS[cols.time_unit])
         missing = np.isnan(times)
@@ -402,7 +426,7 @@ def load_table(path: Path, item_table: Path | None = None, columns: Columns | No
         del df
     all_times = np.concatenate(time_parts)
     del time_parts
-    if not len(all_times):
+    if not len(all_times) and (share is None or share.world == 1):
         raise DataFormatError(path, None, "no interactions")
     if first_missing is not None and not np.isnan(all_times).all():
         raise DataFormatError(path, first_missing, "timestamp missing where other rows have one")
@@ -431,10 +455,42 @@ def load_table(path: Path, item_table: Path | None = None, columns: Columns | No
     return data
 
 
-def load_interactions(path: Path, item_table: Path | None = None, columns: Columns | None = None) -> Interactions:
+def load_interactions(
+    path: Path, item_table: Path | None = None, columns: Columns | None = None, *, share: Share | None = None
+) -> Interactions:
     """Detect the format of `path` (a file or a dataset folder) and load it; `columns` names a generic
-    log's columns (CSV or Parquet), and a log in a known layout refuses them."""
-    return _load(Path(path), item_table, columns or Columns())
+    log's columns (CSV or Parquet), and a log in a known layout refuses them. `share`: only that rank's
+    users' rows of a CSV or Parquet log (its item ids are then its own: `with_items` aligns them)."""
+    path = Path(path)
+    if share is not None and share.world > 1:
+        if not (path.suffix in (".csv", ".parquet") or path.name.endswith(".csv.gz") or _is_parts(path)):
+            raise DataFormatError(path, None, "ranks read their share of a CSV or Parquet log only")
+        return load_table(path, item_table, columns, share=share)
+    return _load(path, item_table, columns or Columns())
+
+
+def _is_parts(path: Path) -> bool:
+    """A folder of Parquet part files, and no file of a known layout beside them."""
+    known = ("u.data", "ratings.dat", "ratings.csv")
+    return (
+        path.is_dir()
+        and not any(path.glob("*.inter"))
+        and not any((path / k).exists() for k in known)
+        and bool(parquet_parts(path))
+    )
+
+
+def with_items(data: Interactions, item_ids: Sequence[str]) -> Interactions:
+    """`data` with its items indexed into `item_ids` (a superset of its own, the same list on every
+    rank), in place."""
+    position = {item: n for n, item in enumerate(item_ids)}
+    try:
+        remap = np.fromiter((position[i] for i in data.item_ids), dtype=np.int32, count=len(data.item_ids))
+    except KeyError as missing:
+        raise ValueError(f"item {missing} is not in the shared item list") from None
+    data.items = remap[data.items] if len(data.items) else data.items
+    data.item_ids = list(item_ids)
+    return data
 
 
 def _load(path: Path, item_table: Path | None, columns: Columns) -> Interactions:

@@ -4,6 +4,7 @@ evaluate beside the simple baselines -> artifact."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import time
@@ -23,9 +24,10 @@ from models.ids import N_SPECIAL, IdMap
 from models.kinds import build_recommender
 from models.ranking import pad_rows
 from models.tasks.recommend import RecArtifact, load_artifact
+from models.transitions import merge_counts, pair_counts
 from models.warm import carry_over
 from training.config import LoopConfig, read_raw
-from training.data import Columns, Interactions, load_interactions, locate_ml100k
+from training.data import Columns, Interactions, Share, load_interactions, locate_ml100k, with_items
 from training.evaluate import (
     BASELINES,
     FIT_SECONDS,
@@ -36,6 +38,7 @@ from training.evaluate import (
     evaluate_all,
     fit_baseline,
     item_counts,
+    pooled,
 )
 from training.job import Export, Job, warm_record
 from training.loop import History, train, window_batches
@@ -97,6 +100,11 @@ class RecData:
     event_column: str = ""
     events: list[str] = field(default_factory=list)
     time_unit: str = "s"
+    # Under torchrun, each rank reads only its users' rows of a CSV or Parquet log (a hash of the user
+    # id), trains on them and scores its own test users; the item map, counts, transition table and
+    # test figures are combined over the ranks (docs/decisions/rank-shares.md). False: every rank reads
+    # the whole log.
+    share_by_user: bool = False
 
     def __post_init__(self) -> None:
         self.columns()  # an inconsistent mapping stops the config, not the load
@@ -230,12 +238,27 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     def prepare_data(self) -> None:
         c = self.cfg.data
         item_table = Path(c.item_table) if c.item_table else None
-        self.data = load_interactions(self._data_path(), item_table, c.columns())
+        share = Share(self.dist.rank, self.dist.world) if c.share_by_user and self.dist.enabled else None
+        self.data = load_interactions(self._data_path(), item_table, c.columns(), share=share)
+        if share is not None:
+            # From here on each rank holds its own users: the loop, the counts and the test follow.
+            self.dist = dataclasses.replace(self.dist, own_data=True)
+            everyone = self.dist.gather_strings(self.data.item_ids, everywhere=True)
+            with_items(self.data, sorted(set().union(*everyone)))  # one item map, the same on every rank
+            digest = hashlib.sha256("\n".join(self.data.item_ids).encode()).hexdigest()[:16]
+            log.info(
+                "rank %d of %d holds %d users; item map of %d items, sha256 %s",
+                self.dist.rank,
+                self.dist.world,
+                len(self.data.users),
+                len(self.data.item_ids),
+                digest,
+            )
         if self.warm_from is not None:
             self._carry_item_meta(load_artifact(self.warm_from))
         self.items, self.users, sequences = index_data(self.data)
         self.split = leave_one_out(sequences, full_data=c.full_data)
-        self.popularity = item_counts(sequences, len(self.items))
+        self.popularity = self.dist.total(item_counts(sequences, len(self.items)))
         self.val_set = subsample(self.split.valid, self.cfg.eval.val_users, self.cfg.train.seed)
         self.costs, self.plan, self.planned = Costs(), {}, {}
 
@@ -274,7 +297,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
 
     def train_batches(self, model: nn.Module) -> Callable[[torch.Generator], Sequence[torch.Tensor]]:
         assert isinstance(model, SequentialRecommender)
-        model.set_item_frequencies(item_counts(self.split.train, len(self.items)))
+        model.set_item_frequencies(self.dist.total(item_counts(self.split.train, len(self.items))))
         rows = self._windows(model, self.split.train)
         log.info(
             "%s: %d users, %d items, %d interactions; %d training windows of <= %d; %d validation targets",
@@ -451,7 +474,6 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         deadline = self._evaluation_deadline("valid", "refit", "transition_table", "test", "export")
         if not getattr(model.config, "transition_width", 0):
             return self._evaluate_all({"model": model.scores}, valid, protocols, deadline=deadline)
-        model.set_transitions(self.split.train)
         got = self._evaluate_all(self._prior_scorers(model, e.transition_weights), valid, protocols, deadline=deadline)
         tried = {w: got.metrics[f"{w:g}"][e.protocol]["NDCG@10"] for w in e.transition_weights}
         chosen = max(tried, key=lambda w: (tried[w], -w))
@@ -483,8 +505,9 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         self.valid_users: dict[str, int] | None = None
         self.transition_weights_tried = None
         if self.cfg.data.full_data:
-            model.set_transitions(self.split.train)  # everything; the config's weight stays
+            self._set_transitions(model, self.split.train)  # everything; the config's weight stays
             return
+        self._set_transitions(model, self.split.train)  # what validation knows
         if self.dist.is_main:
             with self.untimed():  # measured before a refit has seen the validation items
                 valid = subsample(self.split.valid, self.cfg.eval.test_users, self.cfg.train.seed)
@@ -492,8 +515,12 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
                 self.valid_metrics = {p: m for p, m in got.metrics["model"].items() if p in self.cfg.eval.protocols}
                 self.valid_users = {"scored": got.users, "of": len(self.split.valid.targets)}
                 log.info("validation: %d of %d users in %.1f s", got.users, got.of, got.seconds)
+        if self.dist.own_data:  # the weight rank 0 chose on its users, for every rank's test users
+            (model.config.transition_weight,) = self.dist.from_main(model.config.transition_weight)
         t = self.cfg.train
-        minutes = (self._deadline("transition_table", "test", "export") - time.monotonic()) / 60
+        # Every rank takes rank 0's time left: they refit, or do not, together.
+        (left,) = self.dist.from_main(self._deadline("transition_table", "test", "export") - time.monotonic())
+        minutes = left / 60
         if t.refit_epochs and minutes * 60 >= REFIT_SHARE / 2 * self.clock.seconds:
             # The validation target joins the training data; the test item stays held out.
             refit = self._windows(model, self.split.test.histories + short_sequences(self.split))
@@ -519,14 +546,29 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         elif t.refit_epochs:
             history.stopped += "; no refit: too little of the budget was left"
         # Test time knows every interaction but the test items: so does the transition table.
-        model.set_transitions(self.split.test.histories + short_sequences(self.split))
+        self._set_transitions(model, self.split.test.histories + short_sequences(self.split))
+
+    def _set_transitions(self, model: SequentialRecommender, sequences: list[list[int]]) -> None:
+        """The model's transition table from `sequences`; from every rank's, added up, where each rank
+        holds its own users (every rank gets every rank's pair counts: the table's rows are the
+        catalog's, not a user's)."""
+        if not getattr(model.config, "transition_width", 0):
+            return
+        if not self.dist.own_data:
+            model.set_transitions(sequences)
+            return
+        keys, counts = pair_counts(sequences, len(self.items))
+        keys = torch.cat(self.dist.gather(keys, everywhere=True))
+        counts = torch.cat(self.dist.gather(counts, everywhere=True))
+        model.set_transition_counts(*merge_counts(keys, counts))
 
     def test(self, model: SequentialRecommender) -> tuple[EvalSet, list[str], Evaluated, int]:
         """The test phase: the baselines fitted on everything but the test items, then the model and
         each of them under every protocol on a seeded sample of the test users, until the phase's
         deadline. -> (the sample, the baselines' names, what was scored, the users they knew)."""
         e = self.cfg.eval
-        test = subsample(self.split.test, e.test_users, self.cfg.train.seed)
+        per_rank = math.ceil(e.test_users / self.dist.world) if self.dist.own_data else e.test_users
+        test = subsample(self.split.test, per_rank, self.cfg.train.seed)
         # What is known at test time: every interaction but the held-out test items (of every user,
         # sampled or not).
         known = self.split.test.histories + short_sequences(self.split)
@@ -536,10 +578,16 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             weight = model.config.transition_weight
             both = self._prior_scorers(model, [weight, 0.0])
             scorers = {"model": both[f"{weight:g}"], NETWORK_ALONE: both["0"]}
-        got = self._evaluate_all(
-            {**scorers, **fitted}, test, e.protocols, deadline=self._evaluation_deadline("test", "export")
-        )
+        deadline = self._evaluation_deadline("test", "export")
+        if self.dist.own_data:  # rank 0 priced a test user before training: its time left holds everywhere
+            (left,) = self.dist.from_main(math.inf if deadline is None else deadline - time.monotonic())
+            deadline = None if math.isinf(left) else time.monotonic() + left
+        got = self._evaluate_all({**scorers, **fitted}, test, e.protocols, deadline=deadline)
         return test, list(fitted), got, len(known)
+
+    def _counted(self, *counts: int) -> list[int]:
+        """Counts of users over the whole log (summed over the ranks that each hold their own)."""
+        return [int(n) for n in self.dist.total(torch.tensor(counts, dtype=torch.int64)).tolist()]
 
     def evaluate(self, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, SequentialRecommender)
@@ -554,20 +602,30 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
                 "baselines_fitted_on": "every interaction but each user's test item",
             }
         }
+        if self.dist.own_data:
+            out["protocol"]["users_split_over_ranks"] = self.dist.world
+            out["protocol"]["baselines_fitted_on"] = "each rank's own users (validation: rank 0's)"
+            out["protocol"]["valid_on"] = "rank 0's users"
         if self.cfg.data.full_data:
             return out
         test, fitted, got, known_users = self.test(model)
+        got = pooled(got, self.dist) if self.dist.own_data else got
+        n_test, n_sample, known_users, n_train = self._counted(
+            len(self.split.test.targets), len(test.targets), known_users, len(self.split.train)
+        )
+        if not self.dist.is_main:  # its users are in rank 0's figures
+            return out
         out["protocol"]["test_users"] = {
             "scored": got.users,
-            "of": len(self.split.test.targets),
-            "sample": len(test.targets),  # eval.test_users, or all; the deadline may stop before its end
+            "of": n_test,
+            "sample": n_sample,  # eval.test_users, or all; the deadline may stop before its end
             "seed": self.cfg.train.seed,
         }
         log.info(
             "test: %d of %d users (a seeded sample of %d, seed %d) in %.1f s",
             got.users,
-            len(self.split.test.targets),
-            len(test.targets),
+            n_test,
+            n_sample,
             self.cfg.train.seed,
             got.seconds,
         )
@@ -585,7 +643,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         out["protocol"]["baselines_fitted_users"] = {
             "valid": self.valid_baselines_fitted,
             "test": dict(self.costs.fitted_users),
-            "of": {"valid": len(self.split.train), "test": known_users},
+            "of": {"valid": n_train, "test": known_users},
         }
         for proto, m in out["test"].items():
             rows = " | ".join(f"{n} {b[proto]['NDCG@10']:.4f}" for n, b in out["baselines_test"].items())
@@ -607,7 +665,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         return out
 
     def export(self, model: nn.Module) -> Export:
-        d = self.data
+        d = self.data if not self.dist.own_data else self._everyone()
         files = {
             artifact.ITEMS: self.items,
             artifact.ITEM_META: {"unit": d.release_unit, "release": d.release},
@@ -628,6 +686,24 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             "release_unit": d.release_unit,
         }
         return Export(files=files, data=info, namespace=self.cfg.data.name or self.cfg.name)
+
+    def _everyone(self) -> Interactions:
+        """Every rank's users' histories on rank 0, for the artifact (other ranks: their own): the
+        columns, not the Python lists training used, so rank 0 adds about 16 bytes a row."""
+        d, dist = self.data, self.dist
+        users = dist.gather_strings(d.users)
+        lengths = dist.gather(torch.from_numpy(np.diff(d.ends, prepend=0)))
+        items = dist.gather(torch.from_numpy(d.items))
+        times = dist.gather(torch.from_numpy(d.times))
+        if not dist.is_main:
+            return d
+        return dataclasses.replace(
+            d,
+            users=[u for part in users for u in part],
+            ends=torch.cat(lengths).cumsum(0).numpy(),
+            items=torch.cat(items).numpy(),
+            times=torch.cat(times).numpy(),
+        )
 
 
 JOB = RecommendJob
