@@ -149,3 +149,36 @@ def test_pooled_figures_weigh_each_rank_by_the_users_it_scored() -> None:
     assert (got.users, got.of, got.seconds) == (40, 43, 0.8)
     assert figures["NDCG@10"] == pytest.approx((0.5 * 30 + 0.1 * 10) / 40) and figures["n"] == 40
     assert figures["HR@10"] == pytest.approx((1.0 * 30 + 0.2 * 10) / 40) and figures["MRR"] == 0.0
+
+
+def test_a_rank_holding_its_own_data_alone_gives_the_plain_job_s_figures(synthetic_dir: Path, tmp_path: Path) -> None:
+    """The own-data path (summed counts, merged pair counts, pooled test, gathered histories) with one
+    rank is the job as one process runs it: the same test figures, prior weight and artifact histories."""
+    from tests.conftest import TINY_REC
+    from training.config import read_raw
+    from training.jobs import job_for_kind
+
+    raw = read_raw(
+        None,
+        [
+            "model.kind='sasrec'",
+            "name='own'",
+            "model.n_negatives=8",
+            "model.transition_width=4",
+            "train.refit_epochs=1",
+            *TINY_REC,
+        ],
+    )
+    job = job_for_kind("sasrec")
+    runs = {}
+    for name, dist in (("plain", Dist()), ("own", Dist(own_data=True))):
+        folder = job(job.parse_config(raw), out_root=tmp_path / name, data_path=synthetic_dir, dist=dist).run()
+        assert folder is not None
+        runs[name] = (json.loads((folder / "metrics.json").read_text()), load_rec_artifact(folder))
+    (plain, plain_art), (own, own_art) = runs["plain"], runs["own"]
+    assert own["test"] == plain["test"] and own["test_network_alone"] == plain["test_network_alone"]
+    assert own["transition_prior_valid_ndcg10"] == plain["transition_prior_valid_ndcg10"]
+    assert own["protocol"]["test_users"] == plain["protocol"]["test_users"]
+    assert own["protocol"]["users_split_over_ranks"] == 1 and "users_split_over_ranks" not in plain["protocol"]
+    assert list(own_art.histories.users()) == list(plain_art.histories.users())
+    assert torch.equal(own_art.model.successors, plain_art.model.successors)
