@@ -175,17 +175,23 @@ def _log_rows(n: int, seed: int = 0) -> pd.DataFrame:
     )  # many ties: file order must decide them
 
 
-def test_a_table_read_in_chunks_loads_as_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ids met again in a later chunk keep their code; users and items keep their order of first
-    appearance; ties keep file order; CSV and Parquet parts alike."""
-    from training.data import tables
-
+def _written_log(tmp_path: Path) -> tuple[pd.DataFrame, Path]:
+    """_log_rows(500) as tmp_path/log.csv and as a folder of two Parquet parts. -> (the rows, the folder)"""
     rows = _log_rows(500)
     rows.to_csv(tmp_path / "log.csv", index=False)
     folder = tmp_path / "parts"
     folder.mkdir()
     rows.iloc[:230].to_parquet(folder / "part-0.parquet", index=False)
     rows.iloc[230:].to_parquet(folder / "part-1.parquet", index=False)
+    return rows, folder
+
+
+def test_a_table_read_in_chunks_loads_as_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ids met again in a later chunk keep their code; users and items keep their order of first
+    appearance; ties keep file order; CSV and Parquet parts alike."""
+    from training.data import tables
+
+    rows, folder = _written_log(tmp_path)
     whole = load_interactions(tmp_path / "log.csv")
     # What the loader must give, computed here without it: a stable sort by user (first appearance), then time.
     first = {u: k for k, u in reversed(list(enumerate(rows["user_id"])))}
@@ -270,12 +276,7 @@ def test_ranks_read_disjoint_shares_that_together_are_the_log(tmp_path: Path) ->
     item the same way. A log in a known layout cannot be shared."""
     from training.data import Share, with_items
 
-    rows = _log_rows(500)
-    rows.to_csv(tmp_path / "log.csv", index=False)
-    folder = tmp_path / "parts"
-    folder.mkdir()
-    rows.iloc[:230].to_parquet(folder / "part-0.parquet", index=False)
-    rows.iloc[230:].to_parquet(folder / "part-1.parquet", index=False)
+    _, folder = _written_log(tmp_path)
     whole = load_interactions(tmp_path / "log.csv")
     by_user = dict(zip(whole.users, zip(item_lists(whole), time_lists(whole), strict=True), strict=True))
     for path in (folder, tmp_path / "log.csv"):
