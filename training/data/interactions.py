@@ -92,8 +92,11 @@ class Share:
 
     def keeps(self, user_ids: pd.Series) -> np.ndarray:
         """(N,) bool: which rows' users are this rank's."""
-        hashed = pd.util.hash_array(user_ids.to_numpy(dtype=object))
-        return np.asarray(hashed % np.uint64(self.world) == np.uint64(self.rank))
+        # Each distinct id hashed once (Arrow's dictionary encoding finds them): converting every row to a
+        # Python string first was a quarter of a rank's load at 20M rows.
+        codes, uniques = pd.factorize(user_ids)
+        hashed = pd.util.hash_array(np.asarray(uniques, dtype=object))
+        return np.asarray(hashed % np.uint64(self.world) == np.uint64(self.rank))[codes]
 
 
 @dataclass
