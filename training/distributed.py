@@ -13,6 +13,7 @@ Without torchrun (no WORLD_SIZE) everything here is a no-op.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import logging
 import os
 from collections.abc import Sequence
@@ -49,8 +50,7 @@ class Dist:
         if not self.enabled:
             return batches  # as drawn: a lazy epoch stays lazy
         if self.own_data:  # each rank's own batches, cut to the fewest any rank has
-            count = torch.tensor([len(batches)], dtype=torch.int64)
-            fewest = int(self.all_reduce(count, op=tdist.ReduceOp.MIN).item())
+            fewest = self.fewest(len(batches))
             if fewest == 0:
                 raise ValueError("a rank has no training batch: fewer users than ranks, or lower batch_size")
             return list(batches[:fewest])
@@ -74,6 +74,12 @@ class Dist:
         out = t.to(self._device())
         tdist.all_reduce(out, op=tdist.ReduceOp.SUM if op is None else op)
         return out.to(t.device)
+
+    def fewest(self, n: int) -> int:
+        """The smallest of every rank's `n` (`n` itself alone)."""
+        if not self.enabled:
+            return n
+        return int(self.all_reduce(torch.tensor([n], dtype=torch.int64), op=tdist.ReduceOp.MIN).item())
 
     def total(self, t: torch.Tensor) -> torch.Tensor:
         """Counts over the whole log: summed over the ranks when each holds its own users, else `t`."""
@@ -109,7 +115,7 @@ class Dist:
         out = []
         for n, raw in zip(lengths, data, strict=True):
             text, ends = raw.numpy().tobytes(), n.cumsum(0).tolist()
-            out.append([text[a:b].decode() for a, b in zip([0, *ends[:-1]], ends, strict=True)])
+            out.append([text[a:b].decode() for a, b in itertools.pairwise([0, *ends])])
         return out
 
     def _device(self) -> torch.device:

@@ -182,3 +182,15 @@ def test_a_rank_holding_its_own_data_alone_gives_the_plain_job_s_figures(synthet
     assert own["protocol"]["users_split_over_ranks"] == 1 and "users_split_over_ranks" not in plain["protocol"]
     assert list(own_art.histories.users()) == list(plain_art.histories.users())
     assert torch.equal(own_art.model.successors, plain_art.model.successors)
+
+
+def test_strings_from_ranks_arrive_whole_and_a_rank_with_none_sends_an_empty_list() -> None:
+    """gather_strings cuts the bytes each rank sent at its lengths: ids with any characters, and none."""
+
+    class BesideAnEmptyRank(Dist):
+        def gather(self, t: torch.Tensor, *, everywhere: bool = False) -> list[torch.Tensor]:
+            return [t, t[:0]]  # this rank's tensor, then an empty rank's
+
+    got = BesideAnEmptyRank(0, 2).gather_strings(["u1", "ü, 2", "", "x\ny"], everywhere=True)
+    assert got == [["u1", "ü, 2", "", "x\ny"], []]
+    assert Dist().gather_strings(["a"]) == [["a"]]

@@ -243,6 +243,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         if share is not None:
             # From here on each rank holds its own users: the loop, the counts and the test follow.
             self.dist = dataclasses.replace(self.dist, own_data=True)
+            if self.dist.fewest(len(self.data.users)) == 0:  # all ranks stop here, none left waiting for another
+                raise ValueError(f"a rank holds no user of {self.data.source}: fewer users than ranks")
             everyone = self.dist.gather_strings(self.data.item_ids, everywhere=True)
             with_items(self.data, sorted(set().union(*everyone)))  # one item map, the same on every rank
             digest = hashlib.sha256("\n".join(self.data.item_ids).encode()).hexdigest()[:16]
