@@ -486,11 +486,10 @@ def _is_parts(path: Path) -> bool:
 def with_items(data: Interactions, item_ids: Sequence[str]) -> Interactions:
     """`data` with its items indexed into `item_ids` (a superset of its own, the same list on every
     rank), in place."""
-    position = {item: n for n, item in enumerate(item_ids)}
-    try:
-        remap = np.fromiter((position[i] for i in data.item_ids), dtype=np.int32, count=len(data.item_ids))
-    except KeyError as missing:
-        raise ValueError(f"item {missing} is not in the shared item list") from None
+    remap = pd.Index(item_ids).get_indexer(data.item_ids).astype(np.int32)  # -1: not in item_ids
+    if (remap < 0).any():
+        missing = data.item_ids[int(np.flatnonzero(remap < 0)[0])]
+        raise ValueError(f"item {missing!r} is not in the shared item list")
     data.items = remap[data.items] if len(data.items) else data.items
     data.item_ids = list(item_ids)
     return data
