@@ -26,8 +26,9 @@ from pathlib import Path
 from app.settings import Settings
 from app.store import open_store
 from models.artifact import ArtifactError, latest_versions, read_manifest
-from models.engine import EngineOptions, Timeline, optional_time, received_steps
+from models.engine import EngineOptions, optional_time, received_steps
 from models.ids import to_csv_cell, trainable
+from models.queries import Timeline
 from models.tasks import TASKS, Task
 from models.tasks.recommend import UserQueryEngine
 

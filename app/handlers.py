@@ -19,7 +19,7 @@ from app.bodies import MAX_DETAILS, BodyError, is_json
 from app.errors import RETRY, DomainError
 from app.observability import Metrics
 from app.store import StoreError
-from models.engine import QueryError
+from models.queries import QueryError
 
 log = logging.getLogger(__name__)
 JSON = "application/json"

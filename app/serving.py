@@ -19,7 +19,8 @@ from app.batcher import AbandonedError
 from app.errors import StoreUnavailable
 from app.loaded import Served
 from app.store import HistoryStore
-from models.engine import Engine, RecentActivity, RecentEvent, Timeline, UserHistories
+from models.engine import Engine, RecentActivity, UserHistories
+from models.queries import RecentEvent, Timeline
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.limits import CPU_MAX_BATCH, BatchPolicy, Limits
 from app.store.histories import RECENT_KEEP_S
-from models.engine import COARSE_FROM, LIVE_EVENTS
+from models.queries import COARSE_FROM, LIVE_EVENTS
 
 _BATCH = BatchPolicy()
 _LIMITS = Limits()  # the request bounds' defaults live in Limits

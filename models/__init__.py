@@ -1,6 +1,5 @@
-"""PyTorch modules and the conventions shared by training and serving."""
+"""PyTorch modules and the conventions shared by training and serving.
 
-import models.tasks  # noqa: F401  (its rows fill MODEL_KINDS)
-from models.kinds import MODEL_KINDS, build
-
-__all__ = ["MODEL_KINDS", "build"]
+Importing the package imports nothing else: the task table (models.tasks) and its models load where
+they are used, so a process that only stores events, checks settings or starts workers never loads torch
+(models/kinds.py, models/queries.py)."""

@@ -21,49 +21,13 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from models.manifest import Manifest
+from models.queries import COARSE_FROM, LIVE_EVENTS, RecentEvent, Timeline
 
 Q = TypeVar("Q")  # a raw query
 P = TypeVar("P")  # a prepared query
 R = TypeVar("R")  # a result
 
-# A user's live events from the history store: (raw id, unix time or NaN, action or None), oldest first.
-LiveEvent = tuple[str, float, str | None]
-Timeline = list[LiveEvent]
-# Any user's live event in a namespace: (actor's raw id, target's raw id, unix time, action or None).
-RecentEvent = tuple[str, str, float, str | None]
-
-
-class QueryError(ValueError):
-    """A query the engine cannot answer, naming the query and its field (a client error)."""
-
-    status = 422
-    code = "invalid_query"
-
-    def __init__(self, message: str, *, position: int, field: tuple[str | int, ...]) -> None:
-        super().__init__(message)
-        self.position, self.field = position, field
-
-    @property
-    def loc(self) -> list[str | int]:
-        return ["body", "queries", self.position, *self.field]
-
-
-class UnknownUserError(QueryError):
-    status = 404
-    code = "unknown_user"
-
-    def __init__(self, user_id: str, position: int) -> None:
-        super().__init__(f"unknown user {user_id!r} and no history given", position=position, field=("user_id",))
-        self.user_id = user_id
-
-
 HEAD_SHARE = 0.01  # the popular head: served lists are measured by the share of their items in it
-LIVE_EVENTS = 1000  # live events kept and read per user unless the settings say otherwise
-
-
-# Catalogs from this size on are ranked on the CPU from bfloat16 scores, certified exact, where that is
-# faster at load (models/coarse.py): below it the coarse pass does not pay.
-COARSE_FROM = 65_536
 
 
 @dataclass

@@ -48,7 +48,7 @@ from app.store.state import (
     UserStats,
     Variant,
 )
-from models.engine import LIVE_EVENTS
+from models.queries import LIVE_EVENTS
 
 __all__ = [
     "EXPOSURE_BUCKET_S",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.store.base import Store, json_ts
-from models.engine import LIVE_EVENTS, RecentEvent, Timeline
+from models.queries import LIVE_EVENTS, RecentEvent, Timeline
 
 # "conflict": the id was stored with another payload. When any event of a call conflicts, the call
 # stores nothing: the conflicting ones say "conflict", the others "skipped". "dropped_old": taken (its

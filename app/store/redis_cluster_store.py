@@ -27,7 +27,7 @@ from app.store.base import StoreError
 from app.store.histories import RECENT_EVENTS, RECENT_KEEP_S, Event, Outcome
 from app.store.redis_store import _OUTCOMES, ARRIVALS_MAX, RedisStore, _recent_events
 from app.store.state import Arrival
-from models.engine import LIVE_EVENTS, RecentEvent
+from models.queries import LIVE_EVENTS, RecentEvent
 
 log = logging.getLogger(__name__)
 BUCKETS = 64  # a few per primary even on a large cluster, so that the users spread evenly

@@ -42,7 +42,7 @@ from app.store.state import (
     UserStats,
     probation_key,
 )
-from models.engine import LIVE_EVENTS, RecentEvent, Timeline
+from models.queries import LIVE_EVENTS, RecentEvent, Timeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -33,9 +33,9 @@ from app.store import Event, HistoryStore, RedisStore, SQLiteStore
 from bench.servers import ROOT, free_port, start_server, stop
 from bench.serving.load import drive
 from models.artifact import latest_versions, read_manifest
-from models.engine import LIVE_EVENTS
 from models.histories import HistoryTable
 from models.ids import IdMap
+from models.queries import LIVE_EVENTS
 
 EMPTY = -1  # the fill with no event at all
 CHUNK = 5_000  # events a store call takes (a /events body holds far fewer; the fill is not what is measured)

@@ -9,11 +9,12 @@ from pathlib import Path
 import torch
 
 from models import artifact
-from models.engine import Engine, EngineOptions, QueryError, Timeline
+from models.engine import Engine, EngineOptions
 from models.features import BUCKETING
 from models.ids import N_SPECIAL, PAD, UNK, IdMap
 from models.manifest import Manifest
 from models.mhsa import MHSA
+from models.queries import QueryError, Timeline
 from models.staypoints import StayBatch, collate_staypoints
 from models.traced import example_rows, serving_scores
 

@@ -22,9 +22,6 @@ from models.engine import (
     Engine,
     EngineOptions,
     ItemDisplay,
-    QueryError,
-    Timeline,
-    UnknownUserError,
     UserHistories,
     optional_time,
     unknown_field,
@@ -32,6 +29,7 @@ from models.engine import (
 from models.histories import HistoryTable
 from models.ids import N_SPECIAL, IdMap
 from models.manifest import Manifest
+from models.queries import QueryError, Timeline, UnknownUserError
 from models.ranking import (
     RELEASE_UNITS,
     Ranked,

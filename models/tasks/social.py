@@ -23,19 +23,11 @@ from pydantic import TypeAdapter
 
 from models import artifact
 from models.activity import Activity, EventLog, as_tensors, merge, recent_activity, stack
-from models.engine import (
-    Actions,
-    EngineOptions,
-    QueryError,
-    RecentActivity,
-    RecentEvent,
-    Timeline,
-    UnknownUserError,
-    optional_time,
-)
+from models.engine import Actions, EngineOptions, RecentActivity, optional_time
 from models.histories import HistoryTable
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.manifest import Manifest
+from models.queries import QueryError, RecentEvent, Timeline, UnknownUserError
 from models.ranking import Ranked, future_mask, index_rows, rank_sparse, release_tensor
 from models.social import SocialBatch, SocialModel, incoming, is_incoming, pack_steps
 from models.tasks.recommend import Prepared, RecQuery, RecResult, UserQueryEngine, check_query, ranked_results

@@ -14,7 +14,7 @@ import httpx2 as httpx
 import pytest
 
 from app.server import HEALTH_RESERVE
-from tests.servers import start_api, stop, wait_until
+from tests.servers import ROOT, start_api, stop, wait_until
 
 SOAK_SECONDS = float(os.environ.get("SEQSERVE_SOAK_SECONDS", "8"))
 
@@ -268,7 +268,9 @@ def test_the_reserve_answers_probes_whatever_five_addresses_park_there(tiny_arti
 
     def park(source: str) -> None:  # half-open connections, reconnecting as the server closes them
         held: list[socket.socket] = []
-        while not done.is_set() and time.monotonic() < deadline:
+        # Paced: five threads at a connection every 5 ms each (1,000 a second) still replace the reserve's parked
+        # connections faster than they time out; unpaced, the flood cost the box more than the server.
+        while not done.wait(0.005) and time.monotonic() < deadline:
             try:
                 held.append(_connect_from(url, source))
             except OSError:
@@ -453,3 +455,15 @@ def test_unfinished_bodies_have_a_total(tiny_artifacts: Path) -> None:
         wait_until(lambda: post().status_code == 200)
     finally:
         stop(proc)
+
+
+def test_the_parent_of_several_workers_and_the_stores_load_no_torch() -> None:
+    """The parent only supervises its workers, and a store only keeps events: neither needs torch
+    (about 2 s and 300 MB a process here), so a multi-worker start pays it once per worker only."""
+    import subprocess
+    import sys
+
+    loaded = "sorted(m for m in sys.modules if m.split('.')[0] == 'torch')"
+    probe = f"import sys, app.server, app.store, app.settings; print({loaded})"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -17,9 +17,10 @@ from app.limits import Limits
 from app.routers.tasks import TaskRoute
 from app.schemas import Body
 from models import artifact
-from models.engine import Engine, EngineOptions, QueryError, Timeline
+from models.engine import Engine, EngineOptions
 from models.kinds import build
 from models.manifest import Manifest
+from models.queries import QueryError, Timeline
 from models.tasks import Route, Task
 from training.config import LoopConfig
 from training.job import Export, Job
