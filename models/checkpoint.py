@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.kinds import build, registered
+from models.kinds import MODEL_KINDS, build
 
 FORMAT_VERSION = 1
 
@@ -24,7 +24,7 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(path: Path, kind: str, model: nn.Module) -> None:
     config = getattr(model, "config", None)
-    if kind not in registered() or not dataclasses.is_dataclass(config):
+    if kind not in MODEL_KINDS or not dataclasses.is_dataclass(config):
         raise CheckpointError(path, f"cannot save model of kind {kind!r}")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     torch.save(

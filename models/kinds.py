@@ -1,7 +1,8 @@
 """MODEL_KINDS: each model kind's (config dataclass, module class), filled by the task table
-(models.tasks.register: each task's row lists its model kinds). Read it through `registered()`, which
-imports the table at first use: importing a module of models/ never imports every model (and torch) by
-itself, so the history store, the settings and a multi-worker server's parent stay torch-free."""
+(models.tasks.register: each task's row lists its model kinds) when a program imports the table: the
+service (app/loaded.py), training (training/jobs/), a bench, the tests' conftest. Importing a module of
+models/ does not import the table, so the history store, the settings and a multi-worker server's parent
+never load every model and torch."""
 
 from __future__ import annotations
 
@@ -15,19 +16,12 @@ from models.base import SequentialRecommender
 MODEL_KINDS: dict[str, tuple[type[Any], type[nn.Module]]] = {}
 
 
-def registered() -> dict[str, tuple[type[Any], type[nn.Module]]]:
-    """MODEL_KINDS with every row of the task table in it."""
-    import models.tasks  # noqa: F401  (its rows fill MODEL_KINDS; imported here, not at the top: a cycle)
-
-    return MODEL_KINDS
-
-
 def build(kind: str, config: dict[str, Any]) -> nn.Module:
     """Construct a model from its kind and config mapping alone."""
-    kinds = registered()
-    if kind not in kinds:
-        raise KeyError(f"unknown model kind {kind!r}; known: {sorted(kinds)}")
-    config_cls, model_cls = kinds[kind]
+    if kind not in MODEL_KINDS:
+        loaded = "" if MODEL_KINDS else " (no task table loaded: the program imports models.tasks)"
+        raise KeyError(f"unknown model kind {kind!r}; known: {sorted(MODEL_KINDS)}{loaded}")
+    config_cls, model_cls = MODEL_KINDS[kind]
     known = {f.name for f in dataclasses.fields(config_cls)}
     unknown = set(config) - known
     if unknown:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import models.tasks  # noqa: F401  (the tests' program loads the task table, as the service and training do)
 from training.data import Interactions
 from training.data.interactions import per_user
 

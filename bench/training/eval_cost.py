@@ -80,7 +80,7 @@ def test_phase(args: argparse.Namespace) -> None:
 
     import torch
 
-    from models.kinds import build_recommender, registered
+    from models.kinds import MODEL_KINDS, build_recommender
     from training.config import read_raw
     from training.job import JobClock
     from training.jobs.recommend import RecommendJob
@@ -96,7 +96,7 @@ def test_phase(args: argparse.Namespace) -> None:
     job.prepare_data()
     loaded = time.perf_counter() - t0
     saved = torch.load(args.artifact / "model.pt", weights_only=True)
-    known = {f.name for f in dataclasses.fields(registered()[saved["kind"]][0])}
+    known = {f.name for f in dataclasses.fields(MODEL_KINDS[saved["kind"]][0])}
     model = build_recommender(saved["kind"], {k: v for k, v in saved["config"].items() if k in known}).eval()
     model.load_state_dict(saved["state_dict"])
     job.max_history = model.max_history

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from models.kinds import build_recommender, registered
+from models.kinds import MODEL_KINDS, build_recommender
 from training.jobs.recommend import RecommendJob
 
 
@@ -34,7 +34,7 @@ def main() -> None:
     weights = {k: v for k, v in saved["state_dict"].items() if "successor" not in k}
     print(f"{len(job.split.valid.targets)} validation users; NDCG@10 by prior weight")
     for width in args.widths:
-        known = {f.name for f in dataclasses.fields(registered()[saved["kind"]][0])}
+        known = {f.name for f in dataclasses.fields(MODEL_KINDS[saved["kind"]][0])}
         config = {k: v for k, v in saved["config"].items() if k in known}  # older checkpoints: fields since dropped
         config.update(transition_width=width, transition_weight=0.0)
         model = build_recommender(saved["kind"], config).eval()
