@@ -9,7 +9,7 @@ serving path). Beside it, on the same batch: the encoder alone (the part that do
 the catalog), the scores alone, the top-10 of those scores by torch.topk over whole rows against
 models.ranking.top_k (block maxima, what serving uses), and the same ranking through coarse bfloat16
 scores with a certificate (models.coarse.CoarseRanker, what serving uses from
-models.engine.COARSE_FROM items on where it is faster at load), checked to give the same items.
+models.queries.COARSE_FROM items on where it is faster at load), checked to give the same items.
 With --artifact: a trained model and its users' stored histories, how many rows the certificate
 sends back to the float32 pass at 32, 64 and 128 candidates, and both paths' time.
 """
