@@ -43,9 +43,8 @@ class LoopConfig:
     # > 0: validate, keep and export an exponential moving average of the weights over about this many
     # recent epochs instead of the last step's (docs/decisions/weight-averaging.md); 0 = off
     ema_epochs: float = 0.0
-    # while training steps run, serve large tensors from the heap and keep freed memory (glibc): a step's
-    # big blocks stop being page-faulted in afresh each time; given back when the steps end
-    # (docs/decisions/reuse-freed-memory.md)
+    # serve large tensors from the heap and keep freed memory (glibc): a step's big blocks stop being
+    # page-faulted in afresh each time (docs/decisions/reuse-freed-memory.md)
     reuse_freed_memory: bool = True
 
     def __post_init__(self) -> None:

@@ -36,6 +36,7 @@ from training.config import LoopConfig, RunConfig, parse
 from training.distributed import Dist, resolve_device
 from training.export import export_artifact
 from training.loop import History, seed_everything, train
+from training.memory import reuse_freed_memory
 
 log = logging.getLogger(__name__)
 D = TypeVar("D")
@@ -256,6 +257,8 @@ class Job(ABC, Generic[D, T, E]):
     def _prepare(self) -> float:
         """Threads, seed and the data; -> the data's seconds (outside the budget)."""
         t = self.cfg.train
+        if t.reuse_freed_memory:
+            reuse_freed_memory()
         if t.threads:
             torch.set_num_threads(t.threads)
         seed_everything(t.seed)

@@ -20,7 +20,6 @@ from tqdm import tqdm
 
 from training.config import LoopConfig
 from training.distributed import Dist
-from training.memory import steps_keep_freed_memory
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=nn.Module)
@@ -160,23 +159,8 @@ def train(
     """Train `model` on the batches `make_batches` draws each epoch; keep the weights of the best
     validation `key_metric` (highest; "-name" = lowest of `name`). Without `validate` the lowest
     training loss decides. With `cfg.ema_epochs`, the weights validated and kept are the moving average.
-    Under torchrun (`dist`), each rank trains on its share of the batches; rank 0 validates. With
-    `cfg.reuse_freed_memory` the steps keep freed memory, given back when they end (training/memory.py).
+    Under torchrun (`dist`), each rank trains on its share of the batches; rank 0 validates.
     """
-    with steps_keep_freed_memory(cfg.reuse_freed_memory):
-        return _train(model, make_batches, cfg, validate=validate, key_metric=key_metric, dist=dist, device=device)
-
-
-def _train(
-    model: M,
-    make_batches: Callable[[torch.Generator], Sequence[Any]],
-    cfg: LoopConfig,
-    *,
-    validate: Callable[[M], dict[str, float]] | None,
-    key_metric: str,
-    dist: Dist | None,
-    device: torch.device | None,
-) -> History:
     dist = dist or Dist()
     device = device or next(model.parameters()).device
     step = dist.wrap(model)

@@ -38,10 +38,10 @@ def one(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     import torch
 
     from training.evaluate import BASELINES, Protocol, ScoreFn, evaluate_all, item_counts
+    from training.memory import reuse_freed_memory
     from training.splits import EvalSet
 
-    # No allocator setting: a job evaluates with glibc's defaults (training/memory.py keeps freed memory
-    # only while training steps run).
+    reuse_freed_memory()  # as a training job does by default
     if args.threads:
         torch.set_num_threads(args.threads)
     v, gen = args.items, torch.Generator().manual_seed(0)
@@ -84,11 +84,14 @@ def test_phase(args: argparse.Namespace) -> None:
     from training.config import read_raw
     from training.job import JobClock
     from training.jobs.recommend import RecommendJob
+    from training.memory import reuse_freed_memory
 
     if args.threads:
         torch.set_num_threads(args.threads)
     raw = read_raw(Path(args.config), list(args.set))
     job = RecommendJob(RecommendJob.parse_config(raw), out_root=Path("/nonexistent"), data_path=args.data)
+    if job.cfg.train.reuse_freed_memory:
+        reuse_freed_memory()  # as the job does: without it, every large tensor is fresh pages
     t0 = time.perf_counter()
     job.prepare_data()
     loaded = time.perf_counter() - t0
