@@ -16,7 +16,7 @@ import torch
 from models.ids import N_SPECIAL, PAD
 from models.layers import last_valid_index
 from models.ranking import index_mask, pack_histories, pad_rows
-from models.transitions import flatten, transition_pairs
+from models.transitions import flatten, pair_counts
 from training.distributed import Dist
 from training.splits import EvalSet
 
@@ -404,12 +404,11 @@ def _row_entries(m: _Rows, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 def transitions_scorer(known: list[list[int]], vocab_size: int) -> SparseScorer:
     """First-order item transitions: for the history's last item, the items that followed it most
     often in `known`; popularity fills (and orders ties)."""
-    a, b = transition_pairs(known)
     # Counted by one unique over (item, next item) keys: sorted by item, then next item, as a
     # coalesced sparse matrix would be, 3x faster than coalescing on a 50M-row log.
-    keys, counts = torch.unique(a * vocab_size + b, return_counts=True)
-    rows = keys // vocab_size
-    trans = _Rows(_row_starts(torch.bincount(rows, minlength=vocab_size)), keys % vocab_size, counts.float())
+    keys, counts = pair_counts(known, vocab_size)
+    starts = _row_starts(torch.bincount(keys // vocab_size, minlength=vocab_size))
+    trans = _Rows(starts, keys % vocab_size, counts.float())
 
     def entries(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return _row_entries(trans, seq.gather(1, last_valid_index(seq)[:, None]).squeeze(1))
@@ -475,6 +474,7 @@ def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int) ->
     item_users, item_start = user_of[by_item], _row_starts(n)
     products = torch.cumsum(torch.bincount(user_items, weights=sizes[user_of].double(), minlength=vocab_size), 0)
     nf = n.float()
+    del flat, keys, user_of, by_item  # what the blocks do not read: their memory serves the blocks'
     nbr = torch.full((vocab_size, max(neighbours, 1)), PAD, dtype=torch.long)
     nsim = torch.zeros(vocab_size, max(neighbours, 1))
     width = 0
@@ -490,27 +490,38 @@ def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int) ->
         hi = min(max(hi, lo + 1), vocab_size)
         a, b = int(item_start[lo]), int(item_start[hi])
         block = _csr(item_start[lo : hi + 1] - a, item_users[a:b], ones[a:b], (hi - lo, n_users))
-        co = torch.sparse.mm(block, users_items)  # (hi - lo, V) CSR: co-occurrence counts
-        crow, j = co.crow_indices(), co.col_indices()
-        i = torch.repeat_interleave(torch.arange(lo, hi), crow[1:] - crow[:-1])
-        sim = co.values().float() / torch.sqrt(nf[i] * nf[j]).clamp(min=1.0)
-        # One int64 orders a row's entries: the similarity, then the lower neighbour id (a non-negative
-        # float32's bits order as the float does). The item itself gets -1: it loses to every neighbour.
-        key = (sim.view(torch.int32).long() << 32) | (0xFFFFFFFF - j)
-        key[i == j] = -1
-        top = _top_per_row(key, crow, neighbours)
-        top = top[key[top] >= 0]
-        top = top[torch.argsort((i[top] - lo) * vocab_size + j[top])]  # by row, then neighbour id
-        rows = i[top]
-        counts = torch.bincount(rows - lo, minlength=hi - lo)
-        start = torch.cumsum(counts, 0) - counts
-        pos = torch.arange(len(top)) - start[rows - lo]
-        nbr[rows, pos], nsim[rows, pos] = j[top], sim[top]
-        width = max(width, int(counts.max()) if len(counts) else 0)
+        rows, pos, ids, sims = _block_neighbours(block, users_items, lo, nf, neighbours)
+        nbr[rows, pos], nsim[rows, pos] = ids, sims
+        width = max(width, int(pos.max()) + 1 if len(pos) else 0)
+        del block, rows, pos, ids, sims  # before the next block's product is made: two never coexist
         lo = hi
     if width < nbr.size(1):  # a small catalog: fewer neighbours than asked for
         nbr, nsim = nbr[:, : max(width, 1)].clone(), nsim[:, : max(width, 1)].clone()
     return nbr, nsim
+
+
+def _block_neighbours(
+    block: torch.Tensor, users_items: torch.Tensor, lo: int, nf: torch.Tensor, neighbours: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The top neighbours of a block of items (rows lo.. of the item x user CSR `block`), by cosine:
+    -> (item ids, their places 0.. in the item's row, neighbour ids, similarities). A function of its
+    own so that the block's product and its by-entry copies are freed when it returns."""
+    vocab_size = users_items.size(1)
+    co = torch.sparse.mm(block, users_items)  # (hi - lo, V) CSR: co-occurrence counts
+    crow, j = co.crow_indices(), co.col_indices()
+    i = torch.repeat_interleave(torch.arange(lo, lo + block.size(0)), crow[1:] - crow[:-1])
+    sim = co.values().float() / torch.sqrt(nf[i] * nf[j]).clamp(min=1.0)
+    # One int64 orders a row's entries: the similarity, then the lower neighbour id (a non-negative
+    # float32's bits order as the float does). The item itself gets -1: it loses to every neighbour.
+    key = (sim.view(torch.int32).long() << 32) | (0xFFFFFFFF - j)
+    key[i == j] = -1
+    top = _top_per_row(key, crow, neighbours)
+    top = top[key[top] >= 0]
+    top = top[torch.argsort((i[top] - lo) * vocab_size + j[top])]  # by row, then neighbour id
+    rows = i[top]
+    counts = torch.bincount(rows - lo, minlength=block.size(0))
+    start = torch.cumsum(counts, 0) - counts
+    return rows, torch.arange(len(top)) - start[rows - lo], j[top], sim[top]
 
 
 def item_knn_scorer(known: list[list[int]], vocab_size: int, neighbours: int = 100) -> SparseScorer:
