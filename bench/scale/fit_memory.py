@@ -15,7 +15,6 @@ import argparse
 import ctypes
 import ctypes.util
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -24,13 +23,17 @@ from pathlib import Path
 from bench.servers import ROOT
 
 
-def _rss_gb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 1e9
+def _status_gb(field: str) -> float:
+    """A memory line of /proc/self/status (VmRSS now, VmHWM its peak), in GB."""
+    with open("/proc/self/status") as f:
+        kib = next(line.split()[1] for line in f if line.startswith(field + ":"))
+    return int(kib) * 1024 / 1e9
 
 
-def _peak_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+def _reset_peak() -> None:
+    """Start VmHWM again from the current RSS, so the fit's peak is not the loading's (Linux 4.0+)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def fit_once(data: Path, baseline: str) -> dict[str, float | int | str]:
@@ -48,10 +51,11 @@ def fit_once(data: Path, baseline: str) -> dict[str, float | int | str]:
     del interactions, sequences
     # The fit starts from the held lists alone, not from the heap the loading left behind.
     ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
-    before, t0 = _rss_gb(), time.monotonic()
+    _reset_peak()
+    before, t0 = _status_gb("VmRSS"), time.monotonic()
     scorer = BASELINES[baseline](train, len(items))
     seconds = time.monotonic() - t0
-    peak = _peak_gb()
+    peak = _status_gb("VmHWM")
     del scorer
     return {
         "baseline": baseline,
@@ -61,7 +65,7 @@ def fit_once(data: Path, baseline: str) -> dict[str, float | int | str]:
         "seconds": round(seconds, 1),
         "rss_before_gb": round(before, 2),
         "peak_over_before_gb": round(max(peak - before, 0.0), 2),
-        "rss_after_gb": round(_rss_gb(), 2),
+        "rss_after_gb": round(_status_gb("VmRSS"), 2),
     }
 
 
