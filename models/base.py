@@ -13,7 +13,7 @@ from torch import nn
 from models.ids import N_SPECIAL, PAD
 from models.transitions import pair_counts, top_successors
 
-FILTER_KINDS = ("none", "bsa", "learned")  # RecommenderConfig.filter_kind (models/layers.py FilterSpec)
+FILTER_KINDS = ("none", "bsa", "learned", "tv")  # RecommenderConfig.filter_kind (models/layers.py FilterSpec)
 
 
 @dataclass
@@ -31,11 +31,13 @@ class RecommenderConfig:
     # (docs/decisions/attention-output-dropout.md); True keeps torch's encoder-layer placement.
     attn_out_dropout: bool = True
     # A filter along the positions beside attention in every layer (models/layers.py FilterSpec,
-    # docs/decisions/sequence-filters.md): "none", "bsa" (BSARec) or "learned" (FMLP-Rec); its share of
-    # the token mixing (1 = the filter alone) and BSARec's cut-off c.
+    # docs/decisions/sequence-filters.md): "none", "bsa" (BSARec), "learned" (FMLP-Rec) or "tv" (TV-Rec);
+    # its share of the token mixing (1 = the filter alone), BSARec's cut-off c, and TV-Rec's number of
+    # basis filters M (32, its Beauty setting).
     filter_kind: str = "none"
     filter_mix: float = 0.7
     filter_cutoff: int = 5
+    filter_bases: int = 32
     # Sampled softmax over negatives shared by the batch (0 = a full softmax where the model offers one).
     n_negatives: int = 1024
     negative_pop_share: float = 0.0  # share of sampled negatives drawn by item frequency
@@ -58,8 +60,8 @@ class RecommenderConfig:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.filter_kind not in FILTER_KINDS:
             raise ValueError(f"filter_kind must be one of {FILTER_KINDS}, got {self.filter_kind!r}")
-        if not 0.0 <= self.filter_mix <= 1.0 or self.filter_cutoff < 1:
-            raise ValueError("filter_mix must be in [0, 1] and filter_cutoff >= 1")
+        if not 0.0 <= self.filter_mix <= 1.0 or self.filter_cutoff < 1 or self.filter_bases < 1:
+            raise ValueError("filter_mix must be in [0, 1], filter_cutoff >= 1 and filter_bases >= 1")
         if self.transition_width < 0 or self.transition_weight < 0:
             raise ValueError("transition_width and transition_weight must be >= 0")
 

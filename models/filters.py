@@ -16,11 +16,15 @@ class FilterSpec:
     """A filter along the positions beside attention (docs/decisions/sequence-filters.md).
 
     kind: "bsa", BSARec's (AAAI'24) fixed low-pass with the high frequencies rescaled by a learned
-    per-channel beta; "learned", FMLP-Rec's (WWW'22) learnable per-channel filter. `mix`: the filter's
-    share of the token mixing (BSARec's alpha; 1 = the filter alone, as FMLP-Rec). `cutoff`: BSARec's c
-    (the low-pass keeps the first c // 2 + 1 frequencies of a `max_len` frame). A causal filter gives
-    each position what the filter gives the last position of the `max_len` frame ending there (zeros
-    before the start): what BSARec and FMLP-Rec compute at the one position they predict from.
+    per-channel beta; "learned", FMLP-Rec's (WWW'22) learnable per-channel filter; "tv", TV-Rec's
+    (NeurIPS'25) time-variant filter: each position its own taps, a combination of `bases` learned
+    per-channel filters with learned per-position coefficients. `mix`: the filter's share of the token
+    mixing (BSARec's alpha; 1 = the filter alone, as FMLP-Rec and TV-Rec). `cutoff`: BSARec's c (the
+    low-pass keeps the first c // 2 + 1 frequencies of a `max_len` frame). A causal filter gives each
+    position what the filter gives the last position of the `max_len` frame ending there (zeros before
+    the start): what BSARec and FMLP-Rec compute at the one position they predict from. A causal "tv"
+    filter gives position t its own taps over t and what precedes it (t counted from the sequence's
+    start, as the position embeddings count).
     """
 
     kind: str
@@ -28,6 +32,7 @@ class FilterSpec:
     cutoff: int
     max_len: int
     causal: bool
+    bases: int = 32
 
 
 def low_pass_matrix(length: int, cutoff: int) -> torch.Tensor:
@@ -43,7 +48,7 @@ class SequenceFilter(nn.Module):
 
     index: torch.Tensor  # (L, L) long: which kernel entry each (t, s) reads
     valid: torch.Tensor  # (L, L) 0/1: whether s reaches t at all
-    kernel: torch.Tensor  # (L,) fixed ("bsa") or (L, D) learned, by offset
+    kernel: torch.Tensor  # (L,) fixed ("bsa") or (L, D) learned, by offset; for "tv", (L, M) coefficients
 
     def __init__(self, spec: FilterSpec, d: int) -> None:
         super().__init__()
@@ -61,13 +66,24 @@ class SequenceFilter(nn.Module):
             # By offset: the circulant's first column. Derived from the spec, so not stored.
             self.register_buffer("kernel", low_pass_matrix(n, spec.cutoff)[:, 0].contiguous(), persistent=False)
             self.sqrt_beta = nn.Parameter(torch.randn(d))  # BSARec's initialisation
-        else:
+        elif spec.kind == "learned":
             self.kernel = nn.Parameter(torch.randn(n, d) * 0.02)  # (L, D), FMLP-Rec's scale
+        else:
+            if spec.bases < 1:
+                raise ValueError(f"a time-variant filter needs at least one basis, got {spec.bases}")
+            # Position t's taps = kernel[t] @ bases: at initialisation each row a random combination of
+            # the bases with the learned filter's scale.
+            self.kernel = nn.Parameter(torch.randn(n, spec.bases) / spec.bases**0.5)  # (L, M)
+            self.bases = nn.Parameter(torch.randn(spec.bases, n, d) * 0.02)  # (M, L, D): taps by offset
 
     def _matrix(self, length: int) -> torch.Tensor:
-        """(l, l) for "bsa", (l, l, D) for "learned": the filter over the first l positions."""
+        """(l, l) for "bsa", (l, l, D) for "learned" and "tv": the filter over the first l positions."""
         index, valid = self.index[:length, :length], self.valid[:length, :length]
-        k = self.kernel[index]
+        if self.kind == "tv":
+            taps = torch.einsum("tm,mkd->tkd", self.kernel[:length], self.bases)  # (l, L, D): t's tap by offset
+            k = taps.gather(1, index[..., None].expand(-1, -1, taps.size(-1)))  # (l, l, D)
+        else:
+            k = self.kernel[index]
         return k * (valid if k.dim() == 2 else valid[..., None])
 
     def forward(self, h: torch.Tensor, keep: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -82,6 +98,6 @@ class SequenceFilter(nn.Module):
         else:
             mixed = m @ src if m.dim() == 2 else torch.einsum("tsd,bsd->btd", m, src)  # (B, L, D)
             here = h
-        if self.kind == "learned":
+        if self.kind != "bsa":
             return mixed
         return mixed + self.sqrt_beta**2 * (here - mixed)  # low + beta^2 * high

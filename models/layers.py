@@ -310,6 +310,7 @@ class SequenceEncoder(nn.Module):
         filter_kind: str = "none",
         filter_mix: float = 0.0,
         filter_cutoff: int = 0,
+        filter_bases: int = 32,
     ) -> None:
         super().__init__()
         self.causal = causal
@@ -320,7 +321,7 @@ class SequenceEncoder(nn.Module):
         self.dropout = Dropout(dropout)
         spec = None
         if filter_kind != "none":
-            spec = FilterSpec(filter_kind, filter_mix, filter_cutoff, max_len, causal)
+            spec = FilterSpec(filter_kind, filter_mix, filter_cutoff, max_len, causal, bases=filter_bases)
         self.layers = EncoderStack(
             n_layers, d_model, n_heads, d_ff, dropout, attn_out_dropout=attn_out_dropout, filter=spec
         )
@@ -344,6 +345,7 @@ class SequenceEncoder(nn.Module):
             filter_kind=config.filter_kind,
             filter_mix=config.filter_mix,
             filter_cutoff=config.filter_cutoff,
+            filter_bases=config.filter_bases,
         )
 
     def _embed(self, seq: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:

@@ -43,7 +43,7 @@ SEQS = torch.tensor([[3, 4, 5, 0, 0, 0], [7, 0, 0, 0, 0, 0], [2, 3, 4, 5, 6, 7],
 
 
 @pytest.mark.parametrize("kind", ["sasrec", "bert4rec"])
-@pytest.mark.parametrize("filter_kind", ["none", "bsa", "learned"])
+@pytest.mark.parametrize("filter_kind", ["none", "bsa", "learned", "tv"])
 def test_recommenders_score_alike(kind: str, filter_kind: str) -> None:
     shape = dict(vocab_size=12, max_len=8, d_model=16, n_heads=2, n_layers=2, d_ff=32, filter_kind=filter_kind)
 

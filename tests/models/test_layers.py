@@ -30,6 +30,7 @@ FILTERS = {
     "": {},
     "-bsa": {"filter_kind": "bsa", "filter_mix": 0.7},
     "-learned": {"filter_kind": "learned", "filter_mix": 1.0},
+    "-tv": {"filter_kind": "tv", "filter_mix": 0.5, "filter_bases": 3},
 }
 MODELS = [m for opts in FILTERS.values() for m in _models(**opts)]
 MODEL_IDS = [f"{name}{suffix}" for suffix in FILTERS for name in ("sasrec", "bert4rec")]
@@ -376,6 +377,27 @@ def test_a_causal_filter_gives_each_position_the_frame_ending_there(kind: str) -
         assert torch.allclose(out[:, t], want, atol=1e-5), t
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_time_variant_filter_gives_each_position_its_own_taps(causal: bool) -> None:
+    """TV-Rec's filter: position t's taps are its coefficients times the bases, tap j on t - j (causal:
+    nothing after t; bidirectional: the circular frame); positions differ where the learned filter's
+    taps are one kernel for all."""
+    from models.filters import FilterSpec, SequenceFilter
+
+    torch.manual_seed(0)
+    n, d, m = 6, 3, 2
+    f = SequenceFilter(FilterSpec("tv", 1.0, 5, n, causal, bases=m), d)
+    x = torch.randn(2, n, d)
+    out = f(x, None)
+    for t in range(n):
+        taps = torch.einsum("m,mkd->kd", f.kernel[t], f.bases)  # (n, D): position t's tap by offset
+        back = range(t + 1) if causal else range(n)
+        want = sum(taps[j] * x[:, (t - j) % n] for j in back)
+        assert torch.allclose(out[:, t], want, atol=1e-5), t
+    shifted = f(torch.cat([torch.zeros(2, 1, d), x[:, :-1]], 1), None)
+    assert not torch.allclose(shifted[:, 1:], out[:, :-1], atol=1e-3)  # not shift-invariant: taps vary by position
+
+
 def test_the_filter_alone_has_no_attention_and_its_weights_train() -> None:
     model = _models(filter_kind="learned", filter_mix=1.0)[0].train()
     names = [n for n, _ in model.named_parameters()]
@@ -384,7 +406,9 @@ def test_the_filter_alone_has_no_attention_and_its_weights_train() -> None:
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters() if "filter" in n)
 
 
-@pytest.mark.parametrize(("field", "value"), [("filter_kind", "wavelet"), ("filter_mix", 1.5), ("filter_cutoff", 0)])
+@pytest.mark.parametrize(
+    ("field", "value"), [("filter_kind", "wavelet"), ("filter_mix", 1.5), ("filter_cutoff", 0), ("filter_bases", 0)]
+)
 def test_filter_options_out_of_range_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SASRecConfig(vocab_size=V, **{field: value})

@@ -61,7 +61,7 @@ def _cases() -> list[tuple[str, nn.Module, Callable[[list[list[int]]], Any]]]:
     cases: list[tuple[str, nn.Module, Callable[[list[list[int]]], Any]]] = []
     for name, m in (("sasrec", SASRec(SASRecConfig(**rec))), ("bert4rec", BERT4Rec(BERT4RecConfig(**rec)))):
         cases.append((name, m.eval(), _rec(m)))
-    for kind, mix in (("bsa", 0.7), ("learned", 1.0)):
+    for kind, mix in (("bsa", 0.7), ("learned", 1.0), ("tv", 0.5)):
         f = dict(rec, filter_kind=kind, filter_mix=mix)
         for name, m in (("sasrec", SASRec(SASRecConfig(**f))), ("bert4rec", BERT4Rec(BERT4RecConfig(**f)))):
             cases.append((f"{name}-{kind}", m.eval(), _rec(m)))
