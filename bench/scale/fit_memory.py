@@ -5,6 +5,10 @@ process's resident memory before, at the peak and after. One process per fit, in
     .venv/bin/python -m bench.scale.gen_log --rows 20000000 --users 800000 --items 200000 --out runs/log20m
     .venv/bin/python -m bench.scale.fit_memory --data runs/log20m/parquet --baselines transitions item_knn \
         --rounds 2
+    .venv/bin/python -m bench.scale.fit_memory --data runs/log20m/parquet --baselines item_knn --fractions 0.25 0.5 1
+
+`--fractions`: fit on a seeded share of the users too (what `fit_baseline` does when a fit would
+outgrow its time), to see how a fit's memory follows its sample.
 
 To compare two builds, run it from a worktree of each (docs/decisions/reuse-freed-memory.md).
 """
@@ -36,8 +40,11 @@ def _reset_peak() -> None:
         f.write("5")
 
 
-def fit_once(data: Path, baseline: str) -> dict[str, float | int | str]:
-    """In this process: load, split, return freed memory to the system, fit `baseline` on every user."""
+def fit_once(data: Path, baseline: str, fraction: float = 1.0) -> dict[str, float | int | str]:
+    """In this process: load, split, return freed memory to the system, fit `baseline` on every user
+    or on a seeded `fraction` of them."""
+    import torch
+
     from training.data import load_interactions
     from training.evaluate import BASELINES
     from training.jobs.recommend import index_data
@@ -49,6 +56,9 @@ def fit_once(data: Path, baseline: str) -> dict[str, float | int | str]:
     items, _, sequences = index_data(interactions)
     train = leave_one_out(sequences).train
     del interactions, sequences
+    if fraction < 1.0:
+        keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(42))[: int(fraction * len(train))]
+        train = [train[u] for u in keep.sort().values.tolist()]
     # The fit starts from the held lists alone, not from the heap the loading left behind.
     ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     _reset_peak()
@@ -59,6 +69,7 @@ def fit_once(data: Path, baseline: str) -> dict[str, float | int | str]:
     del scorer
     return {
         "baseline": baseline,
+        "fraction": fraction,
         "users": len(train),
         "events": sum(map(len, train)),
         "items": items.n_entities,
@@ -73,17 +84,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, required=True, help="a log the training job reads (CSV or Parquet)")
     p.add_argument("--baselines", nargs="+", default=["transitions", "item_knn"])
+    p.add_argument("--fractions", type=float, nargs="+", default=[1.0], help="shares of the users to fit on")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--one", help=argparse.SUPPRESS)  # the child: fit this baseline and print its line
     args = p.parse_args()
     if args.one:
-        print(json.dumps(fit_once(args.data, args.one)), flush=True)
+        print(json.dumps(fit_once(args.data, args.one, args.fractions[0])), flush=True)
         return
     for _ in range(args.rounds):
         for name in args.baselines:
-            cmd = [sys.executable, "-m", "bench.scale.fit_memory", "--data", str(args.data), "--one", name]
-            out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
-            print(out.strip().splitlines()[-1], flush=True)
+            for fraction in args.fractions:
+                cmd = [sys.executable, "-m", "bench.scale.fit_memory", "--data", str(args.data), "--one", name]
+                cmd += ["--fractions", str(fraction)]
+                out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+                print(out.strip().splitlines()[-1], flush=True)
 
 
 if __name__ == "__main__":
