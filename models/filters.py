@@ -48,7 +48,7 @@ class SequenceFilter(nn.Module):
 
     index: torch.Tensor  # (L, L) long: which kernel entry each (t, s) reads
     valid: torch.Tensor  # (L, L) 0/1: whether s reaches t at all
-    kernel: torch.Tensor  # (L,) fixed ("bsa") or (L, D) learned, by offset; for "tv", (L, M) coefficients
+    kernel: torch.Tensor  # (L,) fixed ("bsa") or (L, D) learned, by offset; "tv" has coefficients and bases
 
     def __init__(self, spec: FilterSpec, d: int) -> None:
         super().__init__()
@@ -71,16 +71,16 @@ class SequenceFilter(nn.Module):
         else:
             if spec.bases < 1:
                 raise ValueError(f"a time-variant filter needs at least one basis, got {spec.bases}")
-            # Position t's taps = kernel[t] @ bases: at initialisation each row a random combination of
-            # the bases with the learned filter's scale.
-            self.kernel = nn.Parameter(torch.randn(n, spec.bases) / spec.bases**0.5)  # (L, M)
+            # Position t's taps = coefficients[t] @ bases: at initialisation each row a random combination
+            # of the bases with the learned filter's scale.
+            self.coefficients = nn.Parameter(torch.randn(n, spec.bases) / spec.bases**0.5)  # (L, M)
             self.bases = nn.Parameter(torch.randn(spec.bases, n, d) * 0.02)  # (M, L, D): taps by offset
 
     def _matrix(self, length: int) -> torch.Tensor:
         """(l, l) for "bsa", (l, l, D) for "learned" and "tv": the filter over the first l positions."""
         index, valid = self.index[:length, :length], self.valid[:length, :length]
         if self.kind == "tv":
-            taps = torch.einsum("tm,mkd->tkd", self.kernel[:length], self.bases)  # (l, L, D): t's tap by offset
+            taps = torch.einsum("tm,mkd->tkd", self.coefficients[:length], self.bases)  # (l, L, D): t's tap by offset
             k = taps.gather(1, index[..., None].expand(-1, -1, taps.size(-1)))  # (l, l, D)
         else:
             k = self.kernel[index]

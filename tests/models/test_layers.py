@@ -390,7 +390,7 @@ def test_a_time_variant_filter_gives_each_position_its_own_taps(causal: bool) ->
     x = torch.randn(2, n, d)
     out = f(x, None)
     for t in range(n):
-        taps = torch.einsum("m,mkd->kd", f.kernel[t], f.bases)  # (n, D): position t's tap by offset
+        taps = torch.einsum("m,mkd->kd", f.coefficients[t], f.bases)  # (n, D): position t's tap by offset
         back = range(t + 1) if causal else range(n)
         want = sum(taps[j] * x[:, (t - j) % n] for j in back)
         assert torch.allclose(out[:, t], want, atol=1e-5), t
