@@ -85,9 +85,9 @@ class Dist:
         """Counts over the whole log: summed over the ranks when each holds its own users, else `t`."""
         return self.all_reduce(t) if self.own_data else t
 
-    def gather(self, t: torch.Tensor, *, everywhere: bool = False) -> list[torch.Tensor]:
-        """Every rank's 1-D `t` (lengths may differ), in rank order: on rank 0 only (others get []) unless
-        `everywhere`. Tensors, not pickled objects: nothing a peer sends is unpickled."""
+    def gather(self, t: torch.Tensor, *, everywhere: bool = False, to: int = 0) -> list[torch.Tensor]:
+        """Every rank's 1-D `t` (lengths may differ), in rank order: on rank `to` only (others get [])
+        unless `everywhere`. Tensors, not pickled objects: nothing a peer sends is unpickled."""
         if not self.enabled:
             return [t]
         device = self._device()
@@ -100,8 +100,8 @@ class Dist:
             parts = [torch.empty_like(padded) for _ in range(self.world)]
             tdist.all_gather(parts, padded)
         else:
-            parts = [torch.empty_like(padded) for _ in range(self.world)] if self.is_main else []
-            tdist.gather(padded, parts if self.is_main else None, dst=0)
+            parts = [torch.empty_like(padded) for _ in range(self.world)] if self.rank == to else []
+            tdist.gather(padded, parts if self.rank == to else None, dst=to)
         return [part[:n].to(t.device) for part, n in zip(parts, lengths, strict=False)]
 
     def gather_strings(self, values: Sequence[str], *, everywhere: bool = False) -> list[list[str]]:
@@ -142,6 +142,9 @@ class Dist:
     def close(self) -> None:
         if self.enabled and tdist.is_initialized():
             tdist.destroy_process_group()
+
+
+ONE_PROCESS = Dist()  # no torchrun: this process holds the whole log
 
 
 class _LossStep(nn.Module):

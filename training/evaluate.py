@@ -16,8 +16,8 @@ import torch
 from models.ids import N_SPECIAL, PAD
 from models.layers import last_valid_index
 from models.ranking import index_mask, pack_histories, pad_rows
-from models.transitions import flatten, pair_counts
-from training.distributed import Dist
+from models.transitions import flatten, merge_counts, pair_counts
+from training.distributed import ONE_PROCESS, Dist
 from training.splits import EvalSet
 
 log = logging.getLogger(__name__)
@@ -370,9 +370,14 @@ def _tie_break(counts: torch.Tensor) -> torch.Tensor:
     return (c / (c.max() + 1.0)).float()
 
 
-def popularity_scorer(known: list[list[int]], vocab_size: int) -> SparseScorer:
+# The baselines take the ranks as `dist`: where each rank holds its own users (`dist.own_data`), every
+# rank fits the same baseline from all of theirs, counts added up (docs/decisions/rank-shares.md);
+# otherwise `known` is the whole log.
+
+
+def popularity_scorer(known: list[list[int]], vocab_size: int, dist: Dist = ONE_PROCESS) -> SparseScorer:
     """Every user gets each item's count in `known` (log-scaled)."""
-    return SparseScorer(torch.log1p(item_counts(known, vocab_size).float()), _no_entries)
+    return SparseScorer(torch.log1p(dist.total(item_counts(known, vocab_size)).float()), _no_entries)
 
 
 def _no_entries(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -401,19 +406,33 @@ def _row_entries(m: _Rows, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return row_id, col[pos], val[pos]
 
 
-def transitions_scorer(known: list[list[int]], vocab_size: int) -> SparseScorer:
+def summed_pair_counts(
+    sequences: list[list[int]], vocab_size: int, dist: Dist = ONE_PROCESS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pair_counts` of `sequences`; where each rank holds its own users, of every rank's, added up on
+    every rank (the table's rows are the catalog's, not a user's: its memory is the distinct pairs)."""
+    keys, counts = pair_counts(sequences, vocab_size)
+    if not dist.own_data:
+        return keys, counts
+    keys = torch.cat(dist.gather(keys, everywhere=True))
+    counts = torch.cat(dist.gather(counts, everywhere=True))
+    return merge_counts(keys, counts)
+
+
+def transitions_scorer(known: list[list[int]], vocab_size: int, dist: Dist = ONE_PROCESS) -> SparseScorer:
     """First-order item transitions: for the history's last item, the items that followed it most
     often in `known`; popularity fills (and orders ties)."""
     # Counted by one unique over (item, next item) keys: sorted by item, then next item, as a
     # coalesced sparse matrix would be, 3x faster than coalescing on a 50M-row log.
-    keys, counts = pair_counts(known, vocab_size)
+    keys, counts = summed_pair_counts(known, vocab_size, dist)
     starts = _row_starts(torch.bincount(keys // vocab_size, minlength=vocab_size))
     trans = _Rows(starts, keys % vocab_size, counts.float())
 
     def entries(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return _row_entries(trans, seq.gather(1, last_valid_index(seq)[:, None]).squeeze(1))
 
-    return SparseScorer(_tie_break(item_counts(known, vocab_size)), entries, distinct=True)  # one row each
+    popularity = _tie_break(dist.total(item_counts(known, vocab_size)))
+    return SparseScorer(popularity, entries, distinct=True)  # one row each
 
 
 KNN_BLOCK_PAIRS = 20_000_000  # (item, user, item) products per block of items: bounds item-kNN's memory
@@ -450,7 +469,9 @@ def _top_per_row(key: torch.Tensor, crow: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _knn_neighbours(
+    known: list[list[int]], vocab_size: int, neighbours: int, dist: Dist = ONE_PROCESS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each item's `neighbours` most similar items by cosine over users: (V, width) neighbour ids, by
     id, and their similarities; PAD and 0 where an item has fewer than the widest.
 
@@ -458,6 +479,9 @@ def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int) ->
     items); each block is cut to its rows' top neighbours and written into the tables before the
     next, so the whole (V, V) co-occurrence (230 million pairs for 5M events, docs/BENCHMARKS.md, "How
     large a log can training read?") never exists at once. Ties go to the lower item id.
+    Where each rank holds its own users, every rank multiplies its users' part of a block, the block's
+    owner (ranks in turn) adds the parts up and cuts its rows, and the tables are summed at the end:
+    the same tables as one process fitting all of them, each rank holding its users' events only.
     """
     # Each user's distinct items: one unique over (user, item) keys for all users at once.
     n_users = len(known)
@@ -466,19 +490,21 @@ def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int) ->
     keys = torch.unique(torch.from_numpy(np.repeat(np.arange(n_users, dtype=np.int64), lengths) * vocab_size + flat))
     user_of, user_items = keys // vocab_size, keys % vocab_size
     sizes = torch.bincount(user_of, minlength=n_users)
-    n = torch.bincount(user_items, minlength=vocab_size)
+    own_n = torch.bincount(user_items, minlength=vocab_size)
+    everyone = int(dist.total(torch.tensor([n_users])).item())
     # Counts are sums of ones: exact in float32 below 2**24 users.
-    ones = torch.ones(len(keys), dtype=torch.float32 if n_users < 2**24 else torch.float64)
+    ones = torch.ones(len(keys), dtype=torch.float32 if everyone < 2**24 else torch.float64)
     users_items = _csr(_row_starts(sizes), user_items, ones, (n_users, vocab_size))
     by_item = torch.argsort(user_items, stable=True)
-    item_users, item_start = user_of[by_item], _row_starts(n)
-    products = torch.cumsum(torch.bincount(user_items, weights=sizes[user_of].double(), minlength=vocab_size), 0)
-    nf = n.float()
+    item_users, item_start = user_of[by_item], _row_starts(own_n)
+    # Blocks are cut by every rank's products, so that all ranks cut the same blocks.
+    products = dist.total(torch.bincount(user_items, weights=sizes[user_of].double(), minlength=vocab_size))
+    products = torch.cumsum(products, 0)
+    nf = dist.total(own_n).float()
     del flat, keys, user_of, by_item  # what the blocks do not read: their memory serves the blocks'
     nbr = torch.full((vocab_size, max(neighbours, 1)), PAD, dtype=torch.long)
     nsim = torch.zeros(vocab_size, max(neighbours, 1))
-    width = 0
-    lo = 0
+    lo, turn = 0, 0
     progress = _Progress(vocab_size)
     while lo < vocab_size:
         if due := progress.due(lo):  # 500k items: a minute of fitting
@@ -490,27 +516,54 @@ def _knn_neighbours(known: list[list[int]], vocab_size: int, neighbours: int) ->
         hi = min(max(hi, lo + 1), vocab_size)
         a, b = int(item_start[lo]), int(item_start[hi])
         block = _csr(item_start[lo : hi + 1] - a, item_users[a:b], ones[a:b], (hi - lo, n_users))
-        rows, pos, ids, sims = _block_neighbours(block, users_items, lo, nf, neighbours)
-        nbr[rows, pos], nsim[rows, pos] = ids, sims
-        width = max(width, int(pos.max()) + 1 if len(pos) else 0)
-        del block, rows, pos, ids, sims  # before the next block's product is made: two never coexist
-        lo = hi
+        co = _block_cooccurrence(block, users_items, dist=dist, owner=turn % dist.world)
+        del block
+        if co is not None:  # this rank's block (every block, in one process)
+            rows, pos, ids, sims = _block_neighbours(*co, lo=lo, nf=nf, neighbours=neighbours)
+            nbr[rows, pos], nsim[rows, pos] = ids, sims
+            del rows, pos, ids, sims
+        del co  # before the next block's product is made: two never coexist
+        lo, turn = hi, turn + 1
+    if dist.own_data:  # each row was written by its block's owner alone, PAD (0) and 0 on the others
+        nbr, nsim = dist.all_reduce(nbr), dist.all_reduce(nsim)
+    width = int((nbr != PAD).sum(1).max()) if vocab_size else 0
     if width < nbr.size(1):  # a small catalog: fewer neighbours than asked for
         nbr, nsim = nbr[:, : max(width, 1)].clone(), nsim[:, : max(width, 1)].clone()
     return nbr, nsim
 
 
+def _block_cooccurrence(
+    block: torch.Tensor, users_items: torch.Tensor, *, dist: Dist, owner: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A block's co-occurrence counts (item x user CSR `block` @ `users_items`) as CSR arrays (row
+    starts, columns, counts); where each rank holds its own users, every rank's added up on `owner`
+    (the other ranks get None)."""
+    co = torch.sparse.mm(block, users_items)  # (hi - lo, V) CSR
+    crow, col, counts = co.crow_indices(), co.col_indices(), co.values()
+    if not dist.own_data:
+        return crow, col, counts
+    n_rows, vocab_size = block.size(0), users_items.size(1)
+    keys = torch.repeat_interleave(torch.arange(n_rows), crow[1:] - crow[:-1]) * vocab_size + col
+    del co, crow, col  # sent as (row, column) keys: one int64 an entry
+    key_parts = dist.gather(keys, to=owner)
+    count_parts = dist.gather(counts, to=owner)
+    del keys, counts
+    if dist.rank != owner:
+        return None
+    keys, counts = merge_counts(torch.cat(key_parts), torch.cat(count_parts))
+    del key_parts, count_parts
+    return _row_starts(torch.bincount(keys // vocab_size, minlength=n_rows)), keys % vocab_size, counts
+
+
 def _block_neighbours(
-    block: torch.Tensor, users_items: torch.Tensor, lo: int, nf: torch.Tensor, neighbours: int
+    crow: torch.Tensor, j: torch.Tensor, counts: torch.Tensor, *, lo: int, nf: torch.Tensor, neighbours: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The top neighbours of a block of items (rows lo.. of the item x user CSR `block`), by cosine:
-    -> (item ids, their places 0.. in the item's row, neighbour ids, similarities). A function of its
-    own so that the block's product and its by-entry copies are freed when it returns."""
-    vocab_size = users_items.size(1)
-    co = torch.sparse.mm(block, users_items)  # (hi - lo, V) CSR: co-occurrence counts
-    crow, j = co.crow_indices(), co.col_indices()
-    i = torch.repeat_interleave(torch.arange(lo, lo + block.size(0)), crow[1:] - crow[:-1])
-    sim = co.values().float() / torch.sqrt(nf[i] * nf[j]).clamp(min=1.0)
+    """The top neighbours of a block of items (rows lo.. of the co-occurrence counts, CSR arrays), by
+    cosine: -> (item ids, their places 0.. in the item's row, neighbour ids, similarities). A function
+    of its own so that the block's by-entry copies are freed when it returns."""
+    vocab_size = len(nf)
+    i = torch.repeat_interleave(torch.arange(lo, lo + len(crow) - 1), crow[1:] - crow[:-1])
+    sim = counts.float() / torch.sqrt(nf[i] * nf[j]).clamp(min=1.0)
     # One int64 orders a row's entries: the similarity, then the lower neighbour id (a non-negative
     # float32's bits order as the float does). The item itself gets -1: it loses to every neighbour.
     key = (sim.view(torch.int32).long() << 32) | (0xFFFFFFFF - j)
@@ -519,16 +572,18 @@ def _block_neighbours(
     top = top[key[top] >= 0]
     top = top[torch.argsort((i[top] - lo) * vocab_size + j[top])]  # by row, then neighbour id
     rows = i[top]
-    counts = torch.bincount(rows - lo, minlength=block.size(0))
-    start = torch.cumsum(counts, 0) - counts
+    per_row = torch.bincount(rows - lo, minlength=len(crow) - 1)
+    start = torch.cumsum(per_row, 0) - per_row
     return rows, torch.arange(len(top)) - start[rows - lo], j[top], sim[top]
 
 
-def item_knn_scorer(known: list[list[int]], vocab_size: int, neighbours: int = 100) -> SparseScorer:
+def item_knn_scorer(
+    known: list[list[int]], vocab_size: int, dist: Dist = ONE_PROCESS, *, neighbours: int = 100
+) -> SparseScorer:
     """Item-to-item co-occurrence (item-kNN): each item keeps its `neighbours` most similar items by
     cosine over the users of `known`; a candidate scores its summed similarity to the history's items
     (popularity orders ties)."""
-    nbr, nsim = _knn_neighbours(known, vocab_size, neighbours)
+    nbr, nsim = _knn_neighbours(known, vocab_size, neighbours, dist)
 
     def entries(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ids = nbr[seq]  # (B, L, K)
@@ -539,10 +594,10 @@ def item_knn_scorer(known: list[list[int]], vocab_size: int, neighbours: int = 1
         rows = torch.arange(len(seq))[:, None, None].expand_as(ids)
         return rows[keep], ids[keep], nsim[seq][keep]
 
-    return SparseScorer(_tie_break(item_counts(known, vocab_size)) * 1e-3, entries)
+    return SparseScorer(_tie_break(dist.total(item_counts(known, vocab_size))) * 1e-3, entries)
 
 
-BASELINES: dict[str, Callable[[list[list[int]], int], SparseScorer]] = {
+BASELINES: dict[str, Callable[[list[list[int]], int, Dist], SparseScorer]] = {
     "popularity": popularity_scorer,
     "transitions": transitions_scorer,
     "item_knn": item_knn_scorer,
@@ -558,22 +613,41 @@ FIT_SECONDS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 
 def fit_baseline(
-    name: str, known: list[list[int]], vocab_size: int, *, seconds: float | None = None, seed: int = 0
+    name: str,
+    known: list[list[int]],
+    vocab_size: int,
+    *,
+    seconds: float | None = None,
+    seed: int = 0,
+    dist: Dist = ONE_PROCESS,
 ) -> tuple[SparseScorer, int]:
     """A baseline fitted on `known`, or, for one in FIT_SECONDS, on a seeded random sample of its users
-    when fitting them all would take longer than `seconds` (None: all); -> (scorer, users fitted on)."""
+    when fitting them all would take longer than `seconds` (None: all); -> (scorer, users fitted on).
+    Where each rank holds its own users, the ranks fit it together on one sample of all of theirs,
+    sized as one process's would be (`seconds` must be the same on every rank)."""
     cost = FIT_SECONDS.get(name)
     lengths = np.fromiter(map(len, known), dtype=np.int64, count=len(known))
-    per_user = cost(lengths) if cost is not None else np.zeros(len(known))
-    if seconds is None or per_user.sum() <= seconds:
-        return BASELINES[name](known, vocab_size), len(known)
-    order = torch.randperm(len(known), generator=torch.Generator().manual_seed(seed)).numpy()
-    keep = max(1, int(np.searchsorted(np.cumsum(per_user[order]), seconds, side="right")))
+    per_user = torch.from_numpy(cost(lengths) if cost is not None else np.zeros(len(known)))
+    everyone = int(dist.total(torch.tensor([len(known)])).item())
+    total = float(dist.total(per_user.sum().reshape(1)).item())
+    if seconds is None or total <= seconds:
+        return BASELINES[name](known, vocab_size, dist), everyone
+    # Each user draws a key; the lowest keys whose fit fits `seconds`, over every rank's users, are kept.
+    # float64: 2M float32 keys would share about 100k values.
+    stream = torch.Generator().manual_seed(seed * 1_000_003 + (dist.rank if dist.own_data else 0))
+    key = torch.rand(len(known), dtype=torch.float64, generator=stream)
+    keys, costs = key, per_user
+    if dist.own_data:
+        keys, costs = torch.cat(dist.gather(key, everywhere=True)), torch.cat(dist.gather(per_user, everywhere=True))
+    order = torch.argsort(keys)
+    keep = max(1, int(torch.searchsorted(torch.cumsum(costs[order], 0), seconds, right=True)))
+    mine = torch.nonzero(key <= keys[order[keep - 1]]).squeeze(1).tolist()
     log.info(
-        "fitting %s on %d of %d users (a seeded sample): all of them would take about %.0f s",
+        "fitting %s on %d of %d users (a seeded sample; %d of them here): all would take about %.0f s",
         name,
         keep,
-        len(known),
-        per_user.sum(),
+        everyone,
+        len(mine),
+        total,
     )
-    return BASELINES[name]([known[u] for u in np.sort(order[:keep])], vocab_size), keep
+    return BASELINES[name]([known[u] for u in mine], vocab_size, dist), keep

@@ -135,7 +135,7 @@ def test_pooled_figures_weigh_each_rank_by_the_users_it_scored() -> None:
     class Gathered(Dist):
         """gather() as torch.distributed's: the others' tensors reach rank 0 only."""
 
-        def gather(self, t: torch.Tensor, *, everywhere: bool = False) -> list[torch.Tensor]:
+        def gather(self, t: torch.Tensor, *, everywhere: bool = False, to: int = 0) -> list[torch.Tensor]:
             if self.rank:
                 sent.append(t)
                 return []
@@ -188,9 +188,66 @@ def test_strings_from_ranks_arrive_whole_and_a_rank_with_none_sends_an_empty_lis
     """gather_strings cuts the bytes each rank sent at its lengths: ids with any characters, and none."""
 
     class BesideAnEmptyRank(Dist):
-        def gather(self, t: torch.Tensor, *, everywhere: bool = False) -> list[torch.Tensor]:
+        def gather(self, t: torch.Tensor, *, everywhere: bool = False, to: int = 0) -> list[torch.Tensor]:
             return [t, t[:0]]  # this rank's tensor, then an empty rank's
 
     got = BesideAnEmptyRank(0, 2).gather_strings(["u1", "ü, 2", "", "x\ny"], everywhere=True)
     assert got == [["u1", "ü, 2", "", "x\ny"], []]
     assert Dist().gather_strings(["a"]) == [["a"]]
+
+
+_V = 40
+_PROBE = torch.tensor([[5, 6, 7], [9, 0, 0], [3, 3, 12]])
+
+
+def _users() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 25, (120,), generator=gen).tolist()
+    return [torch.randint(2, _V, (n,), generator=gen).tolist() for n in lengths]
+
+
+def _fit_on_a_share(rank: int, world: int, port: int, out: Path, seconds: float) -> None:
+    """One rank of `world`: fits every baseline on its users (every world-th), as the job does."""
+    import torch.distributed as tdist
+
+    from training import evaluate as ev
+
+    ev.KNN_BLOCK_PAIRS = 40  # many blocks: owned by the ranks in turn
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        dist = Dist(rank, world, own_data=True)
+        mine = _users()[rank::world]
+        got = {}
+        for name in ev.BASELINES:
+            scorer, n = ev.fit_baseline(name, mine, _V, dist=dist)
+            got[name], got[f"{name}_users"] = scorer(_PROBE), torch.tensor(n)
+        scorer, n = ev.fit_baseline("item_knn", mine, _V, seconds=seconds, seed=3, dist=dist)
+        got["sampled"], got["sampled_users"] = scorer(_PROBE), torch.tensor(n)
+        torch.save(got, out / f"rank{rank}.pt")
+    finally:
+        tdist.destroy_process_group()
+
+
+def test_ranks_holding_their_own_users_fit_the_baselines_one_process_fits_on_all(tmp_path: Path) -> None:
+    """Two gloo ranks, each with half the users, fit each baseline together: every rank gets the
+    scores one process fitting all the users gets (item-kNN's blocks summed on their owners in turn);
+    a sampled fit is one sample of all the users, the same on both ranks."""
+    import numpy as np
+    import torch.multiprocessing as mp
+
+    from bench.servers import free_port
+    from training.evaluate import BASELINES, FIT_SECONDS, fit_baseline
+
+    users = _users()
+    half = float(FIT_SECONDS["item_knn"](np.array([len(u) for u in users])).sum()) / 2
+    mp.spawn(_fit_on_a_share, args=(2, free_port(), tmp_path, half), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for name in BASELINES:
+        alone, n = fit_baseline(name, users, _V)
+        for got in ranks:
+            assert torch.equal(got[name], alone(_PROBE)), name
+            assert int(got[f"{name}_users"]) == n == len(users)
+    sampled = [int(got["sampled_users"]) for got in ranks]
+    assert sampled[0] == sampled[1] and 0 < sampled[0] < len(users)
+    assert torch.equal(ranks[0]["sampled"], ranks[1]["sampled"])
+    assert not torch.equal(ranks[0]["sampled"], ranks[0]["item_knn"])

@@ -24,7 +24,6 @@ from models.ids import N_SPECIAL, IdMap
 from models.kinds import build_recommender
 from models.ranking import pad_rows
 from models.tasks.recommend import RecArtifact, load_artifact
-from models.transitions import merge_counts, pair_counts
 from models.warm import carry_over
 from training.config import LoopConfig, read_raw
 from training.data import Columns, Interactions, Share, load_interactions, locate_ml100k, with_items
@@ -39,6 +38,7 @@ from training.evaluate import (
     fit_baseline,
     item_counts,
     pooled,
+    summed_pair_counts,
 )
 from training.job import Export, Job, warm_record
 from training.loop import History, train, window_batches
@@ -311,7 +311,12 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             model.window_len,
             len(self.split.valid.targets),
         )
-        if self.dist.is_main and self.val_set.targets:
+        # Rank 0 validates; where each rank holds its own users, every rank fits the baselines with it.
+        if self.dist.own_data:
+            validated = self.dist.from_main(len(self.val_set.targets))[0] > 0
+        else:
+            validated = self.dist.is_main and bool(self.val_set.targets)
+        if validated:
             with self.untimed():
                 self._validation_baselines(model)
         return window_batches(rows, self.cfg.train.batch_size, by_length=self.cfg.train.length_buckets)
@@ -322,6 +327,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         scorer costs a user, from which the job sizes the phases after training."""
         proto = self.cfg.eval.protocol
         fitted = self._fit_baselines(self.split.train)
+        if not self.dist.is_main:
+            return
         self.valid_baselines_fitted = dict(self.costs.fitted_users)
         deadline = time.monotonic() + BASELINES_SHARE * self.clock.seconds
         got = self._evaluate_all(fitted, self.val_set, [proto], deadline=deadline, device="cpu")
@@ -350,14 +357,18 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     def _fit_baselines(self, known: list[list[int]]) -> dict[str, ScoreFn]:
         """The configured baselines fitted on `known`, within FIT_SHARE of the budget together: one
         whose fit grows faster than the log and would take longer than its part is fitted on a seeded
-        sample of the users (`fit_baseline`); the cheap ones go first."""
+        sample of the users (`fit_baseline`); the cheap ones go first. Where each rank holds its own
+        users, every rank calls this at once: they fit each baseline together, from all their users."""
         fitted: dict[str, ScoreFn] = {}
         left = FIT_SHARE * self.clock.seconds
         names = sorted(self.cfg.eval.baselines, key=lambda name: name in FIT_SECONDS)
         for n, name in enumerate(names):
             t0 = time.monotonic()
+            seconds = left / (len(names) - n)
+            if self.dist.own_data:  # the ranks fit together: one sample, sized by rank 0's clock
+                (seconds,) = self.dist.from_main(seconds)
             fitted[name], self.costs.fitted_users[name] = fit_baseline(
-                name, known, len(self.items), seconds=left / (len(names) - n), seed=self.cfg.train.seed
+                name, known, len(self.items), seconds=seconds, seed=self.cfg.train.seed, dist=self.dist
             )
             self.costs.fit[name] = time.monotonic() - t0
             left = max(left - self.costs.fit[name], 0.0)
@@ -559,10 +570,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         if not self.dist.own_data:
             model.set_transitions(sequences)
             return
-        keys, counts = pair_counts(sequences, len(self.items))
-        keys = torch.cat(self.dist.gather(keys, everywhere=True))
-        counts = torch.cat(self.dist.gather(counts, everywhere=True))
-        model.set_transition_counts(*merge_counts(keys, counts))
+        model.set_transition_counts(*summed_pair_counts(sequences, len(self.items), self.dist))
 
     def test(self, model: SequentialRecommender) -> tuple[EvalSet, list[str], Evaluated, int]:
         """The test phase: the baselines fitted on everything but the test items, then the model and
@@ -606,7 +614,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         }
         if self.dist.own_data:
             out["protocol"]["users_split_over_ranks"] = self.dist.world
-            out["protocol"]["baselines_fitted_on"] = "each rank's own users (validation: rank 0's)"
+            out["protocol"]["baselines_fitted_on"] += ", every rank's users (each rank fits its own, counts summed)"
             out["protocol"]["valid_on"] = "rank 0's users"
         if self.cfg.data.full_data:
             return out
