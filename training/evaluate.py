@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import typing
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -597,7 +598,11 @@ def item_knn_scorer(
     return SparseScorer(_tie_break(dist.total(item_counts(known, vocab_size))) * 1e-3, entries)
 
 
-BASELINES: dict[str, Callable[[list[list[int]], int, Dist], SparseScorer]] = {
+class BaselineFit(typing.Protocol):
+    def __call__(self, known: list[list[int]], vocab_size: int, dist: Dist = ONE_PROCESS) -> SparseScorer: ...
+
+
+BASELINES: dict[str, BaselineFit] = {
     "popularity": popularity_scorer,
     "transitions": transitions_scorer,
     "item_knn": item_knn_scorer,
