@@ -3,6 +3,7 @@ simple baselines every recommendation run is measured against, through the same 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -277,8 +278,10 @@ def evaluate_all(
             weights[p][:N_SPECIAL] = 0
     gens = {p: torch.Generator().manual_seed(p.seed) for p in weights}
     draw = _draw_by_rejection if vocab_size >= REJECTION_FROM else _draw_by_masking
-    ranks: dict[str, dict[Protocol, list[torch.Tensor]]] = {s: {p: [] for p in protocols} for s in scorers}
     n_targets, done = len(data.targets), 0
+    # Filled in place: a small tensor kept per batch would split the heap's freed blocks, which then
+    # no longer fit the next batch's scores, and the heap would grow (docs/decisions/reuse-freed-memory.md).
+    ranks = {s: {p: torch.zeros(n_targets, dtype=torch.long) for p in protocols} for s in scorers}
     progress = _Progress(n_targets)
     while done < n_targets:
         if due := progress.due(done):
@@ -298,7 +301,7 @@ def evaluate_all(
                     r = _full_ranks(scores, targets, padded, exclude_seen=p.exclude_seen)
                 else:
                     r = (_at(scores, drawn[p]) >= _at(scores, targets[:, None])).count_nonzero(1)
-                ranks[name][p].append(r)
+                ranks[name][p][done : done + len(hist)] = r
         done += len(hist)
         if deadline is not None and time.monotonic() >= deadline:
             break
@@ -306,7 +309,7 @@ def evaluate_all(
     for name, by_protocol in ranks.items():
         metrics[name] = {}
         for p, got in by_protocol.items():
-            m = metrics_from_ranks(torch.cat(got)) if got else {}
+            m = metrics_from_ranks(got[:done]) if done else {}
             m["n"] = float(done)
             metrics[name][p.negatives] = m
     return Evaluated(metrics, done, n_targets, time.monotonic() - t0)
@@ -407,6 +410,9 @@ def _row_entries(m: _Rows, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return row_id, col[pos], val[pos]
 
 
+PAIR_RANGE = 4_000_000  # (item, next item) pairs summed over the ranks at once, every rank's together
+
+
 def summed_pair_counts(
     sequences: list[list[int]], vocab_size: int, dist: Dist = ONE_PROCESS
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -415,9 +421,19 @@ def summed_pair_counts(
     keys, counts = pair_counts(sequences, vocab_size)
     if not dist.own_data:
         return keys, counts
-    keys = torch.cat(dist.gather(keys, everywhere=True))
-    counts = torch.cat(dist.gather(counts, everywhere=True))
-    return merge_counts(keys, counts)
+    # By ranges of keys, the same on every rank: the gathered parts and their merge's sort are a
+    # range's, not the table's (every rank keeps the whole table: it ends at twice its size, as the
+    # ranges' results are joined).
+    ranges = max(1, math.ceil(int(dist.total(torch.tensor([len(keys)])).item()) / PAIR_RANGE))
+    bounds = torch.tensor([vocab_size * vocab_size * r // ranges for r in range(ranges + 1)])
+    at = torch.searchsorted(keys, bounds).tolist()
+    parts = []
+    for a, b in itertools.pairwise(at):
+        got = torch.cat(dist.gather(keys[a:b], everywhere=True)), torch.cat(dist.gather(counts[a:b], everywhere=True))
+        parts.append(merge_counts(*got))
+        del got
+    del keys, counts
+    return torch.cat([k for k, _ in parts]), torch.cat([c for _, c in parts])
 
 
 def transitions_scorer(known: list[list[int]], vocab_size: int, dist: Dist = ONE_PROCESS) -> SparseScorer:

@@ -213,6 +213,7 @@ def _fit_on_a_share(rank: int, world: int, port: int, out: Path, seconds: float)
     from training import evaluate as ev
 
     ev.KNN_BLOCK_PAIRS = 40  # many blocks: owned by the ranks in turn
+    ev.PAIR_RANGE = 50  # the pair counts summed in many ranges of keys
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         dist = Dist(rank, world, own_data=True)
@@ -230,7 +231,8 @@ def _fit_on_a_share(rank: int, world: int, port: int, out: Path, seconds: float)
 
 def test_ranks_holding_their_own_users_fit_the_baselines_one_process_fits_on_all(tmp_path: Path) -> None:
     """Two gloo ranks, each with half the users, fit each baseline together: every rank gets the
-    scores one process fitting all the users gets (item-kNN's blocks summed on their owners in turn);
+    scores one process fitting all the users gets (item-kNN's blocks summed on their owners in turn,
+    the transitions' pair counts by ranges of keys);
     a sampled fit is one sample of all the users, the same on both ranks."""
     import numpy as np
     import torch.multiprocessing as mp
