@@ -368,3 +368,13 @@ def test_rank_shares_reports_each_rank_s_peak_and_the_pooled_test(tmp_path: Path
     assert all(r["artifact_users"] == 40 and r["test_users"]["of"] == 40 for r in rows)
     assert all(p > 0 for r in rows for p in r["peak_rss_gb_by_rank"]) and "| 2 | its share |" in text
     assert set(rows[1]["rank0_peak_rss_gb_at_the_end_of"]) >= {"data", "training_loop", "evaluation"}
+
+
+def test_eval_memory_reports_each_round_s_rss_in_each_tree(tmp_path: Path) -> None:
+    out = tmp_path / "memory.json"
+    root = str(Path(__file__).resolve().parents[2])
+    args = ("--items", "3000", "--scored", "100", "--weights", "2", "--rounds", "2")
+    _run("training.eval_memory", *args, "--variant", f"a:{root}", "--variant", f"b:{root}", "--out", str(out))
+    report = json.loads(out.read_text())
+    assert set(report) == {"a", "b"}
+    assert all(len(r["rss_gb"]) == len(r["seconds"]) == 2 and min(r["rss_gb"]) > 0 for r in report.values())
