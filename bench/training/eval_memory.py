@@ -7,9 +7,9 @@ setting (`reuse_freed_memory`), each code tree in its own process.
 
 Each run builds the same seeded synthetic users (histories of 3 to 59 items over --items items) and a
 network stood in for by a seeded (items, 64) table; the network's (B, V) scores are computed once a
-batch and each of --weights scorers adds its weight times 20 seeded entries to a copy (the job's
-prior scorers, `RecommendJob._prior_scorers`). Every scorer under "full", "popularity" and "uniform".
-The report gives each round's RSS and seconds, and each variant's last-round RSS.
+batch and each of --weights scorers adds its weight times 20 seeded entries to a copy: the job's
+prior scorers (`RecommendJob._prior_scorers`) over a stand-in for the model. Every scorer under "full",
+"popularity" and "uniform". The report gives each round's RSS and seconds in each tree.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import types
 from pathlib import Path
+from typing import Any
 
 from bench.trees import run_in_tree
 
@@ -26,7 +28,8 @@ def one(args: argparse.Namespace) -> dict[str, list[float]]:
     """In the tree under test (cwd): RSS (GB) and seconds after each round."""
     import torch
 
-    from training.evaluate import PROTOCOLS, Protocol, ScoreFn, evaluate_all, item_counts
+    from training.evaluate import PROTOCOLS, Protocol, evaluate_all, item_counts
+    from training.jobs.recommend import RecommendJob
     from training.memory import reuse_freed_memory
     from training.splits import EvalSet
 
@@ -38,22 +41,20 @@ def one(args: argparse.Namespace) -> dict[str, list[float]]:
     targets = torch.randint(2, v, (n,), generator=gen).tolist()
     data = EvalSet(list(range(n)), hist, targets, [[*h, t] for h, t in zip(hist, targets, strict=True)])
     table = torch.randn(v, 64, generator=gen)
-    memo: dict[str, torch.Tensor] = {}
 
-    def parts(seq: torch.Tensor) -> dict[str, torch.Tensor]:
-        if memo.get("seq") is not seq:
-            add = torch.rand(len(seq), 20, generator=gen)
-            memo.update(seq=seq, net=table[seq].mean(1) @ table.T, items=seq[:, -20:].clone(), add=add)
-        return memo
+    class Net:
+        """What the job's prior scorers read of a model: its config's weight, its scores, the prior's entries."""
 
-    def scorer(weight: float) -> ScoreFn:
-        def score(seq: torch.Tensor) -> torch.Tensor:
-            p = parts(seq)
-            return p["net"].scatter_add(1, p["items"], weight * p["add"]) if weight else p["net"]
+        config = types.SimpleNamespace(transition_weight=0.0)
 
-        return score
+        def scores(self, seq: torch.Tensor) -> torch.Tensor:
+            return table[seq].mean(1) @ table.T  # (B, V)
 
-    scorers = {f"{w}": scorer(float(w)) for w in range(args.weights)}
+        def prior_entries(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return seq[:, -20:].clone(), torch.rand(len(seq), 20, generator=gen)
+
+    net: Any = Net()  # the job's type is a trained SequentialRecommender
+    scorers = RecommendJob._prior_scorers(net, [float(w) for w in range(args.weights)])
     protocols = [Protocol(p, seed=1) for p in PROTOCOLS]
     popularity = item_counts(hist, v)
     rss, seconds = [], []
