@@ -26,6 +26,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -288,6 +289,54 @@ def _times_in_row_order(times: np.ndarray, ends: np.ndarray, chunk: int = 1 << 2
     return True
 
 
+def hash_order(users: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """A table's row order for `users`: (their hashes, ascending; their positions in that order).
+    Equal hashes keep the given order."""
+    hashes = np.fromiter((user_hash(u) for u in users), dtype=np.uint64, count=len(users))
+    order = np.argsort(hashes, kind="stable")
+    return hashes[order], order
+
+
+def step_positions(starts: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """(sum of lengths[rows],) int64: where the steps of `rows` lie in their columns, row after row,
+    each row's `lengths[r]` steps from `starts[r]`; without a Python loop over steps."""
+    n = lengths[rows]
+    if not len(n):
+        return np.zeros(0, np.int64)
+    before = np.concatenate([[0], np.cumsum(n)[:-1]])
+    return np.repeat(starts[rows] - before, n) + np.arange(int(n.sum()), dtype=np.int64)
+
+
+def open_column(folder: Path, name: str, n: int) -> BinaryIO:
+    """`folder`/`name`.npy opened for writing, its header (a 1-d column of `n`) written: the caller
+    writes the values after it, in order, in pieces (`write_values`)."""
+    f = (folder / f"{name}.npy").open("wb")
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(_DTYPES[name])), "fortran_order": False, "shape": (n,)}
+    np.lib.format.write_array_header_1_0(f, header)
+    return f
+
+
+def write_values(f: BinaryIO, name: str, values: np.ndarray) -> None:
+    """The next values of an `open_column` file."""
+    f.write(np.ascontiguousarray(values, dtype=_DTYPES[name]).data)
+
+
+def check_rows(
+    users: Sequence[str], lengths: np.ndarray, *, items: np.ndarray, times: np.ndarray, extra_ids: Sequence[str] = ()
+) -> None:
+    """Refuse rows no table may hold (ValueError): counts that disagree, a user twice, an id that is
+    not Unicode, an infinite time."""
+    if len(lengths) != len(users) or int(lengths.sum()) != len(items) or len(times) != len(items):
+        raise ValueError("users, lengths, items and times do not agree")
+    if len(set(users)) != len(users):
+        raise ValueError("a user appears twice")
+    bad = next((x for x in [*users, *extra_ids] if not encodable(x)), None)
+    if bad is not None:
+        raise ValueError(f"an id is not valid Unicode: {bad.encode(errors='backslashreplace').decode()!r}")
+    if len(times) and bool(np.isinf(np.asarray(times, dtype=np.float64)).any()):
+        raise ValueError("a time is infinite")
+
+
 def write_table(
     folder: Path,
     users: Sequence[str],
@@ -301,33 +350,17 @@ def write_table(
     """Write a table into `folder` (created). Steps are given user by user in `users` order, each
     user's `lengths[u]` steps oldest first; rows are reordered by hash here."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    if len(lengths) != len(users) or int(lengths.sum()) != len(items) or len(times) != len(items):
-        raise ValueError("users, lengths, items and times do not agree")
-    if len(set(users)) != len(users):
-        raise ValueError("a user appears twice")
-    bad = next((x for x in [*users, *extra_ids] if not encodable(x)), None)
-    if bad is not None:
-        raise ValueError(f"an id is not valid Unicode: {bad.encode(errors='backslashreplace').decode()!r}")
-    if len(times) and bool(np.isinf(np.asarray(times, dtype=np.float64)).any()):
-        raise ValueError("a time is infinite")
-    hashes = np.fromiter((user_hash(u) for u in users), dtype=np.uint64, count=len(users))
-    order = np.argsort(hashes, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else np.zeros(0, np.int64)
-    # Step positions of the rows in hash order, without a Python loop over steps.
-    sorted_len = lengths[order]
-    take = (
-        np.repeat(starts[order] - np.concatenate([[0], np.cumsum(sorted_len)[:-1]]), sorted_len)
-        + np.arange(int(sorted_len.sum()), dtype=np.int64)
-        if len(order)
-        else np.zeros(0, np.int64)
-    )
+    check_rows(users, lengths, items=items, times=times, extra_ids=extra_ids)
+    hashes, order = hash_order(users)
+    starts = np.cumsum(lengths) - lengths
+    take = step_positions(starts, lengths, order)
     encoded = [users[i].encode() for i in order.tolist()]
     folder.mkdir(parents=True, exist_ok=True)
     cols = {
-        "hashes": hashes[order],
+        "hashes": hashes,
         "key_ends": np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))),
         "keys": np.frombuffer(b"".join(encoded), dtype=np.uint8),
-        "ends": np.cumsum(sorted_len),
+        "ends": np.cumsum(lengths[order]),
         "items": np.asarray(items, dtype=np.int32)[take],
         "times": np.asarray(times, dtype=np.float64)[take],
     }
@@ -335,6 +368,10 @@ def write_table(
         cols["actions"] = np.asarray(actions, dtype=np.int32)[take]
     for name, arr in cols.items():
         np.save(folder / f"{name}.npy", np.ascontiguousarray(arr, dtype=_DTYPES[name]), allow_pickle=False)
+    write_extra_ids(folder, extra_ids)
+
+
+def write_extra_ids(folder: Path, extra_ids: Sequence[str]) -> None:
     (folder / EXTRA_IDS).write_text(json.dumps(list(extra_ids)), encoding="utf-8")
 
 
@@ -374,16 +411,3 @@ class HistoryColumns:
             actions=acts,
             extra_ids=extra,
         )
-
-
-@dataclass
-class IndexedHistories:
-    """What a training job whose steps are already indices of the model's map hands the exporter."""
-
-    users: Sequence[str]
-    ends: np.ndarray  # int64 (U,): user u's steps end here (CSR)
-    items: np.ndarray  # int32 (N,): indices of the task's id map
-    times: np.ndarray  # float64 (N,)
-
-    def write(self, folder: Path) -> None:
-        write_table(folder, self.users, np.diff(self.ends, prepend=0), items=self.items, times=self.times)

@@ -12,9 +12,10 @@ from torch import nn
 from models import artifact
 from models.activity import EventLog
 from models.checkpoint import save_checkpoint
-from models.histories import HistoryColumns, IndexedHistories
+from models.histories import HistoryColumns
 from models.ids import IdMap
 from models.manifest import Manifest
+from training.history_shares import HistoryShares
 from training.loop import History
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def export_artifact(
         for fname, obj in files.items():
             if isinstance(obj, IdMap):
                 obj.save(tmp / fname)
-            elif isinstance(obj, HistoryColumns | IndexedHistories | EventLog):
+            elif isinstance(obj, HistoryColumns | HistoryShares | EventLog):
                 obj.write(tmp / fname)
             else:
                 artifact.write_json(tmp / fname, obj)

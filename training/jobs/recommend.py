@@ -13,13 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from models import artifact
 from models.base import SequentialRecommender
-from models.histories import IndexedHistories
 from models.ids import N_SPECIAL, IdMap
 from models.kinds import build_recommender
 from models.ranking import pad_rows
@@ -40,6 +38,7 @@ from training.evaluate import (
     pooled,
     summed_pair_counts,
 )
+from training.history_shares import HistoryShares
 from training.job import Export, Job, warm_record
 from training.loop import History, train, window_batches
 from training.preflight import preflight
@@ -675,14 +674,19 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         return out
 
     def export(self, model: nn.Module) -> Export:
-        d = self.data if not self.dist.own_data else self._everyone()
+        """The artifact's files; where each rank holds its own users, rank 0's table holds every rank's,
+        sent in rounds while rank 0 writes it (the other ranks send theirs here)."""
+        d = self.data
+        histories = HistoryShares(d.users, d.ends, items=d.items, times=d.times, item_offset=N_SPECIAL, dist=self.dist)
+        n_users, n_interactions = self._counted(len(d.users), d.n_interactions)
+        if not self.dist.is_main:
+            histories.send()
+            return Export(files={}, data={})
         files = {
             artifact.ITEMS: self.items,
             artifact.ITEM_META: {"unit": d.release_unit, "release": d.release},
             # The table's keys are the users: no separate user map (the model has no user embedding).
-            artifact.HISTORIES: IndexedHistories(
-                d.users, d.ends, items=d.items.astype(np.int32) + N_SPECIAL, times=d.times
-            ),
+            artifact.HISTORIES: histories,
         }
         fields = item_fields(d, self.items)
         if fields:
@@ -690,30 +694,12 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         info = {
             "source": d.source,
             "sha256": d.sha256,
-            "users": len(d.users),
+            "users": n_users,
             "items": self.items.n_entities,
-            "interactions": d.n_interactions,
+            "interactions": n_interactions,
             "release_unit": d.release_unit,
         }
         return Export(files=files, data=info, namespace=self.cfg.data.name or self.cfg.name)
-
-    def _everyone(self) -> Interactions:
-        """Every rank's users' histories on rank 0, for the artifact (other ranks: their own): the
-        columns, not the Python lists training used, so rank 0 adds about 16 bytes a row."""
-        d, dist = self.data, self.dist
-        users = dist.gather_strings(d.users)
-        lengths = dist.gather(torch.from_numpy(np.diff(d.ends, prepend=0)))
-        items = dist.gather(torch.from_numpy(d.items))
-        times = dist.gather(torch.from_numpy(d.times))
-        if not dist.is_main:
-            return d
-        return dataclasses.replace(
-            d,
-            users=[u for part in users for u in part],
-            ends=torch.cat(lengths).cumsum(0).numpy(),
-            items=torch.cat(items).numpy(),
-            times=torch.cat(times).numpy(),
-        )
 
 
 JOB = RecommendJob
