@@ -5,8 +5,9 @@ shuffled batches (same seed) and trains on its own share of them; DistributedDat
 the gradients, so every rank holds the same weights. Rank 0 validates and broadcasts what it found,
 so all ranks stop together; only rank 0 evaluates the test split and writes the artifact.
 Where each rank reads only its users' share of the log (`own_data`), each trains on its own batches
-(as many steps as the rank with the fewest), sums its counts with the others' and scores its own test
-users (docs/decisions/rank-shares.md).
+(as many steps as the rank with the fewest), sums its counts with the others', scores its own
+validation and test users and sends its users' histories to rank 0's artifact in rounds
+(docs/decisions/rank-shares.md).
 Without torchrun (no WORLD_SIZE) everything here is a no-op.
 """
 

@@ -159,7 +159,8 @@ def train(
     """Train `model` on the batches `make_batches` draws each epoch; keep the weights of the best
     validation `key_metric` (highest; "-name" = lowest of `name`). Without `validate` the lowest
     training loss decides. With `cfg.ema_epochs`, the weights validated and kept are the moving average.
-    Under torchrun (`dist`), each rank trains on its share of the batches; rank 0 validates.
+    Under torchrun (`dist`), each rank trains on its share of the batches; rank 0 validates (every rank,
+    each on its own users, where each holds its own: `validate` pools them on rank 0).
     """
     dist = dist or Dist()
     device = device or next(model.parameters()).device
@@ -186,7 +187,7 @@ def train(
         trained_s = time.monotonic() - te  # the steps alone: a GPU validates a large share of an epoch
         kept = model if ema is None else cast(M, ema.module)  # the weights validated and kept
         kept.eval()
-        val = validate(kept) if validate and dist.is_main else {}
+        val = validate(kept) if validate and (dist.is_main or dist.own_data) else {}
         validated_s = time.monotonic() - te - trained_s
         hist.epoch.append(epoch)
         hist.loss.append(epoch_loss)

@@ -32,7 +32,8 @@ def test_torchrun_on_two_hosts_each_reading_its_share_writes_one_artifact(tmp_pa
     """Two "hosts" on one box: two torchrun agents (`--nnodes 2`, one rank each) meeting at a c10d
     rendezvous on loopback, each in its own working folder with its own copy of a Parquet log (two parts)
     and the config. Each rank reads only its users (`data.share_by_user`); they agree on one item map,
-    train as one job (gloo), and only the first host's rank writes the artifact, with every user in it."""
+    train and validate as one job (gloo), and only the first host's rank writes the artifact, with every
+    user in it."""
     import re
 
     import pandas as pd
@@ -87,6 +88,11 @@ def test_torchrun_on_two_hosts_each_reading_its_share_writes_one_artifact(tmp_pa
     assert metrics["ranks"] == 2 and metrics["epochs_run"] == 3
     assert metrics["protocol"]["users_split_over_ranks"] == 2
     assert metrics["protocol"]["test_users"]["scored"] == metrics["protocol"]["test_users"]["of"] == 40
+    # Validation too: each rank scored its own users, pooled on rank 0 (each epoch's, the baselines', the
+    # prior weight's).
+    assert metrics["protocol"]["valid_users"]["scored"] == metrics["protocol"]["valid_users"]["of"] == 40
+    assert metrics["protocol"]["baselines_valid_users"] == 40
+    assert all(v["n"] == 40 for v in metrics["history"]["val"])
     artifact = load_rec_artifact(folder)
     assert sorted(artifact.histories.users()) == sorted(f"u{k}" for k in range(40))  # both ranks' users
     assert artifact.manifest.data["interactions"] == len(log)

@@ -260,7 +260,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         self.items, self.users, sequences = index_data(self.data)
         self.split = leave_one_out(sequences, full_data=c.full_data)
         self.popularity = self.dist.total(item_counts(sequences, len(self.items)))
-        self.val_set = subsample(self.split.valid, self.cfg.eval.val_users, self.cfg.train.seed)
+        self.val_set = subsample(self.split.valid, self._per_rank(self.cfg.eval.val_users), self.cfg.train.seed)
         self.costs, self.plan, self.planned = Costs(), {}, {}
 
     def _carry_item_meta(self, old: RecArtifact) -> None:
@@ -310,12 +310,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             model.window_len,
             len(self.split.valid.targets),
         )
-        # Rank 0 validates; where each rank holds its own users, every rank fits the baselines with it.
-        if self.dist.own_data:
-            validated = self.dist.from_main(len(self.val_set.targets))[0] > 0
-        else:
-            validated = self.dist.is_main and bool(self.val_set.targets)
-        if validated:
+        # Rank 0 validates; where each rank holds its own users, every rank validates its own with it.
+        if self.validates() and (self.dist.is_main or self.dist.own_data):
             with self.untimed():
                 self._validation_baselines(model)
         return window_batches(rows, self.cfg.train.batch_size, by_length=self.cfg.train.length_buckets)
@@ -326,13 +322,14 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         scorer costs a user, from which the job sizes the phases after training."""
         proto = self.cfg.eval.protocol
         fitted = self._fit_baselines(self.split.train)
+        self.valid_baselines_fitted = dict(self.costs.fitted_users)
+        deadline = self._rank0_deadline(time.monotonic() + BASELINES_SHARE * self.clock.seconds)
+        mine = self._evaluate_all(fitted, self.val_set, [proto], deadline=deadline, device="cpu")
+        got = self._pooled(mine)
         if not self.dist.is_main:
             return
-        self.valid_baselines_fitted = dict(self.costs.fitted_users)
-        deadline = time.monotonic() + BASELINES_SHARE * self.clock.seconds
-        got = self._evaluate_all(fitted, self.val_set, [proto], deadline=deadline, device="cpu")
-        for name in fitted:
-            self.costs.per_user[name] = got.seconds / max(got.users, 1) / max(len(fitted), 1)
+        for name in fitted:  # what one rank takes a user
+            self.costs.per_user[name] = mine.seconds / max(mine.users, 1) / max(len(fitted), 1)
         self.valid_baselines = {name: m[proto] for name, m in got.metrics.items()}
         self.valid_baselines_users = got.users
         one = subsample(self.val_set, 256, self.cfg.train.seed)
@@ -424,7 +421,26 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         preflight(model, batch, len(self.items))
 
     def validates(self) -> bool:
-        return bool(self.val_set.targets)
+        return self._counted(len(self.val_set.targets))[0] > 0
+
+    def _per_rank(self, n: int) -> int:
+        """A rank's part of `n` users to score (0 = all) where each rank scores its own, else `n`."""
+        return math.ceil(n / self.dist.world) if self.dist.own_data else n
+
+    def _pooled(self, got: Evaluated) -> Evaluated:
+        """Every rank's evaluation of its own users as one, on rank 0, where each holds its own."""
+        return pooled(got, self.dist) if self.dist.own_data else got
+
+    def _agreed(self, *values: float) -> list[float]:
+        """Rank 0's values on every rank where the ranks evaluate together (each its own users): the
+        decisions taken on pooled figures must be the same everywhere."""
+        return self.dist.from_main(*values) if self.dist.own_data else list(values)
+
+    def _rank0_deadline(self, deadline: float | None) -> float | None:
+        """Rank 0's deadline (its time left) on every rank that evaluates with it: rank 0 priced the
+        scorers before training, and a rank that did not must not plan its phase as free."""
+        (left,) = self._agreed(math.inf if deadline is None else deadline - time.monotonic())
+        return None if math.isinf(left) else time.monotonic() + left
 
     def _evaluate_all(
         self,
@@ -450,7 +466,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     def validate(self, model: nn.Module) -> dict[str, float]:
         assert isinstance(model, SequentialRecommender)
         proto = self.cfg.eval.protocol
-        return self._evaluate_all({"model": model.scores}, self.val_set, [proto]).metrics["model"][proto]
+        got = self._pooled(self._evaluate_all({"model": model.scores}, self.val_set, [proto]))
+        return got.metrics["model"][proto] if self.dist.is_main else {}  # the others' users are in rank 0's
 
     @staticmethod
     def _prior_scorers(model: SequentialRecommender, weights: list[float]) -> dict[str, ScoreFn]:
@@ -483,31 +500,42 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         smaller; docs/decisions/transition-prior.md)."""
         e = self.cfg.eval
         protocols = list(dict.fromkeys([e.protocol, *e.protocols]))
-        deadline = self._evaluation_deadline("valid", "refit", "transition_table", "test", "export")
+        after = ("refit", "transition_table", "test", "export")
+        deadline = self._rank0_deadline(self._evaluation_deadline("valid", *after))
+
+        def scored(scorers: dict[str, ScoreFn]) -> Evaluated:
+            return self._pooled(self._evaluate_all(scorers, valid, protocols, deadline=deadline))
+
         if not getattr(model.config, "transition_width", 0):
-            return self._evaluate_all({"model": model.scores}, valid, protocols, deadline=deadline)
-        got = self._evaluate_all(self._prior_scorers(model, e.transition_weights), valid, protocols, deadline=deadline)
+            return scored({"model": model.scores})
+        got = scored(self._prior_scorers(model, e.transition_weights))
+        # Where each rank scores its own users, the figures are rank 0's pooled ones: it decides, and
+        # every rank follows (`_agreed`).
         tried = {w: got.metrics[f"{w:g}"][e.protocol]["NDCG@10"] for w in e.transition_weights}
         chosen = max(tried, key=lambda w: (tried[w], -w))
+        (n_valid,) = self._counted(len(valid.targets))
         # The grid follows validation past its top: while the best weight is the largest tried, the next
         # weights up are scored on the same users (docs/decisions/transition-prior.md).
         for _ in range(PRIOR_GRID_ROUNDS):
-            if chosen != max(tried) or chosen <= 0 or got.users < len(valid.targets):
+            go, chosen = self._agreed(float(chosen == max(tried) and chosen > 0 and got.users >= n_valid), chosen)
+            if not go:
                 break
             more = [float(f"{chosen * PRIOR_GRID_STEP**k:.3g}") for k in (1, 2, 3)]
-            ext = self._evaluate_all(self._prior_scorers(model, more), valid, protocols, deadline=deadline)
-            if ext.users < got.users:  # cut by the deadline: not the same users, not comparable
+            ext = scored(self._prior_scorers(model, more))
+            # cut by the deadline: not the same users, not comparable
+            if not self._agreed(float(ext.users >= got.users))[0]:
                 break
             got.metrics.update(ext.metrics)
             tried.update({w: ext.metrics[f"{w:g}"][e.protocol]["NDCG@10"] for w in more})
             chosen = max(tried, key=lambda w: (tried[w], -w))
-        model.config.transition_weight = chosen
+        (model.config.transition_weight,) = self._agreed(chosen)
         self.transition_weights_tried = tried
-        log.info(
-            "transition prior on validation (NDCG@10 by weight): %s; kept %g",
-            " | ".join(f"{w:g} {v:.4f}" for w, v in tried.items()),
-            chosen,
-        )
+        if self.dist.is_main:
+            log.info(
+                "transition prior on validation (NDCG@10 by weight): %s; kept %g",
+                " | ".join(f"{w:g} {v:.4f}" for w, v in tried.items()),
+                chosen,
+            )
         got.metrics = {"model": got.metrics[f"{chosen:g}"]}
         return got
 
@@ -520,15 +548,14 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             self._set_transitions(model, self.split.train)  # everything; the config's weight stays
             return
         self._set_transitions(model, self.split.train)  # what validation knows
-        if self.dist.is_main:
+        if self.dist.is_main or self.dist.own_data:  # where each rank holds its own users, each scores them
             with self.untimed():  # measured before a refit has seen the validation items
-                valid = subsample(self.split.valid, self.cfg.eval.test_users, self.cfg.train.seed)
+                valid = subsample(self.split.valid, self._per_rank(self.cfg.eval.test_users), self.cfg.train.seed)
                 got = self._validation_metrics(model, valid)
                 self.valid_metrics = {p: m for p, m in got.metrics["model"].items() if p in self.cfg.eval.protocols}
-                self.valid_users = {"scored": got.users, "of": len(self.split.valid.targets)}
-                log.info("validation: %d of %d users in %.1f s", got.users, got.of, got.seconds)
-        if self.dist.own_data:  # the weight rank 0 chose on its users, for every rank's test users
-            (model.config.transition_weight,) = self.dist.from_main(model.config.transition_weight)
+                self.valid_users = {"scored": got.users, "of": self._counted(len(self.split.valid.targets))[0]}
+                if self.dist.is_main:
+                    log.info("validation: %d of %d users in %.1f s", got.users, got.of, got.seconds)
         t = self.cfg.train
         # Every rank takes rank 0's time left: they refit, or do not, together.
         (left,) = self.dist.from_main(self._deadline("transition_table", "test", "export") - time.monotonic())
@@ -576,8 +603,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         each of them under every protocol on a seeded sample of the test users, until the phase's
         deadline. -> (the sample, the baselines' names, what was scored, the users they knew)."""
         e = self.cfg.eval
-        per_rank = math.ceil(e.test_users / self.dist.world) if self.dist.own_data else e.test_users
-        test = subsample(self.split.test, per_rank, self.cfg.train.seed)
+        test = subsample(self.split.test, self._per_rank(e.test_users), self.cfg.train.seed)
         # What is known at test time: every interaction but the held-out test items (of every user,
         # sampled or not).
         known = self.split.test.histories + short_sequences(self.split)
@@ -587,10 +613,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             weight = model.config.transition_weight
             both = self._prior_scorers(model, [weight, 0.0])
             scorers = {"model": both[f"{weight:g}"], NETWORK_ALONE: both["0"]}
-        deadline = self._evaluation_deadline("test", "export")
-        if self.dist.own_data:  # rank 0 priced a test user before training: its time left holds everywhere
-            (left,) = self.dist.from_main(math.inf if deadline is None else deadline - time.monotonic())
-            deadline = None if math.isinf(left) else time.monotonic() + left
+        deadline = self._rank0_deadline(self._evaluation_deadline("test", "export"))
         got = self._evaluate_all({**scorers, **fitted}, test, e.protocols, deadline=deadline)
         return test, list(fitted), got, len(known)
 
@@ -614,7 +637,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         if self.dist.own_data:
             out["protocol"]["users_split_over_ranks"] = self.dist.world
             out["protocol"]["baselines_fitted_on"] += ", every rank's users (each rank fits its own, counts summed)"
-            out["protocol"]["valid_on"] = "rank 0's users"
+            out["protocol"]["valid_on"] = "every rank's users, each rank scoring its own"
         if self.cfg.data.full_data:
             return out
         test, fitted, got, known_users = self.test(model)
