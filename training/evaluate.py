@@ -515,7 +515,9 @@ def _knn_neighbours(
     by_item = torch.argsort(user_items, stable=True)
     item_users, item_start = user_of[by_item], _row_starts(own_n)
     # Blocks are cut by every rank's products, so that all ranks cut the same blocks.
-    products = dist.total(torch.bincount(user_items, weights=sizes[user_of].double(), minlength=vocab_size))
+    # .double(): bincount gives int64 for no users whatever the weights, and a rank without users in the
+    # sample would all-reduce int64 bits against float64 ones.
+    products = dist.total(torch.bincount(user_items, weights=sizes[user_of].double(), minlength=vocab_size).double())
     products = torch.cumsum(products, 0)
     nf = dist.total(own_n).float()
     del flat, keys, user_of, by_item  # what the blocks do not read: their memory serves the blocks'

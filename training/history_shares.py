@@ -113,6 +113,7 @@ class _Merged:
 
 def _merge(
     folder: Path,
+    *,
     hashes: list[torch.Tensor],
     lengths: list[torch.Tensor],
     key_lengths: list[torch.Tensor],

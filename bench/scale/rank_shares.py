@@ -30,7 +30,8 @@ from bench.servers import ROOT, free_port
 PEAK = re.compile(r"rank (\d+) of \d+ finished, peak RSS ([\d.]+) GB")
 
 
-def run(setting: str, *, data: Path, config: Path, sets: list[str], out: Path) -> dict[str, Any]:
+def run(setting: str, *, data: Path, config: Path, sets: list[str], out: Path, log: Path | None) -> dict[str, Any]:
+    """One job of `setting` into `out`; its output (every rank's log) kept in `log` when given."""
     ranks, _, mode = setting.partition(":")
     world, share = int(ranks), mode != "all"
     job = [*("-m", "training", "train", "--config", str(config), "--data", str(data), "--out", str(out))]
@@ -46,6 +47,8 @@ def run(setting: str, *, data: Path, config: Path, sets: list[str], out: Path) -
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
     text = proc.stdout + proc.stderr
+    if log is not None:
+        log.write_text(text)
     if proc.returncode != 0:
         raise RuntimeError(f"{setting}: exited {proc.returncode}: {text[-3000:]}")
     peaks = {int(r): float(gb) for r, gb in PEAK.findall(text)}  # every rank logs its own when it ends
@@ -73,12 +76,13 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "training" / "configs" / "sasrec_beauty.toml")
     ap.add_argument("--settings", nargs="+", default=["1", "2:all", "2", "4"], help="N or N:all, in order")
     ap.add_argument("--set", nargs="*", default=[], dest="sets", help="config overrides for every job")
-    ap.add_argument("--out", type=Path, default=None, help="JSON report")
+    ap.add_argument("--out", type=Path, default=None, help="JSON report; each job's output beside it (.N.log)")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="rank-shares-") as tmp:
         for n, setting in enumerate(args.settings):
-            row = run(setting, data=args.data, config=args.config, sets=args.sets, out=Path(tmp) / str(n))
+            log = args.out.with_suffix(f".{n}.log") if args.out else None
+            row = run(setting, data=args.data, config=args.config, sets=args.sets, out=Path(tmp) / str(n), log=log)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     report = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "rows": rows}

@@ -13,6 +13,7 @@ import torch
 
 from models.tasks.recommend import load_artifact as load_rec_artifact
 from tests.servers import ROOT
+from tests.training.ranks import spawn_ranks
 from training.distributed import Dist, resolve_device
 
 
@@ -230,6 +231,9 @@ def _fit_on_a_share(rank: int, world: int, port: int, out: Path, seconds: float)
             got[name], got[f"{name}_users"] = scorer(_PROBE), torch.tensor(n)
         scorer, n = ev.fit_baseline("item_knn", mine, _V, seconds=seconds, seed=3, dist=dist)
         got["sampled"], got["sampled_users"] = scorer(_PROBE), torch.tensor(n)
+        # A rank without a user (a sample that missed all of its users) fits with the others all the same.
+        scorer, n = ev.fit_baseline("item_knn", mine if rank == 0 else [], _V, dist=dist)
+        got["rank0"], got["rank0_users"] = scorer(_PROBE), torch.tensor(n)
         torch.save(got, out / f"rank{rank}.pt")
     finally:
         tdist.destroy_process_group()
@@ -239,16 +243,16 @@ def test_ranks_holding_their_own_users_fit_the_baselines_one_process_fits_on_all
     """Two gloo ranks, each with half the users, fit each baseline together: every rank gets the
     scores one process fitting all the users gets (item-kNN's blocks summed on their owners in turn,
     the transitions' pair counts by ranges of keys);
-    a sampled fit is one sample of all the users, the same on both ranks."""
+    a sampled fit is one sample of all the users, the same on both ranks; a rank holding no user
+    fits with the other."""
     import numpy as np
-    import torch.multiprocessing as mp
 
     from bench.servers import free_port
     from training.evaluate import BASELINES, FIT_SECONDS, fit_baseline
 
     users = _users()
     half = float(FIT_SECONDS["item_knn"](np.array([len(u) for u in users])).sum()) / 2
-    mp.spawn(_fit_on_a_share, args=(2, free_port(), tmp_path, half), nprocs=2, join=True)
+    spawn_ranks(_fit_on_a_share, (2, free_port(), tmp_path, half), ranks=2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     for name in BASELINES:
         alone, n = fit_baseline(name, users, _V)
@@ -259,3 +263,6 @@ def test_ranks_holding_their_own_users_fit_the_baselines_one_process_fits_on_all
     assert sampled[0] == sampled[1] and 0 < sampled[0] < len(users)
     assert torch.equal(ranks[0]["sampled"], ranks[1]["sampled"])
     assert not torch.equal(ranks[0]["sampled"], ranks[0]["item_knn"])
+    alone, n = fit_baseline("item_knn", users[0::2], _V)
+    for got in ranks:
+        assert torch.equal(got["rank0"], alone(_PROBE)) and int(got["rank0_users"]) == n == len(users[0::2])

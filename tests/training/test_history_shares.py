@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from models.histories import HistoryTable, write_table
+from tests.training.ranks import spawn_ranks
 from training import history_shares
 from training.distributed import Dist
 from training.history_shares import HistoryShares
@@ -89,11 +90,9 @@ def _write_a_share(rank: int, world: int, port: int, out: Path) -> None:
 def test_rank_zero_writes_every_rank_s_users_into_the_table_one_process_writes(tmp_path: Path) -> None:
     """Three gloo ranks, each with a third of the users: rank 0's table, written in rounds from what
     each rank sends, is byte for byte the one a process holding every user writes."""
-    import torch.multiprocessing as mp
-
     from bench.servers import free_port
 
-    mp.spawn(_write_a_share, args=(3, free_port(), tmp_path / "ranks"), nprocs=3, join=True)
+    spawn_ranks(_write_a_share, (3, free_port(), tmp_path / "ranks"), ranks=3)
     _same_files(tmp_path / "ranks", _one_process_table(tmp_path / "once"))
 
 
