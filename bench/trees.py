@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -20,3 +21,16 @@ def run_in_tree(script: str, name: str, tree: str, args: list[str]) -> dict[str,
         sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
     got: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return got
+
+
+def tree_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of a script that measures code trees side by side: --variant (repeated), --out, and
+    the hidden --one its runs in each tree are started with."""
+    p.add_argument("--variant", action="append", default=[], help="name:path of a code tree (default now:.)")
+    p.add_argument("--out", type=Path, help="write the report as JSON here")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+
+
+def variants(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The (name, path) of each --variant, in order; this tree alone when none is given."""
+    return [(name, tree) for name, _, tree in (v.partition(":") for v in args.variant or ["now:."])]

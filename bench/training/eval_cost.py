@@ -30,7 +30,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.trees import run_in_tree
+from bench.trees import run_in_tree, tree_arguments, variants
 
 
 def one(args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -124,15 +124,13 @@ def main() -> None:
     p.add_argument("--items", type=int, default=500_000)
     p.add_argument("--users", type=int, default=20_000, help="histories the baselines are fitted on")
     p.add_argument("--scored", type=int, default=2_000, help="users evaluated")
-    p.add_argument("--variant", action="append", default=[], help="name:path of a code tree (default now:.)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--out", type=Path, help="write the report as JSON here")
     p.add_argument("--artifact", type=Path, help="a trained recommender: time its job's test phase instead")
     p.add_argument("--config", type=Path, help="with --artifact: the config it was trained with")
     p.add_argument("--data", type=Path, help="with --artifact: the log it was trained on")
     p.add_argument("--set", action="append", default=[], help="with --artifact: config overrides, as --set")
-    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    tree_arguments(p)
     args = p.parse_args()
     if args.artifact:
         if not args.config:
@@ -142,10 +140,10 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args)))
         return
-    variants = [v.split(":", 1) for v in (args.variant or ["now:."])]
-    runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name, _ in variants}
+    trees = variants(args)
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name, _ in trees}
     for r in range(args.rounds):
-        for name, tree in variants:
+        for name, tree in trees:
             flags = ["--items", str(args.items), "--users", str(args.users), "--scored", str(args.scored)]
             got = run_in_tree(__file__, name, tree, [*flags, "--threads", str(args.threads)])
             runs[name].append(got)
@@ -156,7 +154,7 @@ def main() -> None:
                 + " | ".join(f"{s} {sec:.1f}" for s, sec in got["fit_s"].items())
                 + " s"
             )
-    first = variants[0][0]
+    first = trees[0][0]
 
     def median(name: str, part: str, key: str) -> float:
         return statistics.median(x[part][key] for x in runs[name])

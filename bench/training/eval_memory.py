@@ -21,7 +21,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from bench.trees import run_in_tree
+from bench.trees import run_in_tree, tree_arguments, variants
 
 
 def one(args: argparse.Namespace) -> dict[str, list[float]]:
@@ -74,9 +74,7 @@ def main() -> None:
     p.add_argument("--weights", type=int, default=6, help="scorers sharing the network's scores")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--variant", action="append", default=[], help="name:path of a code tree (default now:.)")
-    p.add_argument("--out", type=Path, help="write the report as JSON here")
-    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    tree_arguments(p)
     args = p.parse_args()
     if args.one:
         print(json.dumps(one(args)))
@@ -84,7 +82,7 @@ def main() -> None:
     passed = ["--items", str(args.items), "--scored", str(args.scored), "--weights", str(args.weights)]
     passed += ["--rounds", str(args.rounds), "--threads", str(args.threads)]
     report = {}
-    for name, tree in (v.split(":", 1) for v in args.variant or ["now:."]):
+    for name, tree in variants(args):
         report[name] = run_in_tree(__file__, name, tree, passed)
         print(f"{name}: RSS after each round {report[name]['rss_gb']} GB, seconds {report[name]['seconds']}")
     if args.out:

@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.trees import run_in_tree
+from bench.trees import run_in_tree, tree_arguments, variants
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,22 +63,20 @@ def main() -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--set", action="append", default=[], help="config overrides, as the training CLI's --set")
-    p.add_argument("--variant", action="append", default=[], help="name:path of a code tree (default now:.)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--batches", type=int, default=200)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--out", type=Path, help="write the report as JSON here")
-    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    tree_arguments(p)
     args = p.parse_args()
     if args.one:
         print(json.dumps(one(args)))
         return
-    variants = [v.split(":", 1) for v in (args.variant or ["now:."])]
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
+    trees = variants(args)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
     data, config = str(Path(args.data).resolve()), str(Path(args.config).resolve())
     for r in range(args.rounds):
-        for name, tree in variants:
+        for name, tree in trees:
             flags = ["--config", config, "--data", data, "--batches", str(args.batches), "--warmup", str(args.warmup)]
             flags += ["--threads", str(args.threads), *[a for s in args.set for a in ("--set", s)]]
             got = run_in_tree(__file__, name, tree, flags)
@@ -87,7 +85,7 @@ def main() -> None:
                 f"round {r + 1} {name}: {got['windows_per_s']:.0f} windows/s "
                 f"({got['windows']} in {got['seconds']:.1f} s)"
             )
-    first = statistics.median(x["windows_per_s"] for x in runs[variants[0][0]])
+    first = statistics.median(x["windows_per_s"] for x in runs[trees[0][0]])
     report = {
         name: {
             "median_windows_per_s": round(statistics.median(x["windows_per_s"] for x in got), 1),
@@ -97,7 +95,7 @@ def main() -> None:
         for name, got in runs.items()
     }
     for name, rep in report.items():
-        print(f"{name}: median {rep['median_windows_per_s']:.0f} windows/s, {rep['ratio']:.2f}x {variants[0][0]}")
+        print(f"{name}: median {rep['median_windows_per_s']:.0f} windows/s, {rep['ratio']:.2f}x {trees[0][0]}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
 
