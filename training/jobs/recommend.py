@@ -528,7 +528,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             got.metrics.update(ext.metrics)
             tried.update({w: ext.metrics[f"{w:g}"][e.protocol]["NDCG@10"] for w in more})
             chosen = max(tried, key=lambda w: (tried[w], -w))
-        (model.config.transition_weight,) = self._agreed(chosen)
+        (chosen,) = self._agreed(chosen)  # every rank's figures below are those of rank 0's weight
+        model.config.transition_weight = chosen
         self.transition_weights_tried = tried
         if self.dist.is_main:
             log.info(
