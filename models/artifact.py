@@ -10,6 +10,7 @@ half-written one. Version folders are named by the UTC time of the run (20261122
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -47,6 +48,9 @@ TMP_PREFIX = ".tmp-"
 # Versions a warm retrain held back (its test figure fell below its parent's bound): under the artifacts
 # folder, as <HELD>/<name>/<version>; a folder starting with "." is never a model, so nothing serves them.
 HELD = ".held"
+# A warm retrain's own folder while it runs (its exported log, its training job's output): <RUNS>/<run>,
+# under the artifacts folder so that its version moves into place by a rename (app/retrain.py).
+RUNS = ".runs"
 VERSION_NAME = re.compile(r"^\d{8}T\d{6}Z(-\d+)?$")
 T = TypeVar("T")
 
@@ -61,6 +65,15 @@ class ArtifactError(ValueError):
     def __init__(self, file: str, problem: str) -> None:
         super().__init__(f"{file}: {problem}")
         self.file, self.problem = file, problem
+
+
+def version_time(version: str) -> float:
+    """The UTC time a version folder's name states (what orders versions); 0 for a name that states none. A
+    version's age is its manifest's (Manifest.created), not this: a copied folder keeps its name."""
+    try:
+        return dt.datetime.strptime(version[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def version_key(folder: Path) -> tuple[str, int]:
@@ -102,11 +115,14 @@ def new_version_dir(root: Path, name: str) -> Path:
     return tmp
 
 
-def publish(tmp: Path, version: str) -> Path:
-    """Atomically turn a filled temporary folder into the version folder (suffixed if taken)."""
+def publish(tmp: Path, version: str, *, into: Path | None = None) -> Path:
+    """Atomically turn a filled temporary folder into the version folder (suffixed if taken), beside it or
+    in `into` (a model's folder on the same file system: a run's own folder hands its version over so)."""
     suffix = 1
+    parent = into or tmp.parent
+    parent.mkdir(parents=True, exist_ok=True)
     while True:
-        final = tmp.parent / (version if suffix == 1 else f"{version}-{suffix}")
+        final = parent / (version if suffix == 1 else f"{version}-{suffix}")
         if not final.exists():
             try:
                 os.rename(tmp, final)  # fails if another writer took the name meanwhile

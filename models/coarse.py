@@ -21,7 +21,7 @@ import torch
 
 from models.base import SequentialRecommender
 from models.ids import N_SPECIAL
-from models.ranking import Ranked, SeqRanker, exclude, rank_sparse, top_k
+from models.ranking import Popular, Ranked, SeqRanker, exclude, rank_sparse, top_k
 
 UNIT = 2.0**-8  # bfloat16's unit roundoff
 # |coarse - float32 score| <= 3.1 UNIT * sum_i |q_i w_i| for D <= 1024 (the record derives it), and
@@ -81,9 +81,11 @@ class CoarseRanker:
         seen: torch.Tensor | None,
         future: torch.Tensor | None,
         requested: torch.Tensor | None,
+        floor: Popular | None = None,
     ) -> Ranked:
         q = self._queries(seq)  # (B, D')
         ex = exclude(self.coarse_scores(q), seen=seen, future=future, requested=requested, in_place=True)
+        reference = floor.among(ex.scores) if floor is not None else None  # its -inf are the exclusions
         m = min(max(k, self.candidates), self.table.size(0))
         coarse, cand = top_k(ex.scores, m)  # (B, m), best first
         exact = torch.bmm(self.table[cand], q[:, :, None]).squeeze(2)  # (B, m)
@@ -120,7 +122,7 @@ class CoarseRanker:
             )
             values[redo], indices[redo] = again.scores, again.indices
             self.fallbacks += len(redo)
-        return Ranked(indices, values, ex.n_seen, ex.n_future, ex.n_requested)
+        return Ranked(indices, values, ex.n_seen, ex.n_future, ex.n_requested, reference)
 
 
 def _best_of(fn: Callable[[torch.Tensor], object], seq: torch.Tensor, repeats: int = 3) -> float:

@@ -130,6 +130,12 @@ class UserHistories(ABC, Generic[Q, R]):
         """The raw ids of an answer, best first (what a user was shown)."""
 
     @abstractmethod
+    def floor(self, result: R) -> list[str]:
+        """The raw ids of an answer's reference list (the version's most frequent items that the answer's own
+        exclusions leave, models.ranking.Popular), best first: what online evaluation scores beside the
+        answer as its floor."""
+
+    @abstractmethod
     def interleaved(self, first: R, second: R, picks: Sequence[tuple[int, int]]) -> R:
         """One answer made of two answers to the same query: its i-th item is `picks[i]` = (0: `first`'s,
         1: `second`'s; that answer's index), each with its own score; the rest (exclusions, unknown ids)

@@ -226,10 +226,14 @@ class HistoryTable:
     def most_frequent(self, share: float, n_ids: int) -> list[int]:
         """The `share` most frequent entities of the map's (rounded up; ties by index; never one no step
         holds), most frequent first: the popular head a served list's items are measured against."""
+        return self.by_count(n_ids, math.ceil(share * (n_ids - N_SPECIAL)))
+
+    def by_count(self, n_ids: int, limit: int) -> list[int]:
+        """The `limit` most frequent entities of the map's steps, most frequent first (ties by index; never
+        one no step holds)."""
         x = self.items[(self.items >= N_SPECIAL) & (self.items < n_ids)]
         counts = np.bincount(x, minlength=n_ids)[N_SPECIAL:]
-        want = math.ceil(share * (n_ids - N_SPECIAL))
-        order = np.argsort(-counts, kind="stable")[:want]
+        order = np.argsort(-counts, kind="stable")[:limit]
         return [int(i) + N_SPECIAL for i in order if counts[i] > 0]
 
     def items_at(self, start: int, end: int, t: float) -> set[int]:

@@ -41,6 +41,32 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)  # task-specific, e.g. next-location's bucketing
 
     @property
+    def created(self) -> float | None:
+        """When the run that wrote it finished (unix seconds, from created_at); None when it does not say. A
+        version's age is read here, never from its folder's name, which a copy or a rename can carry."""
+        try:
+            when = dt.datetime.fromisoformat(self.created_at)
+        except ValueError:
+            return None
+        return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+
+    @property
+    def test_ndcg10(self) -> float | None:
+        """The offline test NDCG@10 the job measured over every candidate ("full"; a social job's "all"), if any."""
+        found = self.metrics.get("test")
+        for protocol in ("full", "all"):
+            part = found.get(protocol) if isinstance(found, dict) else None
+            value = part.get("NDCG@10") if isinstance(part, dict) else None
+            if isinstance(value, int | float):
+                return float(value)
+        return None
+
+    @property
+    def vs_best_baseline(self) -> float | None:
+        """The test figure over the best simple baseline's of the same run (vs_best_baseline)."""
+        return vs_best_baseline(self.metrics)
+
+    @property
     def data_hash(self) -> str:
         """Identifies the training data (and so the histories an artifact carries)."""
         return str(self.data.get("sha256") or self.version)
@@ -123,3 +149,14 @@ class Manifest:
             metrics=metrics,
             extra=extra or {},
         )
+
+
+def vs_best_baseline(metrics: dict[str, Any]) -> float | None:
+    """The test figure as a ratio to the best baseline of the same run (a task's own ratio where it
+    writes one, else NDCG@10 of the whole test set), None where the run has no baselines."""
+    if "full_ndcg10_vs_best_baseline" in metrics:
+        return float(metrics["full_ndcg10_vs_best_baseline"]["ratio"])
+    ours = metrics.get("test", {}).get("all", {}).get("NDCG@10")
+    theirs = [b.get("all", {}).get("NDCG@10") for b in metrics.get("baselines_test", {}).values()]
+    best = max((t for t in theirs if t is not None), default=None)
+    return None if ours is None or not best else float(ours) / float(best)

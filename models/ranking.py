@@ -72,6 +72,37 @@ class Ranked:
     n_seen: torch.Tensor  # (B,) candidates removed as already seen
     n_future: torch.Tensor  # (B,) removed as not yet released (and not seen)
     n_requested: torch.Tensor  # (B,) removed on request (and neither seen nor future)
+    floor: torch.Tensor | None = None  # (B, FLOOR_K) each row's reference list (Popular.top), PAD where short
+
+
+FLOOR_K = 10  # a reference list's length: the online figures' K
+FLOOR_HEAD = 512  # the most frequent entities a reference list is taken from
+
+
+@dataclass(frozen=True)
+class Popular:
+    """A catalog's most frequent entities, most frequent first: the reference list each by-user answer is
+    scored beside online (its floor, docs/decisions/sequential-tests.md) is the first FLOOR_K of them that
+    the answer's own exclusions leave, read off the same ranking pass (`among`). Only the head is kept: a
+    row that excludes nearly all of it gets a shorter list."""
+
+    order: torch.Tensor  # (P,) long: entity indices, most frequent first
+    at_end: torch.Tensor  # (P + 1,) long: `order` and PAD, which a row with fewer than FLOOR_K left reads
+    wanted: torch.Tensor  # (FLOOR_K,) long: 1 .. FLOOR_K, the kept entities' ranks in the head
+
+    @classmethod
+    def of(cls, order: Sequence[int], device: torch.device | str = "cpu") -> Popular:
+        head = torch.tensor(list(order), dtype=torch.long)
+        at_end = torch.cat([head, torch.tensor([PAD])])
+        return cls(head.to(device), at_end.to(device), torch.arange(1, FLOOR_K + 1, device=device))
+
+    def among(self, masked: torch.Tensor) -> torch.Tensor:
+        """Each row's first FLOOR_K entities of `order` whose score in `masked` (B, V) is finite: what the row's
+        exclusions (seen, future, requested, specials: already -inf there) leave. -> (B, FLOOR_K) long, PAD
+        past a short row's end. The j-th kept entity sits where the running count of kept ones first reaches j."""
+        kept = torch.isfinite(masked.index_select(1, self.order)).cumsum(1)  # (B, P)
+        at = torch.searchsorted(kept, self.wanted.expand(kept.size(0), -1).contiguous())  # (B, FLOOR_K), P: none
+        return self.at_end[at]
 
 
 def _distinct_live(idx: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -139,15 +170,19 @@ def rank_sparse(
     seen: torch.Tensor | None,
     future: torch.Tensor | None,
     requested: torch.Tensor | None,
+    floor: Popular | None = None,
 ) -> Ranked:
-    """Top-k of `scores` (B, V) after removing the seen, future and requested candidates (exclude)."""
+    """Top-k of `scores` (B, V) after removing the seen, future and requested candidates (exclude); with
+    `floor`, each row's reference list under the same exclusions (Ranked.floor)."""
     ex = exclude(scores, seen=seen, future=future, requested=requested)
     values, indices = top_k(ex.scores, k)
-    return Ranked(indices, values, ex.n_seen, ex.n_future, ex.n_requested)
+    reference = floor.among(ex.scores) if floor is not None else None
+    return Ranked(indices, values, ex.n_seen, ex.n_future, ex.n_requested, reference)
 
 
 class SeqRanker(Protocol):
-    """Ranks a batch of packed histories (B, L) with its exclusions: what `recommend` runs."""
+    """Ranks a batch of packed histories (B, L) with its exclusions (and, with `floor`, each row's reference
+    list under them): what `recommend` runs."""
 
     def __call__(
         self,
@@ -157,6 +192,7 @@ class SeqRanker(Protocol):
         seen: torch.Tensor | None,
         future: torch.Tensor | None,
         requested: torch.Tensor | None,
+        floor: Popular | None = None,
     ) -> Ranked: ...
 
 
@@ -224,6 +260,7 @@ def recommend(
     device: torch.device | str = "cpu",
     scores: Callable[[torch.Tensor], torch.Tensor] | None = None,
     rank: SeqRanker | None = None,
+    floor: Popular | None = None,
 ) -> Ranked:
     """One forward pass for a batch of histories, then exclusions and top-k.
 
@@ -231,7 +268,7 @@ def recommend(
     time in the release unit after which items count as future; None = no future exclusion.
     scores: what computes model.scores (a served engine's trace, models/traced.py); None = the model.
     rank: what scores and ranks instead (models/coarse.py for wide catalogs); None = scores, then
-    rank_sparse.
+    rank_sparse. floor: each row's reference list is added (Ranked.floor), with the same exclusions.
     """
     seq = pack_histories(histories, model.max_history).to(device)
     # Rows that keep their seen items list nothing (PAD only).
@@ -242,5 +279,5 @@ def recommend(
         ref = torch.tensor([float("inf") if r is None else r for r in reference], device=device)
         fut = future_mask(release.to(device), ref)
     if rank is not None:
-        return rank(seq, k, seen=seen, future=fut, requested=req)
-    return rank_sparse((scores or model.scores)(seq).float(), k, seen=seen, future=fut, requested=req)
+        return rank(seq, k, seen=seen, future=fut, requested=req, floor=floor)
+    return rank_sparse((scores or model.scores)(seq).float(), k, seen=seen, future=fut, requested=req, floor=floor)

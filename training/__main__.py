@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # A warm retrain is held back under this share of its parent's figure against the best baseline: ml-100k's
 # ratio moves by a few percent between seeds, a broken or flooded retrain falls far below (0.08x of 1.42x).
 WARM_GATE = 0.8
+# A cold version is held back under its run's best simple baseline when an earlier version of its name is
+# there to serve (docs/decisions/cold-gate.md).
+COLD_GATE = 1.0
 SHARED = ROOT.parent / "shared" / "data"
 
 
@@ -45,6 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", type=Path, help="output root (default: artifacts/, or the job's own)")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
         p.add_argument("--shared-data", type=Path, default=SHARED, help=argparse.SUPPRESS)
+        p.add_argument(
+            "--gate",
+            type=float,
+            default=COLD_GATE,
+            help="hold the new version back (under <artifacts>/.held, exit 3) when its test figure is under this "
+            "times its best baseline's and an earlier version of its name is there to serve (default "
+            f"{COLD_GATE}; 0: never; the first version is published and the service warns)",
+        )
     df = sub.add_parser("defaults", help="train every task's default models whose data is there")
     df.add_argument("--out", type=Path, default=Path("artifacts"), help="artifacts folder")
     df.add_argument("--task", dest="tasks", action="append", choices=sorted(TASKS), help="only these tasks'")
@@ -115,11 +126,15 @@ def _train(args: argparse.Namespace) -> int:
     cfg = job_cls.parse_config(raw)
     dist = distributed.setup(cfg.train.device)
     try:
-        job = job_cls(cfg, out_root=args.out, data_path=args.data, dist=dist, shared_data=args.shared_data)
+        job = job_cls(
+            cfg, out_root=args.out, data_path=args.data, dist=dist, shared_data=args.shared_data, cold_gate=args.gate
+        )
         folder = job.run()
         dist.finish()
         if folder is not None:
             print(folder)
+            if "held_back" in read_manifest(folder).metrics:
+                return 3  # written aside, never published
         return 0
     finally:
         # Each rank's own peak (a process alone is rank 0 of 1): what reading a share of the log saves.
@@ -179,7 +194,8 @@ def train_defaults(out: Path, *, tasks: list[str] | None = None) -> int:
                 continue
             log.info("training %s", run.what or run.config)
             argv = ["train", "--config", str(config), "--out", str(out), *(["--data", str(path)] if path else [])]
-            failed += main([*argv, *(a for o in run.overrides for a in ("--set", o))]) != 0
+            code = main([*argv, *(a for o in run.overrides for a in ("--set", o))])
+            failed += code not in (0, 3)  # 3: held back under its baseline, an earlier version serving (logged)
     return 1 if failed else 0
 
 

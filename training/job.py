@@ -30,7 +30,7 @@ from torch import nn
 from models import artifact
 from models.artifact import read_manifest
 from models.ids import IdMap
-from models.manifest import Manifest
+from models.manifest import Manifest, vs_best_baseline
 from models.warm import FIRST_SEEN_LIVE, Carried, added_live
 from training.config import LoopConfig, RunConfig, parse
 from training.distributed import Dist, resolve_device
@@ -85,17 +85,6 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
 
 
-def vs_best_baseline(metrics: dict[str, Any]) -> float | None:
-    """The test figure as a ratio to the best baseline of the same run (a task's own ratio where it
-    writes one, else NDCG@10 of the whole test set), None where the run has no baselines."""
-    if "full_ndcg10_vs_best_baseline" in metrics:
-        return float(metrics["full_ndcg10_vs_best_baseline"]["ratio"])
-    ours = metrics.get("test", {}).get("all", {}).get("NDCG@10")
-    theirs = [b.get("all", {}).get("NDCG@10") for b in metrics.get("baselines_test", {}).values()]
-    best = max((t for t in theirs if t is not None), default=None)
-    return None if ours is None or not best else float(ours) / float(best)
-
-
 def warm_record(
     got: Carried, *, source: str, parent: Manifest, noun: str, old_ids: IdMap, new_ids: IdMap
 ) -> dict[str, Any]:
@@ -145,12 +134,17 @@ class Job(ABC, Generic[D, T, E]):
         shared_data: Path | None = None,
         warm_from: Path | None = None,
         warm_gate: float = 0.0,
+        cold_gate: float = 0.0,
     ) -> None:
         self.cfg = cfg
         self.warm_from = warm_from  # a version folder whose weights the model starts from
         # A warm version whose test figure against the best baseline is under this share of its parent's
         # is held back (models.artifact.HELD), never published: 0 publishes whatever it reaches.
         self.warm_gate = warm_gate
+        # A cold version whose test figure is under this times its best baseline's is held back too when an
+        # earlier version of its name is there to serve; the first is published, and the service says it
+        # serves under its baseline (docs/decisions/cold-gate.md). 0: never held back.
+        self.cold_gate = cold_gate
         self.out_root = out_root or self.default_out
         self.data_path = data_path
         self.shared_data = shared_data  # the ../shared/data folder, for data sets looked up by name
@@ -219,16 +213,31 @@ class Job(ABC, Generic[D, T, E]):
     # --- the skeleton ------------------------------------------------------------------------------
 
     def held_back(self, metrics: dict[str, Any]) -> str | None:
-        """Why this warm version must not be published (its figure against the best baseline under
-        `warm_gate` times its parent's), else None."""
-        assert self.warm_from is not None
-        ours, parent = vs_best_baseline(metrics), vs_best_baseline(read_manifest(self.warm_from).metrics)
-        if not self.warm_gate or ours is None or parent is None or ours >= self.warm_gate * parent:
+        """Why this version must not be published, else None: a warm one whose figure against the best
+        baseline is under `warm_gate` times its parent's; a cold one under `cold_gate` times the baseline's
+        when an earlier version of its name is there to serve instead."""
+        ours = vs_best_baseline(metrics)
+        if self.warm_from is not None:
+            parent = vs_best_baseline(read_manifest(self.warm_from).metrics)
+            if not self.warm_gate or ours is None or parent is None or ours >= self.warm_gate * parent:
+                return None
+            return (
+                f"test NDCG@10 {ours:.2f}x the best baseline, under {self.warm_gate:g} x the {parent:.2f}x of the"
+                f" version it started from ({self.warm_from.name})"
+            )
+        if not self.cold_gate or ours is None or ours >= self.cold_gate:
             return None
-        return (
-            f"test NDCG@10 {ours:.2f}x the best baseline, under {self.warm_gate:g} x the {parent:.2f}x of the"
-            f" version it started from ({self.warm_from.name})"
-        )
+        earlier = artifact.versions(self.out_root / self.cfg.name)
+        if not earlier:
+            log.warning(
+                "test NDCG@10 %.2fx the best baseline, under %g: published all the same, as the first version of %s"
+                " (the service serves it and says so in /readyz and seqserve_model_vs_best_baseline)",
+                ours,
+                self.cold_gate,
+                self.cfg.name,
+            )
+            return None
+        return f"test NDCG@10 {ours:.2f}x the best baseline, under {self.cold_gate:g}; {earlier[0].name} serves instead"
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
@@ -346,10 +355,10 @@ class Job(ABC, Generic[D, T, E]):
         """The artifact's files, its manifest and its folder (aside when a warm retrain is held back)."""
         clock = self.clock
         out_root = self.out_root
-        if self.warm_from is not None and (reason := self.held_back(metrics)) is not None:
+        if (reason := self.held_back(metrics)) is not None:
             metrics["held_back"] = reason
             out_root = self.out_root / artifact.HELD
-            log.error("warm retrain held back, not published: %s", reason)
+            log.error("%s held back, not published: %s", "warm retrain" if self.warm_from else "version", reason)
         with clock.phase("export_files"):
             pieces = self.export(model)
         # Each phase on its own clock. The budget (train.max_minutes) covers every one but the data;

@@ -27,11 +27,13 @@ from models.engine import (
     unknown_field,
 )
 from models.histories import HistoryTable
-from models.ids import N_SPECIAL, IdMap
+from models.ids import N_SPECIAL, PAD, IdMap
 from models.manifest import Manifest
 from models.queries import QueryError, Timeline, UnknownUserError
 from models.ranking import (
+    FLOOR_HEAD,
     RELEASE_UNITS,
+    Popular,
     Ranked,
     SeqRanker,
     pack_histories,
@@ -151,6 +153,7 @@ class RecResult:
     excluded: dict[str, int]
     history_truncated: bool = False  # longer than the model reads: the most recent items were used
     fields: list[dict[str, FieldValue]] | None = None  # per item, when the query asked for fields
+    floor: list[str] = field(default_factory=list)  # its reference list (models.ranking.Popular): never shown
 
 
 def check_query(q: RecQuery, position: int, *, fields: ItemFields) -> None:
@@ -186,6 +189,14 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult], UserHistories[RecQu
 
     def ranked(self, result: RecResult) -> list[str]:
         return [raw for raw, _ in result.items]
+
+    def floor(self, result: RecResult) -> list[str]:
+        return result.floor
+
+    @cached_property
+    def popular(self) -> Popular:
+        """The reference lists' head (computed at load, by warm_up: a pass over the table's steps)."""
+        return Popular.of(self.histories.by_count(len(self.entity_ids), FLOOR_HEAD), self.device)
 
     def interleaved(self, first: RecResult, second: RecResult, picks: Sequence[tuple[int, int]]) -> RecResult:
         both = (first, second)
@@ -330,6 +341,7 @@ class RecEngine(UserQueryEngine, ItemDisplay):
             device=self.device,
             scores=self.scores,
             rank=self.rank,
+            floor=self.popular,
         )
 
     def results(self, batch: list[Prepared], output: Ranked) -> list[RecResult]:
@@ -353,6 +365,7 @@ def ranked_results(
     idx = output.indices.cpu().tolist()
     scores = output.scores.float().cpu().tolist()
     counts = torch.stack([output.n_seen, output.n_future, output.n_requested], 1).cpu().tolist()
+    floors = output.floor.cpu().tolist() if output.floor is not None else [[] for _ in batch]
     out = []
     for row, p in enumerate(batch):
         kq = p.query.k
@@ -367,6 +380,7 @@ def ranked_results(
                 {"seen": seen, "future": fut, "requested": req},
                 len(p.history) > max_history,
                 fields=describe([i for i, _ in items], asked, fields or {}) if asked else None,
+                floor=[r for i in floors[row] if i != PAD and (r := raw(i)) is not None],
             )
         )
     return out

@@ -308,6 +308,7 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
             seen=seen,
             future=future_mask(self.first, ref),
             requested=index_rows([p.requested for p in batch], self.device),
+            floor=self.popular,
         )
 
     def results(self, batch: list[Prepared], output: Ranked) -> list[RecResult]:

@@ -10,7 +10,7 @@ from models.bert4rec import BERT4Rec, BERT4RecConfig
 from models.coarse import CoarseRanker, wide_ranker
 from models.engine import EngineOptions
 from models.ids import N_SPECIAL
-from models.ranking import Ranked, pack_histories, recommend
+from models.ranking import Popular, Ranked, pack_histories, recommend
 from models.sasrec import SASRec, SASRecConfig
 from models.tasks import TASKS
 from models.tasks.recommend import RecQuery, load_artifact
@@ -70,8 +70,9 @@ def _same(want: Ranked, got: Ranked, scores: torch.Tensor) -> None:
     assert (got.indices[live] != want.indices[live]).float().mean() < 0.01
     for name in ("n_seen", "n_future", "n_requested"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
-    for name in ("n_seen", "n_future", "n_requested"):
-        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert (got.floor is None) == (want.floor is None)
+    if got.floor is not None and want.floor is not None:  # the same reference lists: the same exclusions
+        assert torch.equal(got.floor, want.floor)
 
 
 @pytest.mark.parametrize("build", [_sasrec, _sasrec_prior, _bert4rec], ids=["sasrec", "sasrec-prior", "bert4rec"])
@@ -79,12 +80,14 @@ def _same(want: Ranked, got: Ranked, scores: torch.Tensor) -> None:
 def test_coarse_ranking_returns_the_float32_top_k_with_exclusions(build, k: int) -> None:
     model = build()
     ranker = CoarseRanker(model, model.query)
+    floor = Popular.of(list(range(V - 1, N_SPECIAL - 1, -1)))  # every item, the last first
     with torch.inference_mode():
         for seed in range(3):
             batch = _batch(seed)
-            want = recommend(model, k=k, **batch)
-            got = recommend(model, k=k, rank=ranker, **batch)
+            want = recommend(model, k=k, floor=floor, **batch)
+            got = recommend(model, k=k, rank=ranker, floor=floor, **batch)
             _same(want, got, _scores(model, batch))
+            assert got.floor is not None and int((got.floor != 0).sum()) > 0
 
 
 @pytest.mark.parametrize("build", [_sasrec, _sasrec_prior], ids=["sasrec", "sasrec-prior"])
@@ -159,3 +162,4 @@ def test_an_engine_ranking_coarsely_answers_what_the_float32_engine_answers(
         assert [i for i, _ in got.items] == [i for i, _ in want.items]
         assert [s for _, s in got.items] == pytest.approx([s for _, s in want.items], abs=1e-5)
         assert got.excluded == want.excluded
+        assert (got.floor == want.floor and len(got.floor) == 10) or got.user_id is None

@@ -3,9 +3,12 @@ from collections.abc import Sequence
 
 import torch
 
+from models.ids import PAD
 from models.ranking import (
     BLOCK,
     BLOCKED_FROM,
+    FLOOR_K,
+    Popular,
     Ranked,
     future_mask,
     index_mask,
@@ -109,6 +112,51 @@ def test_recommend_never_returns_seen_future_or_specials() -> None:
     row1 = r.indices[1][torch.isfinite(r.scores[1])].tolist()
     assert set(row1) == set(range(2, 12))  # nothing excluded: seen allowed, no reference time
     assert r.n_seen.tolist() == [3, 0] and r.n_future.tolist() == [1, 0] and r.n_requested.tolist() == [1, 0]
+
+
+def test_a_reference_list_is_the_popular_order_less_each_rows_own_exclusions() -> None:
+    """Popular.among, read off rank_sparse's masked scores, against a hand computation: the head in its order,
+    without the row's seen, future and requested entities; a row that excludes nearly all of the head gets a
+    shorter list, padded."""
+    order = [7, 3, 11, 2, 9, 5, 13, 4, 8, 10, 6, 12]  # most frequent first; index 14 never held
+    popular = Popular.of(order)
+    scores = torch.randn(3, 15)
+    scores[:, :2] = float("-inf")  # PAD and UNK, as a model scores them
+    seen = torch.tensor([[3, 9, PAD], [PAD, PAD, PAD], [7, 3, 11]])
+    future = torch.zeros(3, 15, dtype=torch.bool)
+    future[0, 13] = future[2, [2, 9, 5, 13]] = True
+    requested = torch.tensor([[14], [PAD], [4]])  # 14 is outside the head: nothing to remove
+    got = rank_sparse(scores, 3, seen=seen, future=future, requested=requested, floor=popular).floor
+    assert got is not None
+
+    def by_hand(row: int) -> list[int]:
+        gone = set(seen[row].tolist()) | set(requested[row].tolist()) | set(future[row].nonzero().flatten().tolist())
+        kept = [i for i in order if i not in gone][:FLOOR_K]
+        return kept + [PAD] * (FLOOR_K - len(kept))
+
+    assert got.tolist() == [by_hand(r) for r in range(3)]
+    assert got.tolist()[2] == [8, 10, 6, 12, PAD, PAD, PAD, PAD, PAD, PAD]
+    assert rank_sparse(scores, 3, seen=None, future=None, requested=None).floor is None
+
+
+def test_recommend_adds_each_rows_reference_list_under_the_same_exclusions() -> None:
+    torch.manual_seed(0)
+    model = SASRec(SASRecConfig(vocab_size=12, max_len=8, d_model=8, n_heads=1, n_layers=1, d_ff=16)).eval()
+    release = release_tensor([str(i) for i in range(10)], {"9": 2020.0})  # index 11 released 2020
+    popular = Popular.of([11, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    with torch.inference_mode():
+        r = recommend(
+            model,
+            [[2, 3, 4], [5]],
+            k=3,
+            exclude_seen=[True, False],
+            requested=[[6], []],
+            release=release,
+            reference=[2000.0, None],
+            floor=popular,
+        )
+    assert r.floor is not None
+    assert r.floor.tolist() == [[5, 7, 8, 9, 10, PAD, PAD, PAD, PAD, PAD], [11, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
 
 
 def test_sparse_rank_matches_the_mask_version() -> None:

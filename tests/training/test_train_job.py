@@ -112,6 +112,29 @@ def test_cli_train_and_predict(tmp_path: Path, synthetic_dir: Path, tiny_artifac
     assert main(["train", "--config", str(cfg), "--data", str(synthetic_dir), "--out", str(tmp_path)]) == 2
 
 
+def test_a_cold_version_under_its_best_baseline_is_held_back_unless_it_is_the_first(
+    tmp_path: Path, synthetic_dir: Path
+) -> None:
+    """The first training of a deployment has a gate too: under its run's best simple baseline (here a bound
+    no tiny run reaches, 100x) the first version is published all the same (nothing else could serve; the
+    service warns: tests/app/test_api.py), and a later one is held back (exit 3), the earlier serving."""
+    from models.artifact import HELD, read_manifest, versions
+    from training.__main__ import main
+
+    config = CONFIGS / "sasrec_ml100k.toml"
+    args = ["train", "--config", str(config), "--data", str(synthetic_dir), "--out", str(tmp_path / "arts")]
+    args += [a for o in ["name='gated'", "train.max_minutes=0.05", *TINY_REC] for a in ("--set", o)]
+    assert main([*args, "--gate", "100"]) == 0
+    (first,) = versions(tmp_path / "arts" / "gated")
+    assert "held_back" not in read_manifest(first).metrics
+    assert main([*args, "--gate", "100"]) == 3
+    assert versions(tmp_path / "arts" / "gated") == [first]
+    (held,) = versions(tmp_path / "arts" / HELD / "gated")
+    reason = read_manifest(held).metrics["held_back"]
+    assert reason.endswith(f"under 100; {first.name} serves instead"), reason
+    assert main([*args, "--gate", "0"]) == 0 and len(versions(tmp_path / "arts" / "gated")) == 2  # 0: never
+
+
 def test_cli_reports_bad_model_keys(tmp_path: Path, synthetic_dir: Path) -> None:
     from training.__main__ import main
 
