@@ -25,12 +25,12 @@ class VersionChoices:
     # Model name -> the version its promotion replaced, as a "holdback" beside it while probation watches
     # the promotion and no trial runs (derived from `last`, never stored).
     holdbacks: dict[str, Candidate] = field(default_factory=dict)
-    probation_s: float = 0.0  # SEQSERVE_PROBATION_S
+    probation: bool = False  # SEQSERVE_PROBATION_S above 0: a promotion is watched until kept or rolled back
     holdback_share: float = 0.0  # SEQSERVE_PROBATION_HOLDBACK: 0, no holdback
 
-    def take(self, pins: dict[str, str], last: dict[str, Candidate], *, now: float) -> bool:
-        """The store's pins and candidates as of `now`; -> whether what should serve changed (a holdback
-        also ends with its promotion's probation)."""
+    def take(self, pins: dict[str, str], last: dict[str, Candidate]) -> bool:
+        """The store's pins and candidates; -> whether what should serve changed (a holdback also ends with
+        its promotion's probation)."""
         before = (self.pins, self.candidates, self.holdbacks)
         self.pins, self.last = pins, last
         self.candidates = {n: c for n, c in last.items() if c.running}
@@ -40,7 +40,7 @@ class VersionChoices:
             if self.holdback_share > 0
             and c.replaced is not None
             and name not in self.candidates
-            and (ended := self.probation(name, c.version, now=now)) is not None
+            and (ended := self.on_probation(name, c.version)) is not None
         }
         return before != (self.pins, self.candidates, self.holdbacks)
 
@@ -48,12 +48,12 @@ class VersionChoices:
         """The version served beside the live one of `name`: its running trial's candidate, else its holdback."""
         return self.candidates.get(name) or self.holdbacks.get(name)
 
-    def probation(self, name: str, version: str, *, now: float) -> float | None:
-        """When `version` of `name` was promoted, while that promotion is on probation (within probation_s
-        of it, and the version still pinned): its live lists are then kept per user from that time."""
+    def on_probation(self, name: str, version: str) -> float | None:
+        """When `version` of `name` was promoted, while that promotion is on probation (neither confirmed nor
+        rolled back, and the version still pinned): its live lists are then kept per user from that time."""
         last = self.last.get(name)
-        if last is None or last.outcome != "promoted" or last.version != version or last.ended is None:
+        if not self.probation or last is None or last.version != version or not last.on_probation:
             return None
-        if now - last.ended > self.probation_s or self.pins.get(name) != version:
+        if last.ended is None or self.pins.get(name) != version:
             return None
         return last.ended

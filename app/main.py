@@ -20,7 +20,7 @@ from app.loaded import LoadedModels, resolve_device
 from app.middleware import BodyBudget, BodyLimit, Observe
 from app.observability import AccessLog, Metrics, configure_logging
 from app.online import ServedLists
-from app.production import ProductionLoop, published
+from app.production import ProductionLoop
 from app.routers import admin, console, events, health, history, metrics, models
 from app.routers.plain import PlainRouter
 from app.routers.tasks import TaskRoute, live_route, plain_router, task_routes
@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, budget=BodyBudget(settings.max_body_bytes_in_flight)
     )
-    app.add_middleware(Observe, metrics=services.metrics, access=access, traffic=services.traffic)
+    app.add_middleware(Observe, metrics=services.metrics, access=access)
 
     def openapi() -> dict[str, Any]:
         """The generated document plus the request bodies the dependencies parse, with this app's bounds."""
@@ -129,11 +129,7 @@ def _loaded_models(settings: Settings, services: Services) -> LoadedModels:
         histories=services.histories,
         on_batch=services.metrics.on_batch,
         load_timeout_s=settings.load_timeout_s,
-        choices=VersionChoices(
-            probation_s=settings.probation_s,
-            # A holdback serves for the NDCG@10 comparison alone, which needs events posted with a key.
-            holdback_share=settings.probation_holdback if settings.events_api_key is not None else 0.0,
-        ),
+        choices=VersionChoices(probation=settings.probation_s > 0, holdback_share=settings.probation_holdback),
     )
 
 
@@ -201,7 +197,8 @@ def _mount_routes(app: FastAPI, settings: Settings, services: Services, routes: 
 
 async def _housekeeping(services: Services) -> None:
     """Each worker, every SEQSERVE_HOUSEKEEPING_S: sets its own queue-depth gauges (with several workers,
-    /metrics sums every worker's) and its models' publish times, then the production loop's tick (version
+    /metrics sums every worker's), its models' publish times and their offline figures against their
+    baselines, then the production loop's tick (version
     choices, a reload another worker was asked for, the shared online figures, the promotion rule)."""
     production = services.production
     assert production is not None
@@ -209,7 +206,11 @@ async def _housekeeping(services: Services) -> None:
         await asyncio.sleep(services.settings.housekeeping_s)
         try:
             services.metrics.set_queue_depths(services.loaded.queue_depths())
-            services.metrics.set_published({n: published(m.version) for n, m in services.loaded.models.items()})
+            manifests = {n: m.engine.manifest for n, m in services.loaded.models.items()}
+            services.metrics.set_published({n: m.created or 0.0 for n, m in manifests.items()})
+            services.metrics.set_vs_baseline(
+                {n: r for n, m in manifests.items() if (r := m.vs_best_baseline) is not None}
+            )
             services.metrics.forget_dead_workers()
             if services.shadows is not None:
                 services.metrics.count_shadow(*services.shadows.take())

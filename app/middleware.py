@@ -17,7 +17,6 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.observability import AccessLog, Metrics, request_id
-from app.traffic import VersionTraffic
 
 QUIET = frozenset({"/metrics", "/healthz", "/readyz"})
 # An ASGI scope extension the service's server (app/server.py) sets on every request: a callable that
@@ -34,10 +33,8 @@ class Observe:
     """Request id (taken from X-Request-ID or made up, returned in the response, carried by the logs),
     request counts and latency per endpoint and model, and one access-log line per request."""
 
-    def __init__(
-        self, app: ASGIApp, metrics: Metrics, access: AccessLog | None = None, traffic: VersionTraffic | None = None
-    ) -> None:
-        self.app, self.metrics, self.traffic = app, metrics, traffic
+    def __init__(self, app: ASGIApp, metrics: Metrics, access: AccessLog | None = None) -> None:
+        self.app, self.metrics = app, metrics
         self.access = access or AccessLog(json_lines=True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -76,9 +73,6 @@ class Observe:
             state = scope.get("state", {})
             model = state.get("model", "-")
             self.metrics.observe_request(endpoint, model, status, seconds)
-            version = state.get("version")
-            if version is not None and self.traffic is not None:  # an answer of a task route's model
-                self.traffic.observe(model, version, status, seconds)
             if endpoint not in QUIET and self.access.enabled():
                 self.access.write(f"{scope['method']} {endpoint} {status} {seconds * 1000:.1f}ms", rid)
             request_id.reset(token)

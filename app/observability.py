@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -145,18 +146,43 @@ class Metrics:
         )
         self.trial_changes = Counter(
             "seqserve_candidate_changes",
-            "Candidate trials started, promoted and retired",
+            "Candidate trials started, promoted and retired; promotions kept or rolled back by probation",
             ["model", "action"],
             registry=self.registry,
         )
-        # Each model's serving version's publish time (its name): what an operator alerts on when the loop
-        # stops replacing versions (ops/prometheus/alerts.yml, SeqserveModelStale).
+        # Each model's serving version's publish time (its manifest's): what an operator alerts on when the
+        # loop stops replacing versions (ops/prometheus/alerts.yml, SeqserveModelStale).
         self.model_published = Gauge(
             "seqserve_model_published_seconds",
-            "When each model's serving version was published (Unix time, from the version's name)",
+            "When each model's serving version was published (Unix time, its manifest's created_at)",
             ["model"],
             registry=self.registry,
             multiprocess_mode="livemax",
+        )
+        # Each live version against its floor over the online window (ProductionLoop.floors): after probation,
+        # what an alert reads (SeqserveBelowFloor). Unset while either side has too few lists.
+        self.floor_gap = Gauge(
+            "seqserve_online_floor_gap",
+            "The live version's online NDCG@10 less its reference lists' on the same events, over the online window",
+            ["model"],
+            registry=self.registry,
+            multiprocess_mode="livemin",
+        )
+        self.below_floor = Gauge(
+            "seqserve_online_below_floor",
+            "1 while the live version's online NDCG@10 is below its reference lists' beyond the 95% interval",
+            ["model"],
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        # The serving version's test figure over its own run's best simple baseline (its manifest): a version
+        # trained on too little serves (nothing else may be there to serve) but pages (SeqserveUnderBaseline).
+        self.vs_baseline = Gauge(
+            "seqserve_model_vs_best_baseline",
+            "The serving version's offline test NDCG@10 over its run's best simple baseline's",
+            ["model"],
+            registry=self.registry,
+            multiprocess_mode="livemin",
         )
         # (endpoint, model, status) -> the two children a request updates: labels() hashes its values and
         # takes a lock on every call, 3.4 us a request of the 8 us the whole Observe layer costs.
@@ -227,6 +253,17 @@ class Metrics:
     def set_published(self, published: dict[str, float]) -> None:
         for model, at in published.items():
             self.model_published.labels(model).set(at)
+
+    def set_floor(self, model: str, read: tuple[float, bool] | None) -> None:
+        """The live version against its floor: (gap, whether below beyond the interval); None: too few lists
+        (the gap unknown, NaN; not below)."""
+        gap, below = read if read is not None else (math.nan, False)
+        self.floor_gap.labels(model).set(gap)
+        self.below_floor.labels(model).set(int(below))
+
+    def set_vs_baseline(self, ratios: dict[str, float]) -> None:
+        for model, ratio in ratios.items():
+            self.vs_baseline.labels(model).set(ratio)
 
     def set_queue_depths(self, depths: dict[str, int]) -> None:
         for model, depth in depths.items():

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from app.interleave import credit
+from app.sequential import Z95
 from app.store import Arrival, Exposure, OnlineKey, Sums, UserKey
 
 CUT = 10  # the online figures' K: HR@10, NDCG@10
 BUCKET_S = 60.0  # online sums are kept per minute (the console's time axis)
 LISTS_PER_USER = 16  # lists kept per (namespace, user), all models and variants together
-Z95 = 1.959964
 AT = 4  # ServedList.at's place in a kept tuple
 
 
@@ -41,6 +41,7 @@ class ServedList(NamedTuple):
     trial_start: float | None = None  # when the running trial began, as it was served (its figures count per user)
     teams: str = ""  # an interleaved list's: each position's team (app/interleave.py)
     recommendation_id: str = ""  # an event naming it scores this list (attribution)
+    floor: tuple[str, ...] = ()  # a live list's reference list (its version's popularity, the same exclusions)
 
 
 def score(items: Sequence[str], target: str) -> Sums:
@@ -185,19 +186,13 @@ class ServedLists:
                 scored = score(s.items, a.item)
                 scored.attributed = float(s is named)
                 seg = segment(s, a.user) if segment is not None else ""
-                key = (s.model, s.version, s.variant, math.floor(a.at / BUCKET_S) * BUCKET_S, seg)
-                self.tally.sums.setdefault(key, Sums()).add(scored)
+                bucket = math.floor(a.at / BUCKET_S) * BUCKET_S
+                self.tally.sums.setdefault((s.model, s.version, s.variant, bucket, seg), Sums()).add(scored)
+                floor = score(s.floor, a.item) if s.floor and s.variant == "live" else None
+                if floor is not None:  # the same event against the list's reference list: its floor
+                    self.tally.sums.setdefault((s.model, s.version, "floor", bucket, seg), Sums()).add(floor)
                 if s.trial_start is not None:
-                    ukey = (s.model, s.trial_start, s.version, s.variant, a.user)
-                    per_user = self.tally.users.setdefault(ukey, [0.0, 0.0])
-                    per_user[0] += 1
-                    if s.variant == "interleave":
-                        got = credit(s.items, s.teams, a.item)
-                        per_user[1] += got
-                        side = "candidate" if got > 0 else "live" if got < 0 else "neither"
-                        self.tally.credits[(s.model, side)] = self.tally.credits.get((s.model, side), 0) + 1
-                    else:
-                        per_user[1] += scored.ndcg
+                    self._per_user(s, a, scored, floor)
                 out.append((s, scored, seg))
             self.tally.superseded += len(before) - len(newest)
             left = tuple(s for s in kept if not (s[AT] <= a.at and (s[0], s[2]) in newest))
@@ -207,6 +202,25 @@ class ServedLists:
             else:
                 del self._lists[(a.namespace, a.user)]
         return out
+
+    def _per_user(self, s: ServedList, a: Arrival, scored: Sums, floor: Sums | None) -> None:
+        """A scored list of a trial (or a promotion on probation) added to its user's sums, the rule's unit:
+        its NDCG@10, an interleaved list's credit, and a live list's NDCG@10 less its reference list's."""
+        assert s.trial_start is not None
+        ukey = (s.model, s.trial_start, s.version, s.variant, a.user)
+        per_user = self.tally.users.setdefault(ukey, [0.0, 0.0])
+        per_user[0] += 1
+        if s.variant == "interleave":
+            got = credit(s.items, s.teams, a.item)
+            per_user[1] += got
+            side = "candidate" if got > 0 else "live" if got < 0 else "neither"
+            self.tally.credits[(s.model, side)] = self.tally.credits.get((s.model, side), 0) + 1
+        else:
+            per_user[1] += scored.ndcg
+        if floor is not None:
+            gap = self.tally.users.setdefault((s.model, s.trial_start, s.version, "floor", a.user), [0.0, 0.0])
+            gap[0] += 1
+            gap[1] += scored.ndcg - floor.ndcg
 
     def expire(self, now: float | None = None) -> None:
         """Drop the lists older than the window (the users touched longest ago are at the front)."""

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import math
 import time
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from app.choices import VersionChoices
 from app.loaded import LoadedModels
 from app.observability import Metrics
 from app.online import ExposureFigures, ServedList, ServedLists, exposure_of, segment_of
-from app.promotion import Verdict, probation_findings, verdict
+from app.promotion import Verdict, live_and_floor, probation, probation_sides, sagged, verdict
 from app.settings import Settings
 from app.store import (
     EXPOSURE_BUCKET_S,
@@ -37,24 +36,15 @@ from app.store import (
     Traffic,
     TrafficKey,
     UserKey,
-    UserStats,
 )
-from app.traffic import VersionTraffic
+from app.traffic import MINUTE_S, VersionTraffic
 from app.workers import Coordinator
-from models.artifact import artifact_names
+from models.artifact import artifact_names, version_time
 from models.engine import UserHistories
 
 log = logging.getLogger(__name__)
 SETTLE_MARGIN_S = 1.0
-COVERAGE_READ_S = 30.0  # how often a worker sets its coverage gauge from the shared exposure
-
-
-def published(version: str) -> float:
-    """When a version folder was written: its name is its UTC time (models/artifact.py), maybe with "-N"."""
-    try:
-        return datetime.strptime(version[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return 0.0
+COVERAGE_READ_S = 30.0  # how often a worker sets its coverage and floor gauges from the shared figures
 
 
 class ProductionLoop:
@@ -79,9 +69,12 @@ class ProductionLoop:
         # The items this worker already added to the store per exposure key, of the current buckets only: each
         # tick then sends the items new to it (a few, once a bucket is under way), not every item it showed.
         self._sent_items: dict[ExposureKey, set[str]] = {}
-        self._coverage_read = 0.0  # when the coverage gauge was last set from the store
+        self._coverage_read = 0.0  # when the coverage and floor gauges were last set from the store
         # Model name -> its running trial and what the rule reads of it, as of the last housekeeping tick.
         self.trials: dict[str, tuple[Candidate, Verdict]] = {}
+        # Model name -> its promotion on probation and what probation last read of it.
+        self.probations: dict[str, tuple[Candidate, Verdict]] = {}
+        self._below_floor: dict[str, bool] = {}  # model name -> below its floor at the last read (logged on change)
         # The deployment's reload count as this worker last acted on it (None until first read): a reload
         # asked of another host reaches this one through the store.
         self.reloads_seen: int | None = None
@@ -204,6 +197,7 @@ class ProductionLoop:
         await self.watch()
         if time.time() - self._coverage_read >= COVERAGE_READ_S:
             self._coverage_read = time.time()
+            self.floors()
             for name in names:
                 shown = await self.exposure(name, since=time.time() - self.settings.online_window_s)
                 self.metrics.set_coverage(name, {key: f.coverage for key, f in shown.items()})
@@ -266,50 +260,73 @@ class ProductionLoop:
                 await self.settle(name, cand.version, promote=found.action == "promote", reason=f"rule: {found.reason}")
 
     async def watch(self) -> None:
-        """Probation (SEQSERVE_PROBATION_S): each version promoted within it, as the live version since its
-        promotion, against the version it replaced; rolled back by itself when one of its figures is worse
-        beyond its bound (app.promotion.probation_findings): its online NDCG@10 against the holdback's over
-        the same time (only with SEQSERVE_EVENTS_API_KEY set: as for the rule, those figures must come from
-        events posted with a key), its answers' 5xx share or their p99 latency against the old version's
-        over as long before the promotion (the service's own measurements)."""
+        """Probation (SEQSERVE_PROBATION_S): each promotion is watched until it is confirmed or rolled back
+        (app.promotion.probation: anytime-valid tests of its online NDCG@10 against its holdback's and its own
+        reference lists', read only with SEQSERVE_EVENTS_API_KEY set, as for the rule; its answers against the
+        holdback's); what it reads is kept in `probations` either way (GET /models/{name}/online shows it)."""
         s = self.settings
         if not s.probation_s or self.state is None:
             return
         now = time.time()
+        self.probations = {n: p for n, p in self.probations.items() if n in self.choices.last}
         for name, cand in list(self.choices.last.items()):
-            ended = self.choices.probation(name, cand.version, now=now)
+            ended = self.choices.on_probation(name, cand.version)
             if ended is None or cand.replaced is None:
+                self.probations.pop(name, None)
                 continue
             state = self.state
             try:
-                traffic = await asyncio.to_thread(partial(state.traffic, name, since=ended - s.probation_s))
-                # The lists since the promotion, per user, of the live version and of the holdback (app.trials:
-                # kept under the promotion's time).
-                sides = await asyncio.to_thread(state.trial_stats, name, ended)
+                traffic = await asyncio.to_thread(partial(state.traffic, name, since=ended - MINUTE_S))
+                # The lists since the promotion, per user: the live version's, its floor's and the holdback's
+                # (app.trials keeps them under the promotion's time).
+                stats = await asyncio.to_thread(state.trial_stats, name, ended)
             except StoreError as exc:
                 log.warning("probation waits for the store: %s", exc)
                 return
-            keyed = s.events_api_key is not None
-            held = self.choices.holdback_share > 0
-            findings = probation_findings(
+            sides = probation_sides(
                 cand,
-                self.online.get(name, {}) if keyed and not held else {},
+                stats,
                 traffic,
-                users=sides.get((cand.version, "live"), UserStats()) if keyed else UserStats(),
-                holdback=sides.get((cand.replaced, "holdback"), UserStats()) if held else None,
-                settings=s,
+                scored=s.events_api_key is not None and self._engine(name, cand.version) is not None,
+                held=self.choices.holdback_share > 0,
             )
-            if not findings:
-                continue
-            if await asyncio.to_thread(state.roll_back, name, cand.version):
+            found = probation(cand, sides, now=now, settings=s)
+            self.probations[name] = (cand, found)
+            if found.action == "roll_back" and await asyncio.to_thread(state.roll_back, name, cand.version):
                 log.error(
-                    "version %s/%s rolled back to %s (probation: %s)",
-                    name,
-                    cand.version,
-                    cand.replaced,
-                    "; ".join(findings),
+                    "version %s/%s rolled back to %s (probation: %s)", name, cand.version, cand.replaced, found.reason
                 )
                 self.metrics.count_trial_change(name, "rolled_back")
+            elif found.action == "confirm" and await asyncio.to_thread(state.confirm, name, cand.version):
+                log.warning("version %s/%s confirmed (probation: %s)", name, cand.version, found.reason)
+                self.metrics.count_trial_change(name, "confirmed")
+
+    def floors(self) -> None:
+        """Each live version's online NDCG@10 against its floor (its reference lists on the same events) over
+        the online window, lists as the unit, on the gauges an alert rule reads: after probation, nothing
+        rolls a version back by itself, so a version below its floor must page someone."""
+        since = time.time() - self.settings.online_window_s
+        for name, served in self.loaded.models.items():
+            live, floor = live_and_floor(self.online.get(name, {}), served.version, since=since)
+            if min(live.n, floor.n) < self.settings.probation_min_lists:
+                self.metrics.set_floor(name, None)
+                continue
+            drop, half = sagged(floor, live)
+            below = drop > half
+            if below and not self._below_floor.get(name, False):
+                log.error(
+                    "version %s/%s below its floor: online NDCG@10 %.4f against %.4f of its reference lists on the"
+                    " same %d lists over the last %.0f s (interval half-width %.4f, lists as the unit)",
+                    name,
+                    served.version,
+                    live.mean,
+                    floor.mean,
+                    int(live.n),
+                    self.settings.online_window_s,
+                    half,
+                )
+            self._below_floor[name] = below
+            self.metrics.set_floor(name, (live.mean - floor.mean, below))
 
     async def settle(self, name: str, version: str, *, promote: bool, reason: str) -> bool:
         """Promote (pin) or retire the candidate `version` of `name`; False when it no longer was the candidate."""
@@ -322,8 +339,15 @@ class ProductionLoop:
         return done
 
     async def start(self, name: str, candidate: Candidate, *, live_version: str | None, reason: str) -> None:
-        """Make `candidate` the trial of `name`, pinning the live version so it keeps serving the rest."""
+        """Make `candidate` the trial of `name`, pinning the live version so it keeps serving the rest. A new
+        trial replaces the name's record, so a promotion still on probation is confirmed first: the one who starts
+        a trial against it (an admin call) has decided."""
         assert self.state is not None
+        last = self.choices.last.get(name)
+        on_probation = last is not None and self.choices.on_probation(name, last.version) is not None
+        if last is not None and on_probation and await asyncio.to_thread(self.state.confirm, name, last.version):
+            log.warning("version %s/%s confirmed (probation ended by a new trial: %s)", name, last.version, reason)
+            self.metrics.count_trial_change(name, "confirmed")
         if live_version is not None and self.choices.pins.get(name) != live_version:
             await asyncio.to_thread(self.state.set_pin, name, live_version)
         await asyncio.to_thread(self.state.set_candidate, name, candidate)
@@ -344,12 +368,12 @@ class ProductionLoop:
                 continue
             newest = folders[0]
             last = self.choices.last.get(name)
-            if name in self.choices.holdbacks:  # probation compares with it: a trial would end that comparison
+            if self.choices.on_probation(name, live.version) is not None:  # a trial would end it undecided
                 log.info("new version %s/%s waits: probation of %s runs", name, newest.name, live.version)
                 continue
             if folders.index(live.folder) == 0 or f"{name}/{newest.name}" in self.loaded.broken:
                 continue
-            if last is not None and published(newest.name) <= last.since:  # there when the last trial began
+            if last is not None and version_time(newest.name) <= last.since:  # there when the last trial began
                 continue
             if await asyncio.to_thread(self.loaded.verify, name, newest) is not None:
                 log.error("new version %s/%s does not load: not started as %s", name, newest.name, mode)
@@ -409,12 +433,12 @@ class ProductionLoop:
         """Take the stored pins and candidates; -> whether what should serve changed (False while they
         cannot be read)."""
         stored = await asyncio.to_thread(self.stored_choices)
-        return stored is not None and self.choices.take(*stored, now=time.time())
+        return stored is not None and self.choices.take(*stored)
 
     async def read_choices(self) -> bool:
         """Take the stored pins and candidates now, for an admin call that must act on them (StoreError
         when they cannot be read)."""
-        return self.choices.take(*await asyncio.to_thread(self._read_stored), now=time.time())
+        return self.choices.take(*await asyncio.to_thread(self._read_stored))
 
     async def pin(self, name: str, version: str | None) -> None:
         """Pin `name` to `version` (None: unpin) in the production state, then take the stored pins."""

@@ -1,7 +1,9 @@
-"""The promotion rule: whether a candidate on trial is promoted, retired, or waited on, from each side's
-per-user online figures since the trial began, or an interleaved trial's per-user credits (the production
-loop applies it: app/production.py). Why the user is the unit and what the interval means:
-docs/decisions/online-evaluation.md; the sign test: docs/decisions/interleaving.md.
+"""The promotion rule and probation: whether a candidate on trial is promoted, retired, or waited on, and
+whether a promoted version on probation is confirmed, rolled back, or watched on, from the per-user online
+figures of each side over the same time (the production loop applies them: app/production.py). Every
+decision is an anytime-valid test (app/sequential.py), so reading the figures on every tick for as long
+as a decision takes never raises its error rate. Why the user is the unit and what the figures mean:
+docs/decisions/online-evaluation.md; the tests: docs/decisions/sequential-tests.md.
 """
 
 from __future__ import annotations
@@ -10,99 +12,108 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.online import Z95
+from app.sequential import ALPHA, NONE, Z95, Evidence, one_sided, signs, two_sided
 from app.settings import Settings
 from app.store import Candidate, OnlineKey, Sums, Traffic, TrafficKey, UserStats
+from app.traffic import MINUTE_S
 
-MIN_USERS = 30  # the rule decides only with this many users on each side (its unit)
-ALPHA = 0.05  # two-sided: the 95% of the canary's interval, for the interleaved sign test
-SIGN_EXACT = 1000  # users up to which the sign test sums the binomial tail exactly
+# Users a side before anything is decided on it: the test is valid with few users, but its variance from
+# one to four users' means rested on too little (docs/decisions/sequential-tests.md, the random holdbacks).
+MIN_USERS = 5
 
 
 @dataclass(frozen=True)
 class Verdict:
-    action: str  # "promote" | "retire" | "wait"
+    action: str  # the rule: "promote" | "retire" | "wait"; probation: "confirm" | "roll_back" | "wait"
     reason: str
     figures: dict[str, float | None] = field(default_factory=dict)  # what the reason states, by name
 
 
-def clustered(side: UserStats) -> tuple[float, float, float]:
-    """(lists, mean NDCG@10, variance of that mean) with the user as the unit: a user's lists are not
-    independent (a burst of ratings is many lists of one user), so the variance is the ratio
-    estimator's over users, (U / (U - 1)) * sum((S_u - m N_u)^2) / N^2, the sum expanded over the
-    running sums (UserStats) as sum(S^2) - 2 m sum(N S) + m^2 sum(N^2)."""
-    n = side.n
-    if n <= 0:
-        return 0.0, 0.0, math.inf
-    mean = side.s / n
-    if side.users < 2:
-        return n, mean, math.inf
-    spread = max(0.0, side.ss - 2 * mean * side.ns + mean * mean * side.nn)
-    return n, mean, side.users / (side.users - 1) * spread / (n * n)
+def per_user(side: UserStats) -> tuple[float, float]:
+    """(the side's mean of its users' means, each weighted by min(lists, WEIGHT_CAP); the variance of that
+    mean, users as the unit: U / (U - 1) * sum(w_u^2 (m_u - m)^2) / W^2, the sum expanded over the running
+    sums). A mean over lists (each user weighted by all their lists) collapses its variance when one user
+    carries a side, so it finds a version worse than itself far more often than the loop states; each user
+    once wastes the lists of the users seen most (docs/decisions/sequential-tests.md)."""
+    u = side.users
+    if u < 2 or side.w <= 0:
+        return (side.wm / side.w if side.w > 0 else 0.0), math.inf
+    mean = side.wm / side.w
+    spread = max(0.0, side.w2mm - 2 * mean * side.w2m + mean * mean * side.w2)
+    return mean, u / (u - 1) * spread / (side.w * side.w)
+
+
+def compared(a: UserStats, b: UserStats) -> Evidence:
+    """Side a's mean NDCG@10 against side b's, users as the unit, as an anytime-valid test; nothing is
+    proved while a side has fewer than MIN_USERS users."""
+    if min(a.users, b.users) < MIN_USERS:
+        return NONE
+    (ma, va), (mb, vb) = per_user(a), per_user(b)
+    return two_sided(ma, va, a.users, mb, vb, b.users)
+
+
+def _read(ev: Evidence) -> dict[str, float | None]:
+    """An evidence's figures as a verdict shows them."""
+    return {
+        "difference": ev.difference if ev.df else None,
+        "half_width": ev.half_width if math.isfinite(ev.half_width) else None,
+        "e_value": ev.e_value,
+    }
 
 
 def judge(candidate: UserStats, live: UserStats, *, min_events: int) -> Verdict:
-    """The promotion rule, on each side's per-user (lists, NDCG@10 sum) since the trial began:
-    once both have `min_events` scored lists from at least MIN_USERS users, promote the candidate
-    unless its NDCG@10 is below the live version's by more than the 95% interval of the difference
-    (users as the unit); retire it when it is."""
-    (nc, mc, vc), (nl, ml, vl) = clustered(candidate), clustered(live)
-    diff, half = mc - ml, Z95 * math.sqrt(vc + vl)
+    """The promotion rule, on each side's per-user (lists, NDCG@10 sum) since the trial began: retire the
+    candidate as soon as its users' mean NDCG@10 is proved below the live version's users'; once both sides
+    have `min_events` scored lists from at least MIN_USERS users without that proof, promote it."""
+    ev = compared(candidate, live)
+    nc, nl = candidate.n, live.n
     figures: dict[str, float | None] = {
         "candidate_users": candidate.users,
         "live_users": live.users,
         "candidate_lists": nc,
         "live_lists": nl,
-        "difference": diff if nc and nl else None,
-        "half_width": half if math.isfinite(half) else None,
+        **_read(ev),
     }
+    text = (
+        f"users' mean NDCG@10 difference {ev.difference:+.4f} (95% half-width {ev.half_width:.4f}), e-value"
+        f" {ev.e_value:.3g}"
+        f" against {1 / ALPHA:g}, lists {int(nc)} vs {int(nl)}, users {candidate.users} vs {live.users}"
+    )
+    if ev.worse:
+        return Verdict("retire", text, figures)
     if nc < min_events or nl < min_events or min(candidate.users, live.users) < MIN_USERS:
         return Verdict(
             "wait",
-            f"{int(nc)} and {int(nl)} scored lists of {candidate.users} and {live.users} users;"
-            f" {min_events} lists and {MIN_USERS} users needed on each side",
+            f"{int(nc)} and {int(nl)} scored lists of {candidate.users} and {live.users} users, not proved worse;"
+            f" {min_events} lists and {MIN_USERS} users needed on each side to promote",
             figures,
         )
-    text = (
-        f"NDCG@10 difference {diff:+.4f}, interval half-width {half:.4f} (users as the unit), "
-        f"lists {int(nc)} vs {int(nl)}, users {candidate.users} vs {live.users}"
-    )
-    return Verdict("promote" if diff >= -half else "retire", text, figures)
-
-
-def sign_test(positive: int, negative: int) -> float:
-    """Two-sided p-value of `positive` against `negative` (ties left out) when either is as likely: the
-    binomial tail, exact up to SIGN_EXACT users and the normal approximation with continuity beyond."""
-    n, low = positive + negative, min(positive, negative)
-    if n == 0:
-        return 1.0
-    if n <= SIGN_EXACT:
-        return min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2**n)
-    z = (n / 2 - low - 0.5) / math.sqrt(n / 4)
-    return min(1.0, math.erfc(z / math.sqrt(2)))
+    return Verdict("promote", text, figures)
 
 
 def judge_interleaved(side: UserStats, *, min_events: int) -> Verdict:
     """The promotion rule on an interleaved trial, from its per-user credits since it began (s_u > 0: the
-    user's events favoured the candidate's items): once `min_events` answers were scored and MIN_USERS
-    users favoured a side, promote the candidate unless a sign test (users as the unit) finds the live
-    version favoured at 95%; retire it when it does."""
+    user's events favoured the candidate's items): retire the candidate as soon as the users favouring the
+    live version outnumber those favouring it beyond chance (an anytime-valid sign test, users as the
+    unit); once `min_events` answers were scored and MIN_USERS users favoured a side without that, promote it."""
     wins, losses = side.positive, side.negative
-    p = sign_test(wins, losses)
+    ev = signs(wins, losses)
     text = (
         f"users favouring the candidate {wins}, the live version {losses}, neither {side.users - wins - losses};"
-        f" sign test p {p:.4f}; {int(side.n)} interleaved answers scored"
+        f" sign test e-value {ev.e_value:.3g} against {1 / ALPHA:g}; {int(side.n)} interleaved answers scored"
     )
     figures: dict[str, float | None] = {
         "answers": side.n,
         "favour_candidate": wins,
         "favour_live": losses,
         "favour_neither": side.users - wins - losses,
-        "p_value": p,
+        "e_value": ev.e_value,
     }
+    if ev.worse:
+        return Verdict("retire", text, figures)
     if side.n < min_events or wins + losses < MIN_USERS:
         return Verdict("wait", f"{text}; {min_events} answers and {MIN_USERS} users favouring a side needed", figures)
-    return Verdict("retire" if losses > wins and p < ALPHA else "promote", text, figures)
+    return Verdict("promote", text, figures)
 
 
 def verdict(
@@ -135,17 +146,29 @@ class Window:
 
 
 def online_windows(online: Mapping[OnlineKey, Sums], version: str, *, since: float) -> tuple[Window, Window]:
-    """`version`'s figures before `since` (every variant: the trial it was promoted on included) and from
-    `since` on as the live version, from the shared per-minute online sums."""
+    """`version`'s figures before `since` (every variant it answered in: the trial it was promoted on
+    included) and from `since` on as the live version, from the shared per-minute online sums."""
     before, now = Sums(), Sums()
     for (_, v, variant, bucket, _), sums in online.items():
-        if v != version:
+        if v != version or variant == "floor":
             continue
         if bucket < since:
             before.add(sums)
         elif variant == "live":
             now.add(sums)
     return Window.of(before), Window.of(now)
+
+
+def live_and_floor(online: Mapping[OnlineKey, Sums], version: str, *, since: float) -> tuple[Window, Window]:
+    """`version`'s figures as the live version from `since` on, and its floor's on the same lists."""
+    live, floor = Sums(), Sums()
+    for (_, v, variant, bucket, _), sums in online.items():
+        if v == version and bucket + 60.0 > since:
+            if variant == "live":
+                live.add(sums)
+            elif variant == "floor":
+                floor.add(sums)
+    return Window.of(live), Window.of(floor)
 
 
 def sagged(before: Window, now: Window) -> tuple[float, float]:
@@ -155,69 +178,136 @@ def sagged(before: Window, now: Window) -> tuple[float, float]:
     return before.mean - now.mean, Z95 * math.sqrt(before.var / before.n + now.var / now.n)
 
 
-def probation_findings(
+@dataclass(frozen=True)
+class Sides:
+    """What probation reads of a promotion since it landed: the new version's lists per user and the per-user
+    differences of those lists from their reference lists (its floor), both None where no NDCG@10 is read
+    (events posted without a key, or a model whose answers are not scored); its holdback's lists (the
+    version it replaced, answering a share of the users over the same time; None without one, or where no
+    NDCG@10 is read); and each side's answers (the service's own measurements, which a client cannot post)."""
+
+    live: UserStats | None
+    floor: UserStats | None
+    holdback: UserStats | None
+    served_live: Traffic
+    served_holdback: Traffic | None
+
+
+def probation_sides(
     cand: Candidate,
-    online: Mapping[OnlineKey, Sums],
+    stats: Mapping[tuple[str, str], UserStats],
     traffic: Mapping[TrafficKey, Traffic],
     *,
-    users: UserStats,
-    holdback: UserStats | None,
-    settings: Settings,
-) -> list[str]:
-    """What is worse beyond its bound about `cand`, a promoted version, as the live version since its
-    promotion against the version it replaced: each finding with its figures; [] while nothing is, or
-    while a side lacks the figures to say. `users`: the new version's lists since the promotion summed per
-    user (one user's lists move together: the user is the unit). The old side's NDCG@10: `holdback`, the
-    same sums of the users it kept answering over the same time; with no holdback (None), its shared
-    per-minute sums in `online` over as long before the promotion, lists as the unit, which also moves
-    with whoever came back first and with the period (docs/decisions/online-evaluation.md). The answers'
-    5xx share and p99 latency: `traffic` after the promotion against as long before it."""
-    s, ended, old_version = settings, cand.ended, cand.replaced
-    assert ended is not None and old_version is not None
-    found = []
-    n, mean, var = clustered(users)
-    if holdback is not None:
-        old_n, old_mean, old_var = clustered(holdback)
-        enough_users = min(users.users, holdback.users) >= s.probation_min_users
-        old_side = f"{int(old_n)} lists of {int(holdback.users)} users kept on {old_version} (the holdback)"
-    else:
-        old = Sums()
-        for (_, version, variant, bucket, _), sums in online.items():
-            if version == old_version and variant == "live" and ended - s.probation_s <= bucket < ended:
-                old.add(sums)
-        before = Window.of(old)
-        old_n, old_mean = before.n, before.mean
-        old_var = before.var / before.n if before.n else math.inf
-        enough_users = users.users >= s.probation_min_users
-        old_side = f"{int(old_n)} lists of {old_version} before it"
-    if min(old_n, n) >= s.probation_min_lists and enough_users:
-        drop, half = old_mean - mean, Z95 * math.sqrt(old_var + var)
-        if drop > half:
-            found.append(
-                f"online NDCG@10 {mean:.4f} over {int(n)} lists of {int(users.users)} users since promotion against"
-                f" {old_mean:.4f} over {old_side}, {drop:.4f} lower, interval half-width {half:.4f}"
-                " (users as the unit)"
-            )
-    served_old, served_new = Traffic(), Traffic()
+    scored: bool,
+    held: bool,
+) -> Sides:
+    """Probation's sides of the promotion `cand` from the store's per-user sums under its promotion time and
+    the answers since. `scored`: its lists are scored by events that needed a key (without one, anyone could
+    post the figures: none is read); `held`: a holdback serves."""
+    assert cand.ended is not None and cand.replaced is not None
+    served_live, served_old = Traffic(), Traffic()
     for (_, version, bucket), t in traffic.items():
-        if version == cand.version and bucket >= ended:
-            served_new.add(t)
-        elif version == old_version and ended - s.probation_s <= bucket < ended:
-            served_old.add(t)
-    if min(served_old.n, served_new.n) < s.probation_min_requests:
-        return found
-    p0, p1 = served_old.errors / served_old.n, served_new.errors / served_new.n
-    pooled = (served_old.errors + served_new.errors) / (served_old.n + served_new.n)
-    se = math.sqrt(pooled * (1 - pooled) * (1 / served_old.n + 1 / served_new.n))
-    if p1 - p0 > s.probation_max_5xx_rise and (se == 0 or (p1 - p0) / se > Z95):
-        found.append(
-            f"5xx share {p1:.4f} of {int(served_new.n)} answers since promotion against {p0:.4f} of"
-            f" {int(served_old.n)} before it, above the {s.probation_max_5xx_rise} rise allowed"
+        if bucket + MINUTE_S > cand.ended:
+            if version == cand.version:
+                served_live.add(t)
+            elif version == cand.replaced:
+                served_old.add(t)
+    none = UserStats()
+    return Sides(
+        live=stats.get((cand.version, "live"), none) if scored else None,
+        floor=stats.get((cand.version, "floor"), none) if scored else None,
+        holdback=stats.get((cand.replaced, "holdback"), none) if scored and held else None,
+        served_live=served_live,
+        served_holdback=served_old if held else None,
+    )
+
+
+def probation(cand: Candidate, sides: Sides, *, now: float, settings: Settings) -> Verdict:
+    """Probation's decision on the promotion `cand` (SEQSERVE_PROBATION_*): rolled back as soon as one of its
+    figures is proved worse (its NDCG@10 against its holdback's, users as the unit; its NDCG@10 against its
+    own reference lists'; its answers' 5xx share against the holdback's) or its p99 latency is past its bound
+    against the holdback's; confirmed once PROBATION_S has passed with each figure's evidence in (each side's
+    PROBATION_MIN_LISTS lists from PROBATION_MIN_USERS users) and nothing found; rolled back when
+    PROBATION_MAX_S passes first. Never left undecided."""
+    s = settings
+    assert cand.ended is not None
+    found: list[str] = []
+    figures: dict[str, float | None] = {"seconds": now - cand.ended}
+    if sides.live is not None:
+        figures |= {"live_users": sides.live.users, "live_lists": sides.live.n}
+    checks: list[tuple[str, UserStats, Evidence, str]] = []  # (its figures' prefix, its side, the test, against)
+    if sides.live is not None and sides.holdback is not None:
+        live, held = sides.live, sides.holdback
+        against = (
+            f"its holdback ({cand.replaced}) over the same time (users as the unit: {live.users} and {held.users},"
+            f" lists {int(live.n)} and {int(held.n)})"
         )
-    q_old, q_new = served_old.quantile(0.99), served_new.quantile(0.99)
+        checks.append(("holdback", held, compared(live, held), against))
+    if sides.floor is not None:
+        floor = sides.floor
+        mean, var = per_user(floor)
+        below = one_sided(mean, var, floor.users) if floor.users >= MIN_USERS else NONE
+        against = (
+            f"its own reference lists (its popularity, the same exclusions) on the same {int(floor.n)} lists of"
+            f" {floor.users} users"
+        )
+        checks.append(("floor", floor, below, against))
+    read = []  # what each test read, for the log line of a confirmation
+    for prefix, side, ev, against in checks:
+        figures |= {f"{prefix}_users": side.users, f"{prefix}_lists": side.n}
+        figures |= {f"{prefix}_{k}": v for k, v in _read(ev).items()}
+        read.append(f"against {prefix} {ev.difference:+.4f}, e-value {ev.e_value:.3g} ({side.users} users)")
+        if ev.worse:
+            found.append(
+                f"users' mean online NDCG@10 {ev.difference:+.4f} against {against}, e-value {ev.e_value:.3g}"
+                f" against {1 / ALPHA:g}"
+            )
+    found += _answers(sides, settings)
+    if found:
+        return Verdict("roll_back", "; ".join(found), figures)
+    missing = _evidence_missing(sides, settings)
+    age = now - cand.ended
+    if age >= s.probation_max_s:
+        why = "; ".join(missing) if missing else "nothing found"
+        return Verdict("roll_back", f"undecided after {age:.0f} s (SEQSERVE_PROBATION_MAX_S): {why}", figures)
+    if age >= s.probation_s and not missing:
+        why = f"nothing worse after {age:.0f} s with each figure's evidence in"
+        return Verdict("confirm", "; ".join([why, *read]), figures)
+    wait = missing or [f"{s.probation_s - age:.0f} s of SEQSERVE_PROBATION_S left"]
+    return Verdict("wait", "; ".join(wait), figures)
+
+
+def _evidence_missing(sides: Sides, s: Settings) -> list[str]:
+    """What each NDCG@10 figure read still lacks before probation may confirm a version (empty: all there)."""
+    out = []
+    named = [("its lists", sides.live), ("its reference lists", sides.floor), ("the holdback's lists", sides.holdback)]
+    for what, side in named:
+        if side is not None and (side.n < s.probation_min_lists or side.users < s.probation_min_users):
+            out.append(
+                f"{what}: {int(side.n)} of {side.users} users, {s.probation_min_lists} lists of"
+                f" {s.probation_min_users} users needed"
+            )
+    return out
+
+
+def _answers(sides: Sides, s: Settings) -> list[str]:
+    """The new version's answers against its holdback's over the same time: a 5xx share proved higher by
+    more than its bound, or a p99 past its ratio; [] without a holdback or while a side has too few."""
+    new, old = sides.served_live, sides.served_holdback
+    if old is None or min(old.n, new.n) < s.probation_min_requests:
+        return []
+    found = []
+    p0, p1 = old.errors / old.n, new.errors / new.n
+    ev = two_sided(p1, p1 * (1 - p1) / new.n, int(new.n), p0, p0 * (1 - p0) / old.n, int(old.n))
+    if p1 - p0 > s.probation_max_5xx_rise and (ev.difference > 0 and ev.e_value >= 1 / ALPHA):
+        found.append(
+            f"5xx share {p1:.4f} of {int(new.n)} answers against {p0:.4f} of {int(old.n)} of its holdback, above"
+            f" the {s.probation_max_5xx_rise} rise allowed (e-value {ev.e_value:.3g})"
+        )
+    q_old, q_new = old.quantile(0.99), new.quantile(0.99)
     if q_old is not None and q_new is not None and q_new > q_old * s.probation_max_p99_ratio:
         found.append(
-            f"p99 latency {q_new * 1000:.1f} ms over {int(served_new.n)} answers since promotion against"
-            f" {q_old * 1000:.1f} ms before it, above {s.probation_max_p99_ratio}x (histogram steps of 25%)"
+            f"p99 latency {q_new * 1000:.1f} ms over {int(new.n)} answers against {q_old * 1000:.1f} ms of its"
+            f" holdback over the same time, above {s.probation_max_p99_ratio}x (histogram steps of 25%)"
         )
     return found

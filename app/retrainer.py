@@ -3,32 +3,16 @@ of its triggers fires, one at a time per deployment.
 
     python -m app.retrainer            (compose's `retrainer` service; scripts/retrainer.sh on a plain host)
 
-Every SEQSERVE_RETRAIN_CHECK_S it takes (or renews) the deployment's lease in the store, so that of
-several retrainers sharing a store one works and the others wait; a holder that dies stops renewing and
-the next takes over once the lease runs out (SEQSERVE_RETRAIN_LEASE_S). Then, for each model it retrains
-(SEQSERVE_RETRAIN_MODELS; by default every served model whose task retrains warm), unless a
-trial of that model is running, its serving version is on probation (SEQSERVE_PROBATION_S since its
-promotion: a retrain would start from a version not yet proved, and its trial would end the holdback
-probation compares with), or its last retrain is within SEQSERVE_RETRAIN_COOLDOWN_S, it reads:
-- events: own live events no served version was trained on (what a retrain would add), against
-  SEQSERVE_RETRAIN_MIN_EVENTS;
-- unknown: the share of own events stored over the last SEQSERVE_RETRAIN_WINDOW_S that name an item (a
-  social model's target user) the serving version does not know (a by-user query is answered from these
-  histories, so it is the share of users' recent steps a query could not use), against
-  SEQSERVE_RETRAIN_UNKNOWN_SHARE;
-- sag: the serving version's online NDCG@10 over that window against its level before it (the figures
-  it was promoted on and served with since), when lower by more than the 95% interval of the difference;
-- age: the serving version's age, against SEQSERVE_RETRAIN_MAX_AGE_H.
-Each trigger that fires is logged with its figure and bound and counted; then `python -m app.retrain`
-runs (niced, SEQSERVE_RETRAIN_THREADS threads) and asks the service to reload, where its
-SEQSERVE_NEW_VERSIONS (canary by default in compose) and promotion rule decide. The run dies with this
-process (a killed retrainer leaves no training behind), and a version is published only whole
-(models/artifact.py); the next holder removes the temporary folders a killed run left.
-Why each trigger and default: docs/decisions/retrainer.md.
+What it does at each check, why, and every setting it reads: docs/decisions/retrainer.md. In short:
+the lease (one retrainer works per deployment), the models left alone (a trial running, a promotion on
+probation, the cooldown or back-off since the last run, which the store keeps), the triggers (events,
+unknown, sag, age), the version to start from (the serving one when it is a good start, else the last
+good one), then `python -m app.retrain` as a niced child whose folder is removed however it ends.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -40,24 +24,30 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from app.production import published
-from app.promotion import Window, online_windows, sagged
-from app.retrain import die_with_parent, served_models
+from app.promotion import Window, live_and_floor, online_windows, sagged
+from app.retrain import HELD_KEPT, die_with_parent, new_run_folder, prune_held, served_models, sweep_runs
+from app.sequential import Z95
 from app.settings import Settings, SettingsError
-from app.store import Arrival, Candidate, ProductionState, StoreError, open_store
+from app.store import Arrival, Candidate, ProductionState, RetrainRecord, StoreError, open_store
 from app.store.histories import HistoryStore
-from models.artifact import TMP_PREFIX, ArtifactError, read_id_map, read_manifest
+from models.artifact import HELD, TMP_PREFIX, ArtifactError, read_id_map, read_manifest
 from models.ids import IdMap
 from models.tasks import TASKS
 
 log = logging.getLogger("app.retrainer")
 LEASE = "retrainer"
 STALE_TMP_S = 3600.0  # a version's temporary folder lives seconds (export to rename); older is a dead run's
+BUCKET_S = 60.0  # the unknown share's window is counted per minute
+# A serving version whose online NDCG@10 (its 95% upper bound) is under this share of its own offline test
+# figure is no start for a retrain: below any healthy version's ratio in the replays, far above a broken
+# one's (docs/decisions/retrainer.md, "Where a run starts from").
+FAR_BELOW = 0.5
+ALERT_IN_A_ROW = 3  # runs in a row that publish nothing before an error (and SeqserveRetrainsUnpublished)
 
 
 @dataclass(frozen=True)
@@ -87,12 +77,14 @@ class Reading:
 
     name: str
     version: str
-    age_s: float
+    age_s: float | None  # since its manifest's created_at; None when the manifest does not say
     pending: int  # own live events no served version was trained on
     recent: int  # own events stored over the window
     recent_unknown: int  # of which name an item the serving version does not know
     before: Window  # the serving version's online figures before the window (its level when promoted)
     now: Window  # and over the window, as the live version
+    floor: Window = field(default_factory=lambda: Window(0.0, 0.0, 0.0))  # its reference lists', same lists
+    offline: float | None = None  # its offline test NDCG@10 (manifest)
 
 
 @dataclass(frozen=True)
@@ -121,22 +113,43 @@ def fired(r: Reading, b: Bounds) -> list[Fired]:
                 f" {int(r.before.n)} before: {drop:.4f} lower, interval half-width {half:.4f}"
             )
             out.append(Fired("sag", drop, half, text))
-    if b.max_age_s and r.age_s >= b.max_age_s:
+    if b.max_age_s and r.age_s is not None and r.age_s >= b.max_age_s:
         out.append(
             Fired("age", r.age_s, b.max_age_s, f"version {r.age_s / 3600:.1f} h old, bound {b.max_age_s / 3600:g} h")
         )
     return out
 
 
-def left_alone(cand: Candidate | None, version: str, *, now: float, probation_s: float) -> str | None:
-    """Why the model serving `version`, whose last candidate is `cand`, is not retrained now; None: it may be."""
+def unfit(r: Reading, *, min_lists: int) -> str | None:
+    """Why the serving version is no start for a warm retrain, else None: its online NDCG@10 over the window
+    (once it has `min_lists` lists) far below its own offline figure, or below its reference lists' beyond
+    the interval (lists as the unit). A retrain from it would carry what is wrong with it on."""
+    if r.now.n >= min_lists and r.offline:
+        upper = r.now.mean + Z95 * math.sqrt(r.now.var / r.now.n)
+        if upper < FAR_BELOW * r.offline:
+            return (
+                f"online NDCG@10 {r.now.mean:.4f} over {int(r.now.n)} lists (95% upper bound {upper:.4f}), under"
+                f" {FAR_BELOW:g} x its offline test figure {r.offline:.4f}"
+            )
+    if min(r.now.n, r.floor.n) >= min_lists:
+        drop, half = sagged(r.floor, r.now)
+        if drop > half:
+            return (
+                f"online NDCG@10 {r.now.mean:.4f} below its reference lists' {r.floor.mean:.4f} on the same"
+                f" {int(r.now.n)} lists, {drop:.4f} lower, interval half-width {half:.4f}"
+            )
+    return None
+
+
+def left_alone(cand: Candidate | None, pinned: str | None, *, now: float) -> str | None:
+    """Why a model whose last candidate is `cand` and whose pin is `pinned` is not retrained now; None: it may
+    be. Read from the store, not from what the service says it serves, which lags a promotion by a tick."""
     if cand is None:
         return None
     if cand.running:
         return f"a trial running ({cand.version})"
-    promoted = cand.ended if cand.outcome == "promoted" and cand.version == version else None
-    if promoted is not None and now - promoted < probation_s:
-        return f"{version} on probation since its promotion {now - promoted:.0f} s ago"
+    if cand.on_probation and cand.version == pinned and cand.ended is not None:
+        return f"{cand.version} on probation since its promotion {now - cand.ended:.0f} s ago"
     return None
 
 
@@ -148,20 +161,34 @@ def warm_ids(task: str) -> str | None:
 
 @dataclass
 class Recent:
-    """Own events stored over the last window per namespace: (time stored, item), read from the arrivals."""
+    """Each model's own events stored over the last window, per minute: (minute, events, of which naming an
+    id its serving version does not know), counted as they are read against that version, so the window
+    costs a few numbers a minute whatever the traffic. A new serving version starts a new count."""
 
     window_s: float
-    seen: dict[str, deque[tuple[float, str]]] = field(default_factory=dict)
+    counts: dict[str, deque[list[float]]] = field(default_factory=dict)  # model -> [minute, events, unknown]
+    versions: dict[str, str] = field(default_factory=dict)  # model -> the version its counts are against
 
-    def add(self, arrivals: list[Arrival], *, now: float) -> None:
+    def add(
+        self, name: str, version: str, arrivals: Sequence[Arrival], *, known: Callable[[str], bool], now: float
+    ) -> None:
+        """`arrivals` (the model's namespace's) counted for model `name` serving `version`."""
+        if self.versions.get(name) != version:
+            self.counts[name], self.versions[name] = deque(), version
+        q = self.counts[name]
         for a in arrivals:
-            self.seen.setdefault(a.namespace, deque()).append((a.at, a.item))
-        for q in self.seen.values():  # every namespace, read or not: the process runs for weeks
-            while q and q[0][0] < now - self.window_s:
-                q.popleft()
+            minute = math.floor(a.at / BUCKET_S) * BUCKET_S
+            if not q or q[-1][0] != minute:
+                q.append([minute, 0.0, 0.0])
+            q[-1][1] += 1
+            q[-1][2] += not known(a.item)
+        while q and q[0][0] + BUCKET_S <= now - self.window_s:
+            q.popleft()
 
-    def items(self, namespace: str) -> list[str]:
-        return [item for _, item in self.seen.get(namespace, ())]
+    def totals(self, name: str) -> tuple[int, int]:
+        """(events, unknown) of model `name` over the window."""
+        q = self.counts.get(name, ())
+        return int(sum(c[1] for c in q)), int(sum(c[2] for c in q))
 
 
 class Metrics:
@@ -179,6 +206,18 @@ class Metrics:
             "seqserve_retrainer_runs",
             "Retrains run, per model and outcome (published, held_back, failed, lost_lease, stopped)",
             ["model", "outcome"],
+            registry=self.registry,
+        )
+        self.skipped = Counter(
+            "seqserve_retrainer_skipped",
+            "Retrains a trigger asked for and not run, per model and reason (no_good_base)",
+            ["model", "reason"],
+            registry=self.registry,
+        )
+        self.unpublished = Gauge(
+            "seqserve_retrainer_unpublished_in_a_row",
+            "The model's last retrains in a row that published nothing (held back or failed)",
+            ["model"],
             registry=self.registry,
         )
         self.last_run = Gauge(
@@ -206,19 +245,18 @@ class Retrainer:
         state: ProductionState,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
-        run: Callable[[str], int] | None = None,
+        run: Callable[[str, str], int] | None = None,
     ) -> None:
         self.settings, self.histories, self.state, self.metrics, self.clock = settings, histories, state, metrics, clock
         self.bounds = Bounds.of(settings)
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self.recent = Recent(settings.retrain_window_s)
         self.cursor: str | None = None
-        self.last_run: dict[str, float] = {}
         self.held = False
         self.stopping = False  # set by stop(): a run it kills is "stopped", not "failed"
         self._known: dict[tuple[str, str], IdMap] = {}
         self.proc: subprocess.Popen[bytes] | None = None  # the retrain running now
-        self.run = run or self.run_retrain
+        self.run = run or self.run_retrain  # (model name, version to start from) -> exit status
 
     def hold(self) -> bool:
         """Take or renew the deployment's lease; on taking it, clear what a dead holder's run left."""
@@ -235,7 +273,13 @@ class Retrainer:
         return held
 
     def sweep(self) -> None:
-        """Remove the temporary version folders a killed run left (older than STALE_TMP_S)."""
+        """Remove what killed runs left: their own folders at once (no live run holds them), and temporary
+        version folders of other jobs older than STALE_TMP_S; and all but the newest held-back versions."""
+        for name in sweep_runs(self.settings.artifacts_dir):
+            log.warning("retrainer: removed the folder of run %s, which did not finish", name)
+        for held in sorted((self.settings.artifacts_dir / HELD).glob("*")):  # a `training warm` by hand's too
+            for version in prune_held(held):
+                log.info("retrainer: removed %s/%s, held back, past the newest %d kept", held.name, version, HELD_KEPT)
         for tmp in self.settings.artifacts_dir.glob(f"*/{TMP_PREFIX}*"):
             try:
                 if self.clock() - tmp.stat().st_mtime > STALE_TMP_S:
@@ -270,54 +314,89 @@ class Retrainer:
             self._known[(name, version)] = read_id_map(self.settings.artifacts_dir / name / version, ids)
         return self._known[(name, version)]
 
+    def count(self, arrivals: Sequence[Arrival], models: list[tuple[str, str]]) -> None:
+        """The arrivals read at this check, counted for each model that reads their namespace."""
+        now = self.clock()
+        for name, version in models:
+            try:
+                manifest = read_manifest(self.settings.artifacts_dir / name / version)
+                ids = self.known(name, version, manifest.task)
+            except (ArtifactError, OSError) as exc:
+                log.warning("retrainer: %s/%s not read: %s", name, version, exc)
+                continue
+            mine = [a for a in arrivals if a.namespace == manifest.namespace]
+            self.recent.add(name, version, mine, known=ids.__contains__, now=now)
+
     def read(self, name: str, version: str) -> Reading:
         now = self.clock()
-        folder = self.settings.artifacts_dir / name / version
-        manifest = read_manifest(folder)
-        namespace = manifest.namespace
-        items = self.recent.items(namespace)
-        known = self.known(name, version, manifest.task)
-        before, current = online_windows(self.state.online(name), version, since=now - self.settings.retrain_window_s)
+        manifest = read_manifest(self.settings.artifacts_dir / name / version)
+        online = self.state.online(name)
+        since = now - self.settings.retrain_window_s
+        before, current = online_windows(online, version, since=since)
+        recent, unknown = self.recent.totals(name)
         return Reading(
             name=name,
             version=version,
-            age_s=now - born if (born := published(version)) else 0.0,
-            pending=self.histories.pending(namespace),
-            recent=len(items),
-            recent_unknown=sum(i not in known for i in items),
+            age_s=now - born if (born := manifest.created) is not None else None,
+            pending=self.histories.pending(manifest.namespace),
+            recent=recent,
+            recent_unknown=unknown,
             before=before,
             now=current,
+            floor=live_and_floor(online, version, since=since)[1],
+            offline=manifest.test_ndcg10,
         )
+
+    def waits(self, record: RetrainRecord, *, now: float) -> str | None:
+        """Why a model whose retrainer record is `record` is not retrained yet: its cooldown since the last run,
+        doubled per run in a row that published nothing (at least one training budget, at most
+        SEQSERVE_RETRAIN_BACKOFF_MAX_S); None once it may be."""
+        if record.ended is None:
+            return None
+        s = self.settings
+        wait = s.retrain_cooldown_s
+        if record.in_a_row:
+            base = max(s.retrain_cooldown_s, s.retrain_minutes * 60)
+            wait = min(base * 2 ** (record.in_a_row - 1), max(s.retrain_backoff_max_s, base))
+        left = record.ended + wait - now
+        if left <= 0:
+            return None
+        backed = f", backed off after {record.in_a_row} in a row unpublished" if record.in_a_row else ""
+        return f"last retrain {record.outcome} {now - record.ended:.0f} s ago; next in {left:.0f} s{backed}"
 
     def check(self) -> list[str]:
         """One check: the lease, the arrivals since the last check, each model's triggers, and a retrain
         of each model whose trigger fired. -> the models retrained."""
         if not self.hold():
             return []
+        models = self.chosen(self.served())
         try:
             while True:
                 self.cursor, got = self.state.arrivals(self.cursor, 5_000)
-                self.recent.add(got, now=self.clock())
+                self.count(got, models)
                 if not got:
                     break
-            candidates = self.state.candidates()
+            candidates, pins = self.state.candidates(), self.state.pins()
         except StoreError as exc:
             log.warning("retrainer: the store is away: %s", exc)
             return []
         done = []
-        for name, version in self.chosen(self.served()):
-            why_not = left_alone(candidates.get(name), version, now=self.clock(), probation_s=self.settings.probation_s)
+        for name, version in models:
+            why_not = left_alone(candidates.get(name), pins.get(name), now=self.clock())
             if why_not is not None:
                 log.info("retrainer: %s not checked: %s", name, why_not)
                 continue
-            if self.clock() - self.last_run.get(name, -math.inf) < self.settings.retrain_cooldown_s:
-                continue
             try:
+                record = self.state.retrain_record(name)
+                if (wait := self.waits(record, now=self.clock())) is not None:
+                    log.debug("retrainer: %s waits: %s", name, wait)
+                    continue
                 reading = self.read(name, version)
             except (ArtifactError, OSError, StoreError) as exc:
                 log.warning("retrainer: %s/%s not read: %s", name, version, exc)
                 continue
             why = fired(reading, self.bounds)
+            base = self.base(reading, record, asked=bool(why))
             if not why:
                 continue
             for f in why:
@@ -331,46 +410,78 @@ class Retrainer:
                     f.text,
                 )
                 self.metrics.triggers.labels(name, f.trigger).inc()
-            outcome, code = self.retrain(name)
+            if base is None:
+                self.metrics.skipped.labels(name, "no_good_base").inc()
+                continue
+            outcome, code = self.retrain(name, base)
             done.append(name)
             log.warning(
-                "retrainer: %s retrain %s%s (triggers: %s)",
+                "retrainer: %s retrain %s%s from %s (triggers: %s)",
                 name,
                 outcome,
                 f" (exit status {code})" if outcome == "failed" else "",
+                base,
                 ", ".join(f.trigger for f in why),
             )
         return done
 
-    def retrain(self, name: str) -> tuple[str, int]:
-        """Run one retrain of `name`; -> its outcome and the run's exit status."""
+    def base(self, reading: Reading, record: RetrainRecord, *, asked: bool) -> str | None:
+        """The version a retrain of the model would start from: the serving one when it is a good start (then
+        remembered as the last good one), else the last good one still on disk; None when there is none.
+        `asked`: a trigger fired (only then is a bad start logged)."""
+        name, version = reading.name, reading.version
+        why = unfit(reading, min_lists=self.bounds.min_lists)
+        if why is None:
+            if record.good != version:
+                self.state.set_retrain_record(name, dataclasses.replace(record, good=version))
+            return version
+        good = record.good
+        usable = good is not None and good != version and (self.settings.artifacts_dir / name / good).is_dir()
+        if asked and usable:
+            log.warning(
+                "retrainer: %s/%s is no start (%s): the retrain starts from %s, the last good", name, version, why, good
+            )
+        elif asked:
+            log.error(
+                "retrainer: %s/%s is no start (%s) and no good version is known: not retrained", name, version, why
+            )
+        return good if usable else None
+
+    def retrain(self, name: str, base: str) -> tuple[str, int]:
+        """Run one retrain of `name` from version `base`; -> its outcome and the run's exit status. Its record
+        (when it ended, how, the runs in a row that published nothing) goes to the store."""
         self.metrics.running.labels(name).set(1)
         try:
-            code = self.run(name)
+            code = self.run(name, base)
         finally:
             self.metrics.running.labels(name).set(0)
-            self.last_run[name] = self.clock()
             self.metrics.last_run.labels(name).set(self.clock())
+            sweep_runs(self.settings.artifacts_dir)  # a run killed outright leaves its folder unlocked
         outcome = {0: "published", 3: "held_back", -1: "lost_lease"}.get(code, "failed")
         if self.stopping and code != 0:
             outcome = "stopped"  # killed by this process's own stop (SIGTERM), not a failure of the run
         self.metrics.runs.labels(name, outcome).inc()
+        try:
+            record = self.state.retrain_record(name)
+            in_a_row = {"published": 0, "stopped": record.in_a_row}.get(outcome, record.in_a_row + 1)
+            self.state.set_retrain_record(
+                name, dataclasses.replace(record, ended=self.clock(), outcome=outcome, base=base, in_a_row=in_a_row)
+            )
+            self.metrics.unpublished.labels(name).set(in_a_row)
+            if in_a_row >= ALERT_IN_A_ROW:
+                log.error(
+                    "retrainer: %s: %d retrains in a row published nothing (the last %s)", name, in_a_row, outcome
+                )
+        except StoreError as exc:
+            log.error("retrainer: %s's run not recorded (the store is away): %s", name, exc)
         return outcome, code
 
-    def run_retrain(self, name: str) -> int:
-        """`python -m app.retrain NAME` as a niced child that dies with this process, renewing the lease
-        while it runs; -1 (the child killed) when the lease was lost to another holder meanwhile."""
+    def run_retrain(self, name: str, base: str) -> int:
+        """`python -m app.retrain NAME --from BASE` as a niced child that dies with this process, renewing the
+        lease while it runs; -1 (the child killed) when the lease was lost to another holder meanwhile."""
         s = self.settings
-        cmd = [
-            sys.executable,
-            "-m",
-            "app.retrain",
-            name,
-            "--minutes",
-            str(s.retrain_minutes),
-            "--threads",
-            str(s.retrain_threads),
-        ]
+        cmd = [sys.executable, "-m", "app.retrain", name, "--from", base, "--minutes", str(s.retrain_minutes)]
+        cmd += ["--threads", str(s.retrain_threads), "--work", str(new_run_folder(s.artifacts_dir))]
         if s.api_url:
             cmd += ["--api-url", s.api_url]
 
@@ -405,10 +516,25 @@ def main() -> int:
         settings = Settings()
     except SettingsError as exc:  # its text names each variable and never a value
         raise SystemExit(f"retrainer: {exc}") from None
+    if settings.events_api_key is None:
+        # Its triggers count stored events: with /events open, anyone could start retrains (and, with
+        # SEQSERVE_NEW_VERSIONS=serve, put one live for everyone).
+        raise SystemExit(
+            "retrainer: SEQSERVE_EVENTS_API_KEY is not set: the retrainer acts on stored events, and only events"
+            " posted with a key may move it (set the service's events key here too)"
+        )
     store = open_store(**settings.store_args())
     metrics = Metrics()
     if settings.retrainer_metrics_port:
-        start_http_server(settings.retrainer_metrics_port, registry=metrics.registry)
+        try:
+            start_http_server(settings.retrainer_metrics_port, registry=metrics.registry)
+        except OSError as exc:  # a second retrainer on one host: it waits for the lease all the same
+            log.error(
+                "retrainer: its metrics port %d is taken (%s): no metrics served by this one (set"
+                " SEQSERVE_RETRAINER_METRICS_PORT)",
+                settings.retrainer_metrics_port,
+                exc.strerror,
+            )
     retrainer = Retrainer(settings, histories=store, state=store, metrics=metrics)
     stop = threading.Event()
 

@@ -134,33 +134,36 @@ class Settings(BaseSettings):
     # live one as a "canary" (SEQSERVE_CANARY_SHARE of the users), a "shadow" or an "interleave" candidate.
     new_versions: Literal["serve", "canary", "shadow", "interleave"] = "serve"
     canary_share: float = Field(default=0.1, gt=0, le=1)
-    # The promotion rule: once a candidate and the live version each have this many scored lists since the
-    # trial began, promote it unless its online NDCG@10 is below the live one's by more than the 95%
-    # interval of the difference, else retire it; 0 = only by the admin calls.
+    # The promotion rule: a candidate is retired as soon as its online NDCG@10 is proved below the live
+    # version's (an anytime-valid test, users as the unit), and promoted once it and the live version each have
+    # this many scored lists since the trial began without that proof; 0 = only by the admin calls.
     promote_min_events: int = Field(default=0, ge=0)
     shadow_max_in_flight: int = Field(default=2, ge=1)  # shadow query batches running at once, per worker
-    # Probation: for this long after a promotion (by the rule or the admin call), the new live version's
-    # online NDCG@10 is compared with the version it replaced, lower by more than the 95% interval (users as
-    # the unit) once each side has probation_min_lists scored lists from probation_min_users users, and the
-    # promotion is rolled back by itself (docs/decisions/online-evaluation.md). 0 = no probation; without
-    # SEQSERVE_EVENTS_API_KEY there is no NDCG@10 check (anyone could post the events that decide it).
+    # Probation: after a promotion (by the rule or the admin call), the new live version is watched until it is
+    # confirmed or rolled back, never left undecided: rolled back as soon as its online NDCG@10 is proved below its
+    # holdback's or below its own reference lists' (anytime-valid tests, users as the unit: docs/decisions/
+    # sequential-tests.md), confirmed once probation_s has passed with each side holding probation_min_lists
+    # scored lists from probation_min_users users and nothing found, rolled back if probation_max_s passes
+    # first. 0 = no probation; without SEQSERVE_EVENTS_API_KEY no NDCG@10 is read (anyone could post the
+    # events that decide it).
     probation_s: float = Field(default=3600.0, ge=0)
+    probation_max_s: float = Field(default=21600.0, ge=0)
     probation_min_lists: int = Field(default=200, ge=1)
-    probation_min_users: int = Field(default=30, ge=1)
+    probation_min_users: int = Field(default=5, ge=1)
     # The replaced version's side: this share of the users keeps it during probation (the holdback, while no
-    # trial runs), so both sides are measured over the same time; 0 = its figures over as long before the
-    # promotion, which a change of users or period over time moves too.
+    # trial runs), so both versions are measured over the same time; 0 = none: probation then reads the new
+    # version's floor alone.
     probation_holdback: float = Field(default=0.1, ge=0, le=0.5)
-    # ...and its answers (the task routes' requests for it on every worker and host), once each side has
-    # probation_min_requests: rolled back when its 5xx share is higher by more than probation_max_5xx_rise
-    # (and beyond chance at 95%), or its p99 latency above probation_max_p99_ratio times the old one's. The
-    # p99 of 200 answers is their second slowest, which the loads on every worker as a promotion lands
-    # moved by itself in the loop's replay: 1,000 answers put ten above it.
+    # ...and the answers each side computed for its users (by-user queries only, which need a key wherever one
+    # is set), once each side has probation_min_requests: rolled back when the new version's 5xx share is
+    # proved higher by more than probation_max_5xx_rise, or its p99 latency is above probation_max_p99_ratio
+    # times the holdback's over the same time.
     probation_min_requests: int = Field(default=1000, ge=1)
     probation_max_5xx_rise: float = Field(default=0.01, ge=0, le=1)
     probation_max_p99_ratio: float = Field(default=1.5, gt=1)
     # The retrainer (python -m app.retrainer) and one retrain (python -m app.retrain): when a warm retrain
     # starts by itself, and what it may take from the box (docs/decisions/retrainer.md). 0 turns a trigger off.
+    # The retrainer starts only with SEQSERVE_EVENTS_API_KEY set: its triggers count stored events.
     api_url: str = ""  # the running service: its /models says what serves, /admin/reload takes a new version
     retrain_models: str = ""  # comma-separated names; "" = every served model whose task retrains warm
     retrain_minutes: float = Field(default=0.5, gt=0)  # one warm retrain's training budget
@@ -169,9 +172,14 @@ class Settings(BaseSettings):
     retrain_unknown_share: float = Field(default=0.05, ge=0, le=1)  # of the window's events, naming unknown items
     retrain_window_s: float = Field(default=3600.0, gt=0)  # the recent window of the unknown share and the sag
     retrain_sag: bool = True  # online NDCG@10 over the window below the version's earlier level, beyond the interval
-    retrain_min_lists: int = Field(default=200, ge=1)  # scored lists each side needs before the sag is judged
-    retrain_max_age_h: float = Field(default=168.0, ge=0)
+    # Scored lists each side needs before the sag is judged, and the window before the serving version is judged
+    # no start for a retrain (far below its offline figure, or its floor, online).
+    retrain_min_lists: int = Field(default=200, ge=1)
+    retrain_max_age_h: float = Field(default=168.0, ge=0)  # the serving version's age, from its manifest
     retrain_cooldown_s: float = Field(default=3600.0, ge=0)  # after a model's retrain, its next at the earliest
+    # After runs in a row that published nothing (held back by the gate, or failed), the next waits the
+    # cooldown (at least one training budget) doubled per run, up to this.
+    retrain_backoff_max_s: float = Field(default=86400.0, ge=0)
     retrain_threads: int = Field(default=1, ge=0)  # the training job's threads (0: torch's default, every core)
     retrain_nice: int = Field(default=10, ge=0, le=19)
     retrain_lease_s: float = Field(default=120.0, gt=0)  # a dead retrainer's lease is taken over after this
@@ -206,6 +214,12 @@ class Settings(BaseSettings):
     def _in_flight_holds_a_body(self) -> Settings:
         if self.max_body_bytes_in_flight < self.max_body_bytes:
             raise ValueError("SEQSERVE_MAX_BODY_BYTES_IN_FLIGHT must be at least SEQSERVE_MAX_BODY_BYTES")
+        return self
+
+    @model_validator(mode="after")
+    def _probation_bound_after_its_span(self) -> Settings:
+        if self.probation_s and self.probation_max_s < self.probation_s:
+            raise ValueError("SEQSERVE_PROBATION_MAX_S must be at least SEQSERVE_PROBATION_S")
         return self
 
     @model_validator(mode="after")

@@ -15,13 +15,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.batcher import AbandonedError
+from app.errors import DomainError
 from app.interleave import seed_of, team_draft
 from app.loaded import Served, held
 from app.observability import Metrics
 from app.online import CUT, ServedLists, in_canary, in_holdback
 from app.serving import answer, subject
 from app.store import HistoryStore
+from app.traffic import VersionTraffic
 from models.engine import UserHistories
+from models.queries import QueryError
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +128,9 @@ def record(
             # Only the top CUT: what the figures score; a list of k = 1000 held whole was 8-11 KB a user.
             top = tuple(engine.ranked(r))[:CUT]
             team = teams[n][:CUT] if teams is not None else ""
+            floor = tuple(engine.floor(r))[:CUT] if variant == "live" else ()
             lists.record(
-                namespace, user, (served.name, served.version, variant, top, now, trial_start, team, rid or "")
+                namespace, user, (served.name, served.version, variant, top, now, trial_start, team, rid or "", floor)
             )
 
 
@@ -141,14 +146,17 @@ async def answer_with_candidate(
     shadows: ShadowWork | None = None,
     metrics: Metrics | None = None,
     probation: float | None = None,
+    traffic: VersionTraffic | None = None,
 ) -> tuple[list[Any], list[str], list[str | None]]:
     """The live answer (a canary's, for the queries by users in its share; an interleaving of both, for
     every by-user query while the candidate is interleaved), each result with the version that gave it
     (an interleaved one: the candidate's) and, for a by-user query, a new recommendation_id; the by-user
     answers are kept in `lists`, and a shadow candidate is offered the by-user queries once the live
     answer is ready. `probation`: when the live version was promoted, while probation watches it; with no
-    trial running, its lists are then kept per user from that time (app.promotion.probation_findings), and
-    so are those of the holdback (the version it replaced, answering its share of the users)."""
+    trial running, its lists are then kept per user from that time (app.promotion.probation), and so are
+    those of the holdback (the version it replaced, answering its share of the users). `traffic` (a key
+    holder's request): each part a version computed, in a request holding a by-user query, is counted for it
+    (app/traffic.py)."""
     if beside is not None and (beside.candidate is None or beside.version == served.version):
         beside = None  # promoted a moment ago: it is dropped once this reload ends
     mode = beside.candidate.mode if beside is not None and beside.candidate is not None else None
@@ -173,10 +181,13 @@ async def answer_with_candidate(
         assert beside is not None and beside.candidate is not None
         share, split = beside.candidate.share, in_canary if mode == "canary" else in_holdback
         picks = [u is not None and split(served.name, u, share) for u in users]
+    # Only a request holding a by-user query counts a version's answers (the holdback answers by-user queries
+    # alone, so both sides see the same kind); the router passes `traffic` for a key holder's requests only.
+    counted = traffic if any(u is not None for u in users) else None
     # (entry, its queries, their results, their ids, variant): the live version alone, or it and the canary
     parts: list[tuple[Served, Sequence[Any], Sequence[Any], Sequence[str | None], str]]
     if not any(picks):
-        results = await answer(served, queries, store=store, timeout_s=timeout_s, abandoned=abandoned)
+        results = await _part(served, queries, store=store, timeout_s=timeout_s, abandoned=abandoned, traffic=counted)
         versions = [served.version] * len(results)
         parts = [(served, queries, results, ids, "live")]
     else:
@@ -184,8 +195,10 @@ async def answer_with_candidate(
         live_q = [q for q, p in zip(queries, picks, strict=True) if not p]
         cand_q = [q for q, p in zip(queries, picks, strict=True) if p]
         live_r, cand_r = await asyncio.gather(
-            answer(served, live_q, store=store, timeout_s=timeout_s, abandoned=abandoned) if live_q else _none(),
-            answer(beside, cand_q, store=store, timeout_s=timeout_s, abandoned=abandoned),
+            _part(served, live_q, store=store, timeout_s=timeout_s, abandoned=abandoned, traffic=counted)
+            if live_q
+            else _none(),
+            _part(beside, cand_q, store=store, timeout_s=timeout_s, abandoned=abandoned, traffic=counted),
         )
         live_it, cand_it = iter(live_r), iter(cand_r)
         results = [next(cand_it) if p else next(live_it) for p in picks]
@@ -278,3 +291,37 @@ async def _interleaved(
 
 async def _none() -> list[Any]:
     return []
+
+
+# What a request's own input or its client causes, not the version: never counted against it.
+_NOT_THE_VERSIONS = (QueryError, DomainError, AbandonedError)
+
+
+async def _part(
+    served: Served,
+    queries: Sequence[Any],
+    *,
+    store: HistoryStore | None,
+    timeout_s: float,
+    abandoned: Callable[[], bool] | None,
+    traffic: VersionTraffic | None,
+) -> list[Any]:
+    """`served`'s answers to its part of a request, counted in `traffic` when given: its cost per query, and
+    a failure of the version's own (a timeout, a full queue, an error in the model; not a bad query, a store
+    away or a client gone)."""
+    if traffic is None:
+        return await answer(served, queries, store=store, timeout_s=timeout_s, abandoned=abandoned)
+    t0 = time.perf_counter()
+    try:
+        out = await answer(served, queries, store=store, timeout_s=timeout_s, abandoned=abandoned)
+    except _NOT_THE_VERSIONS:
+        raise
+    except Exception:
+        traffic.observe(served.name, served.version, failed=True, seconds=_per_query(t0, queries))
+        raise
+    traffic.observe(served.name, served.version, failed=False, seconds=_per_query(t0, queries))
+    return out
+
+
+def _per_query(t0: float, queries: Sequence[Any]) -> float:
+    return (time.perf_counter() - t0) / max(1, len(queries))

@@ -198,13 +198,20 @@ def test_secrets_script_makes_one_password_and_keeps_it(compose: dict[str, Any],
 
 
 def test_api_keys_can_come_from_compose_secrets() -> None:
+    """The api and the processes that call it (the retrainer and a retrain reload it with the admin key; the
+    retrainer starts only with the events key) read the same key files."""
     override = yaml.safe_load((ROOT / "docker-compose.secrets.yml").read_text())
-    env = override["services"]["api"]["environment"]
-    assert env == {
-        "SEQSERVE_ADMIN_API_KEY_FILE": "/run/secrets/admin_key",
-        "SEQSERVE_EVENTS_API_KEY_FILE": "/run/secrets/events_key",
-    }
+    for service in ("api", "retrainer", "retrain"):
+        env = override["services"][service]["environment"]
+        assert env == {
+            "SEQSERVE_ADMIN_API_KEY_FILE": "/run/secrets/admin_key",
+            "SEQSERVE_EVENTS_API_KEY_FILE": "/run/secrets/events_key",
+        }, service
+        assert override["services"][service]["secrets"] == ["admin_key", "events_key"]
     assert set(override["secrets"]) == {"admin_key", "events_key"}
+    base = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["retrainer"]["environment"]
+    for name in ("EVENTS_API_KEY", "RETRAIN_COOLDOWN_S", "RETRAIN_CHECK_S", "RETRAIN_LEASE_S", "RETRAIN_BACKOFF_MAX_S"):
+        assert f"SEQSERVE_{name}" in base, name  # settable in compose, as every setting the loop reads
 
 
 def test_alert_rules_pass_promtool_and_name_metrics_the_code_exports() -> None:

@@ -105,7 +105,8 @@ function svg(tag, attrs, text) {
   return el;
 }
 
-// One line per version/variant: NDCG@10 of each time bucket (drawn here, no chart library).
+// One line per version/variant: NDCG@10 of each time bucket (drawn here, no chart library). A version's
+// "floor" (its own popularity list under the same exclusions, scored on the same events) is drawn dashed.
 function drawOnline(data) {
   const chart = $("online-chart");
   chart.replaceChildren();
@@ -132,7 +133,8 @@ function drawOnline(data) {
   series.forEach(([key, pts], n) => {
     const color = COLORS[n % COLORS.length];
     const d = pts.map((p, i) => `${i ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[2]).toFixed(1)}`).join(" ");
-    chart.append(svg("path", { d, fill: "none", stroke: color, "stroke-width": 2 }));
+    const floor = key.endsWith("/floor") ? { "stroke-dasharray": "5 4" } : {};
+    chart.append(svg("path", { d, fill: "none", stroke: color, "stroke-width": 2, ...floor }));
     chart.append(svg("text", { x: L + 8, y: 14 + 14 * n, fill: color, "font-size": 12 }, key));
   });
 }

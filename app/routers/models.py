@@ -53,6 +53,22 @@ class TrialFigures(BaseModel):
     )
 
 
+class ProbationFigures(BaseModel):
+    """A promotion on probation as probation last read it (each housekeeping tick): it is watched until it is
+    confirmed or rolled back, never left undecided."""
+
+    version: str = Field(description="the promoted version")
+    replaced: str = Field(description="the version it replaced (its holdback's, and the one a rollback pins)")
+    since: float = Field(description="unix seconds it was promoted")
+    verdict: Literal["confirm", "roll_back", "wait"]
+    reason: str
+    figures: dict[str, float | None] = Field(
+        description="seconds since the promotion; its users and lists; against its holdback and its floor (its "
+        "reference lists on the same events): users, lists, the NDCG@10 difference, the half-width of its 95% "
+        "interval (for reading) and the anytime-valid test's e-value (proof at 100)"
+    )
+
+
 class ExposureFigures(BaseModel):
     """What a version showed users: its by-user lists' top 10 (live, canary and interleaved answers)."""
 
@@ -78,6 +94,9 @@ class OnlineResponse(BaseModel):
     window_s: float = Field(description="the span `exposure` covers, up to now (SEQSERVE_ONLINE_WINDOW_S)")
     exposure: dict[str, ExposureFigures] = Field(description="'version/variant' -> what it showed over the window")
     trial: TrialFigures | None = Field(description="the running trial as the rule reads it; null without one")
+    probation: ProbationFigures | None = Field(
+        None, description="the promotion on probation as probation reads it; null when none is"
+    )
 
 
 class ModelInfo(BaseModel):
@@ -233,6 +252,19 @@ async def online_series(services: ServicesDep, name: ModelNamePath) -> OnlineRes
             reason=found.reason,
             figures=found.figures,
         )
+    watched = production.probations.get(name) if production is not None else None
+    probation = None
+    if watched is not None and services.loaded.choices.on_probation(name, watched[0].version) is not None:
+        cand, read_now = watched
+        assert cand.replaced is not None and cand.ended is not None  # a promotion's record
+        probation = ProbationFigures(
+            version=cand.version,
+            replaced=cand.replaced,
+            since=cand.ended,
+            verdict=read_now.action,  # type: ignore[arg-type]
+            reason=read_now.reason,
+            figures=read_now.figures,
+        )
     return OnlineResponse(
         name=name,
         bucket_s=BUCKET_S,
@@ -254,6 +286,7 @@ async def online_series(services: ServicesDep, name: ModelNamePath) -> OnlineRes
         window_s=window_s,
         exposure={f"{v}/{var}": ExposureFigures.model_validate(e.as_json()) for (v, var), e in sorted(shown.items())},
         trial=trial,
+        probation=probation,
     )
 
 

@@ -5,7 +5,6 @@ default model in /models and which route /events writes for are all derived from
 from __future__ import annotations
 
 import importlib
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,7 +64,6 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
         loaded = services.loaded
         with loaded.lease(body.model, spec.name, services.settings.default_model) as served:  # type: ignore[attr-defined]
             request.state.model = served.name
-            request.state.version = served.version  # its answers' traffic (a canary's share counts here too)
             queries = spec.queries(body)
             if (
                 private
@@ -73,6 +71,10 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
                 and any(serving.subject(served, q) is not None for q in queries)
             ):
                 check_history_reader(services.settings, request.headers.get("x-api-key"))
+            # Only a key holder's requests count as a version's answers (probation compares them): nothing a
+            # keyless client sends may move a decision (docs/decisions/sequential-tests.md).
+            keys = services.settings.any_keys
+            keyed = bool(keys) and holds_key(keys, request.headers.get("x-api-key"))
             with loaded.lease_candidate(served.name) as candidate:
                 results, versions, ids = await trials.answer_with_candidate(
                     served,
@@ -85,11 +87,11 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
                     shadows=services.shadows,
                     metrics=services.metrics,
                     probation=probation_of(services, served),
+                    traffic=services.traffic if keyed else None,
                 )
             # Which side of a trial answered a user is for key holders only: with it, anyone could post
             # the events that favour one side (docs/decisions/online-evaluation.md).
-            keys = services.settings.any_keys
-            reveal = not keys or holds_key(keys, request.headers.get("x-api-key"))
+            reveal = not keys or keyed
             out = []
             for r, v, rid in zip(results, versions, ids, strict=True):
                 answer = spec.result(r)
@@ -113,10 +115,9 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
 
 def probation_of(services: Services, served: Served) -> float | None:
     """When the live version was promoted, while probation watches it (app.trials keeps its lists per user)."""
-    s = services.settings
-    if not s.probation_s or s.events_api_key is None:  # no probation: nothing to keep
+    if services.settings.events_api_key is None:  # no NDCG@10 is read on probation: nothing to keep
         return None
-    return services.loaded.choices.probation(served.name, served.version, now=time.time())
+    return services.loaded.choices.on_probation(served.name, served.version)
 
 
 def live_route(routes: Sequence[TaskRoute]) -> str | None:

@@ -29,12 +29,14 @@ from app.store.state import (
     EXPOSURE_BUCKET_S,
     EXPOSURE_KEEP_S,
     ONLINE_KEEP_S,
+    WEIGHT_CAP,
     Arrival,
     Candidate,
     Exposure,
     ExposureKey,
     OnlineKey,
     ProductionState,
+    RetrainRecord,
     Sums,
     Traffic,
     TrafficKey,
@@ -124,15 +126,17 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 if ARGV[3] == '1' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
 return 1
 """
-# Undoes a promotion (KEYS: candidates, pins; ARGV: name, version, the spec rolled back): 1 when the
-# candidate was `version`, promoted, with the version it replaced recorded, which is pinned again.
-_ROLL_BACK_LUA = """
+# Ends a promotion's probation (KEYS: candidates, pins; ARGV: name, version, the spec written, '1' to pin the
+# version it replaced again: a rollback): 1 when the candidate was `version`, promoted, on probation (not
+# confirmed), with the version it replaced recorded.
+_END_PROBATION_LUA = """
 local spec = redis.call('HGET', KEYS[1], ARGV[1])
 if not spec then return 0 end
 local c = cjson.decode(spec)
 if c['version'] ~= ARGV[2] or c['outcome'] ~= 'promoted' or type(c['replaced']) ~= 'string' then return 0 end
+if c['confirmed'] ~= nil and c['confirmed'] ~= cjson.null then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-redis.call('HSET', KEYS[2], ARGV[1], c['replaced'])
+if ARGV[4] == '1' then redis.call('HSET', KEYS[2], ARGV[1], c['replaced']) end
 return 1
 """
 # Takes or renews a lease (KEYS: its hash; ARGV: holder, now, until) unless another holder's is current.
@@ -149,18 +153,27 @@ return 1
 """
 # Adds per-user sums of one trial (KEYS: its per-user hash, its sides' hash; ARGV: version, variant, the
 # user's two field names, lists, score sum, repeated) and moves each side's running sums (UserStats,
-# fields "<version>\0<variant>\0<stat>") in the same call. A trial whose per-user hash predates the
-# sides' hash has them rebuilt from it first. (Sign counts appeared after the sides' hash: a canary trial
-# running across that upgrade lacks them for its earlier users, and only an interleaved side reads them.)
-_USER_SUMS_LUA = """
+# fields "<version>\0<variant>\0<stat>") in the same call. A sides' hash without the "means" mark (made
+# before the users' weighted means were kept, or not made yet) is rebuilt from the per-user hash first.
+_USER_SUMS_LUA = (
+    f"local CAP = {WEIGHT_CAP!r}\n"
+    + """
 local function sign(x) if x > 0 then return 1 elseif x < 0 then return -1 else return 0 end end
+local function weigh(side, k, total, sign)
+  if k <= 0 then return end
+  local w, m = math.min(k, CAP), total / k
+  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'w', sign * w)
+  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'wm', sign * w * m)
+  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'w2', sign * w * w)
+  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'w2m', sign * w * w * m)
+  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'w2mm', sign * w * w * m * m)
+end
 local function move(side, old_n, old_s, new_n, new_s)
   if old_n == nil then redis.call('HINCRBYFLOAT', KEYS[2], side .. 'users', 1); old_n, old_s = 0, 0 end
   redis.call('HINCRBYFLOAT', KEYS[2], side .. 'n', new_n - old_n)
   redis.call('HINCRBYFLOAT', KEYS[2], side .. 's', new_s - old_s)
-  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'nn', new_n * new_n - old_n * old_n)
-  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'ss', new_s * new_s - old_s * old_s)
-  redis.call('HINCRBYFLOAT', KEYS[2], side .. 'ns', new_n * new_s - old_n * old_s)
+  weigh(side, old_n, old_s, -1)
+  weigh(side, new_n, new_s, 1)
   local was, now = sign(old_s), sign(new_s)
   if was ~= now then
     if was == 1 then redis.call('HINCRBYFLOAT', KEYS[2], side .. 'positive', -1) end
@@ -169,7 +182,8 @@ local function move(side, old_n, old_s, new_n, new_s)
     if now == -1 then redis.call('HINCRBYFLOAT', KEYS[2], side .. 'negative', 1) end
   end
 end
-if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('EXISTS', KEYS[1]) == 1 then
+if redis.call('HEXISTS', KEYS[2], 'means') == 0 then
+  redis.call('DEL', KEYS[2])
   local users = {}
   local all = redis.call('HGETALL', KEYS[1])
   for i = 1, #all, 2 do
@@ -179,7 +193,8 @@ if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('EXISTS', KEYS[1]) == 1 the
     if f[4] == 'n' then u[2] = tonumber(all[i + 1]) else u[3] = tonumber(all[i + 1]) end
     users[side .. f[3]] = u
   end
-  for _, u in pairs(users) do move(u[1], nil, nil, u[2], u[3]) end
+  for _, u in pairs(users) do if u[2] > 0 then move(u[1], nil, nil, u[2], u[3]) end end
+  redis.call('HSET', KEYS[2], 'means', 1)
 end
 for i = 1, #ARGV, 6 do
   local side, fn, fs = ARGV[i] .. '\0' .. ARGV[i + 1] .. '\0', ARGV[i + 2], ARGV[i + 3]
@@ -191,6 +206,7 @@ for i = 1, #ARGV, 6 do
 end
 return 1
 """
+)
 # Entries the arrivals stream keeps, about: minutes of a busy service (each worker reads it every
 # SEQSERVE_ONLINE_SCORE_S), about 20 MB of Redis memory.
 ARRIVALS_MAX = 200_000
@@ -242,7 +258,7 @@ class RedisStore(HistoryStore, ProductionState):
         self._append = self.r.register_script(_APPEND_LUA)
         self._settle = self.r.register_script(_SETTLE_LUA)
         self._lease = self.r.register_script(_LEASE_LUA)
-        self._roll_back = self.r.register_script(_ROLL_BACK_LUA)
+        self._end_probation = self.r.register_script(_END_PROBATION_LUA)
         self._drop_lease = self.r.register_script(_DROP_LEASE_LUA)
         self._user_sums = self.r.register_script(_USER_SUMS_LUA)
 
@@ -608,7 +624,10 @@ class RedisStore(HistoryStore, ProductionState):
         found = self._call(lambda: self.r.hgetall(self._trial(name, trial, "sides")))
         out: dict[tuple[str, str], UserStats] = {}
         for field_name, value in found.items():
-            version, variant, stat = str(field_name).split("\0")
+            parts = str(field_name).split("\0")
+            if len(parts) != 3 or parts[2] not in UserStats.FIELDS:  # the "means" mark
+                continue
+            version, variant, stat = parts
             got = out.setdefault((version, variant), UserStats())
             setattr(got, stat, round(float(value)) if stat in UserStats.COUNTS else float(value))
         return out
@@ -659,12 +678,26 @@ class RedisStore(HistoryStore, ProductionState):
         return bool(self._call(lambda: self._settle(keys=keys, args=[name, version, int(promote), ended.to_json()])))
 
     def roll_back(self, name: str, version: str) -> bool:
+        return self._end(name, version, lambda c: dataclasses.replace(c, outcome="rolled_back"), pin=True)
+
+    def confirm(self, name: str, version: str) -> bool:
+        return self._end(name, version, lambda c: dataclasses.replace(c, confirmed=time.time()), pin=False)
+
+    def _end(self, name: str, version: str, ended: Callable[[Candidate], Candidate], *, pin: bool) -> bool:
+        """End the probation of `version` of `name` with the record `ended` makes (the script checks it runs)."""
         keys = [self._shared("candidates"), self._shared("pins")]
         spec = self._call(lambda: self.r.hget(keys[0], name))
         if spec is None:
             return False
-        rolled = dataclasses.replace(Candidate.from_json(str(spec)), outcome="rolled_back")
-        return bool(self._call(lambda: self._roll_back(keys=keys, args=[name, version, rolled.to_json()])))
+        new = ended(Candidate.from_json(str(spec))).to_json()
+        return bool(self._call(lambda: self._end_probation(keys=keys, args=[name, version, new, int(pin)])))
+
+    def retrain_record(self, name: str) -> RetrainRecord:
+        spec = self._call(lambda: self.r.hget(self._shared("retrains"), name))
+        return RetrainRecord.from_json(str(spec)) if spec is not None else RetrainRecord()
+
+    def set_retrain_record(self, name: str, record: RetrainRecord) -> None:
+        self._call(lambda: self.r.hset(self._shared("retrains"), name, record.to_json()))
 
     def take_lease(self, name: str, holder: str, *, ttl_s: float, now: float) -> bool:
         key = self._of_model(name, "lease")

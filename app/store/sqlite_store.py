@@ -29,12 +29,14 @@ from app.store.state import (
     EXPOSURE_BUCKET_S,
     EXPOSURE_KEEP_S,
     ONLINE_KEEP_S,
+    WEIGHT_CAP,
     Arrival,
     Candidate,
     Exposure,
     ExposureKey,
     OnlineKey,
     ProductionState,
+    RetrainRecord,
     Sums,
     Traffic,
     TrafficKey,
@@ -60,7 +62,7 @@ class SQLiteStore(HistoryStore, ProductionState):
 
     kind = "sqlite"
     local_reads = True
-    SCHEMA_VERSION = 10
+    SCHEMA_VERSION = 11
     _SCHEMA = """
     -- The data hash whose trained events were last dropped, per namespace (column `token`: that hash).
     CREATE TABLE IF NOT EXISTS seeded (ns TEXT PRIMARY KEY, token TEXT NOT NULL, at REAL NOT NULL);
@@ -112,9 +114,11 @@ class SQLiteStore(HistoryStore, ProductionState):
         PRIMARY KEY (name, trial, version, variant, user)) WITHOUT ROWID;
     -- Each side's running sums over those users (UserStats), moved in the same write as trial_users.
     CREATE TABLE IF NOT EXISTS trial_stats (name TEXT NOT NULL, trial REAL NOT NULL, version TEXT NOT NULL,
-        variant TEXT NOT NULL, users REAL NOT NULL, n REAL NOT NULL, s REAL NOT NULL, nn REAL NOT NULL,
-        ss REAL NOT NULL, ns REAL NOT NULL, positive REAL NOT NULL, negative REAL NOT NULL,
-        PRIMARY KEY (name, trial, version, variant)) WITHOUT ROWID;
+        variant TEXT NOT NULL, users REAL NOT NULL, n REAL NOT NULL, s REAL NOT NULL, w REAL NOT NULL,
+        wm REAL NOT NULL, w2 REAL NOT NULL, w2m REAL NOT NULL, w2mm REAL NOT NULL, positive REAL NOT NULL,
+        negative REAL NOT NULL, PRIMARY KEY (name, trial, version, variant)) WITHOUT ROWID;
+    -- The retrainer's record per model (RetrainRecord as JSON): its cooldown and back-off outlive the process.
+    CREATE TABLE IF NOT EXISTS retrains (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
     """
 
     def __init__(self, path: Path, keep: int = LIVE_EVENTS) -> None:
@@ -157,7 +161,7 @@ class SQLiteStore(HistoryStore, ProductionState):
             # the namespace by time to it (21 ms a read at 45,846 events): events_live replaces it.
             conn.execute("DROP INDEX IF EXISTS events_by_user")
             # Version 9 added the sign counts to trial_stats (rebuilt from trial_users below) and the answer an
-            # arrival names.
+            # arrival names; version 11 the users' weighted means in place of the clustered sums.
             conn.execute("DROP TABLE IF EXISTS trial_stats")
             arrival_columns = {r[1] for r in conn.execute("PRAGMA table_info(arrivals)")}
             if arrival_columns and "recommendation_id" not in arrival_columns:
@@ -180,8 +184,9 @@ class SQLiteStore(HistoryStore, ProductionState):
                 conn.execute("DROP TABLE online_unsegmented")
             # Trials running across the upgrade: their sides' sums from their users.
             conn.execute(
-                "INSERT INTO trial_stats SELECT name, trial, version, variant, COUNT(*), SUM(n), SUM(ndcg), SUM(n * n),"
-                " SUM(ndcg * ndcg), SUM(n * ndcg), SUM(ndcg > 0), SUM(ndcg < 0) FROM trial_users"
+                "INSERT INTO trial_stats SELECT name, trial, version, variant, COUNT(*), SUM(n), SUM(ndcg), SUM(w),"
+                " SUM(w * m), SUM(w * w), SUM(w * w * m), SUM(w * w * m * m), SUM(ndcg > 0), SUM(ndcg < 0) FROM"
+                f" (SELECT *, MIN(n, {WEIGHT_CAP}) AS w, ndcg / n AS m FROM trial_users WHERE n > 0)"
                 " GROUP BY name, trial, version, variant"
             )
             rows = conn.execute("SELECT ns, event_id, user, item, ts, action FROM events").fetchall()
@@ -510,10 +515,12 @@ class SQLiteStore(HistoryStore, ProductionState):
                 )
                 moved.setdefault((name, trial, version, variant), UserStats()).move(old, new)
             conn.executemany(
-                "INSERT INTO trial_stats (name, trial, version, variant, users, n, s, nn, ss, ns, positive, negative)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name, trial, version, variant) DO UPDATE SET"
-                " users = users + excluded.users, n = n + excluded.n, s = s + excluded.s, nn = nn + excluded.nn,"
-                " ss = ss + excluded.ss, ns = ns + excluded.ns, positive = positive + excluded.positive,"
+                "INSERT INTO trial_stats (name, trial, version, variant, users, n, s, w, wm, w2, w2m, w2mm, positive,"
+                " negative) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (name, trial, version, variant) DO UPDATE SET users = users + excluded.users,"
+                " n = n + excluded.n, s = s + excluded.s,"
+                " w = w + excluded.w, wm = wm + excluded.wm, w2 = w2 + excluded.w2, w2m = w2m + excluded.w2m,"
+                " w2mm = w2mm + excluded.w2mm, positive = positive + excluded.positive,"
                 " negative = negative + excluded.negative",
                 ((*key, *delta.values()) for key, delta in moved.items()),
             )
@@ -524,14 +531,14 @@ class SQLiteStore(HistoryStore, ProductionState):
     def trial_stats(self, name: str, trial: float) -> dict[tuple[str, str], UserStats]:
         rows = self._read(
             lambda c: c.execute(
-                "SELECT version, variant, users, n, s, nn, ss, ns, positive, negative FROM trial_stats"
+                "SELECT version, variant, users, n, s, w, wm, w2, w2m, w2mm, positive, negative FROM trial_stats"
                 " WHERE name = ? AND trial = ?",
                 (name, trial),
             ).fetchall()
         )
         return {
-            (v, var): UserStats(int(u), float(n), float(s), float(nn), float(ss), float(ns), int(pos), int(neg))
-            for v, var, u, n, s, nn, ss, ns, pos, neg in rows
+            (v, var): UserStats(int(u), n, s, w, wm, w2, w2m, w2mm, int(pos), int(neg))
+            for v, var, u, n, s, w, wm, w2, w2m, w2mm, pos, neg in rows
         }
 
     def candidates(self) -> dict[str, Candidate]:
@@ -577,16 +584,48 @@ class SQLiteStore(HistoryStore, ProductionState):
 
     def roll_back(self, name: str, version: str) -> bool:
         def do(conn: sqlite3.Connection) -> bool:
-            row = conn.execute("SELECT spec FROM candidates WHERE name = ?", (name,)).fetchone()
-            cand = Candidate.from_json(row[0]) if row is not None else None
-            if cand is None or cand.version != version or cand.outcome != "promoted" or cand.replaced is None:
+            cand = self._on_probation(conn, name, version)
+            if cand is None:
                 return False
             rolled = dataclasses.replace(cand, outcome="rolled_back")
             conn.execute("UPDATE candidates SET spec = ? WHERE name = ?", (rolled.to_json(), name))
+            assert cand.replaced is not None
             _write_pin(conn, name, cand.replaced)
             return True
 
         return self._write(do)
+
+    def confirm(self, name: str, version: str) -> bool:
+        def do(conn: sqlite3.Connection) -> bool:
+            cand = self._on_probation(conn, name, version)
+            if cand is None:
+                return False
+            confirmed = dataclasses.replace(cand, confirmed=time.time())
+            conn.execute("UPDATE candidates SET spec = ? WHERE name = ?", (confirmed.to_json(), name))
+            return True
+
+        return self._write(do)
+
+    @staticmethod
+    def _on_probation(conn: sqlite3.Connection, name: str, version: str) -> Candidate | None:
+        """The candidate record of `name` when `version` is its promotion on probation (in the open write)."""
+        row = conn.execute("SELECT spec FROM candidates WHERE name = ?", (name,)).fetchone()
+        cand = Candidate.from_json(row[0]) if row is not None else None
+        if cand is None or cand.version != version or not cand.on_probation or cand.replaced is None:
+            return None
+        return cand
+
+    def retrain_record(self, name: str) -> RetrainRecord:
+        row = self._read(lambda c: c.execute("SELECT spec FROM retrains WHERE name = ?", (name,)).fetchone())
+        return RetrainRecord.from_json(row[0]) if row is not None else RetrainRecord()
+
+    def set_retrain_record(self, name: str, record: RetrainRecord) -> None:
+        self._write(
+            lambda c: c.execute(
+                "INSERT INTO retrains (name, spec) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
+                (name, record.to_json()),
+            )
+        )
 
     def take_lease(self, name: str, holder: str, *, ttl_s: float, now: float) -> bool:
         def do(conn: sqlite3.Connection) -> bool:

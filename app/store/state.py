@@ -4,6 +4,7 @@ evaluation reads, and the online sums."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,9 @@ Mode = Literal["canary", "shadow", "interleave"]  # a trial's: what an admin or 
 # What a version beside the live one does: a trial's mode, or "holdback", the version a promotion replaced
 # answering a share of the users while probation watches the promotion (app/choices.py; never stored).
 Side = Literal["canary", "shadow", "interleave", "holdback"]
-Variant = Literal["live", "canary", "shadow", "interleave", "holdback"]
+# "floor": the live version's reference lists (its own popularity, with the same exclusions) scored on the
+# same events as its answers: the figure probation and the floor alert compare it with (app/online.py).
+Variant = Literal["live", "canary", "shadow", "interleave", "holdback", "floor"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,8 @@ class Candidate:
     by user id); `shadow` scores the same by-user queries off the response path; `interleave` mixes its
     list with the live one in every by-user answer (app/interleave.py); `holdback`, the version a
     promotion replaced, answers `share` of the users while probation watches it (never stored). `since`:
-    when it became the candidate (its online figures are compared with the live version's from then on)."""
+    when it became the candidate (its online figures are compared with the live version's from then on).
+    A promoted candidate is on probation until it is confirmed (`confirmed` set) or rolled back."""
 
     version: str
     mode: Side
@@ -45,10 +49,16 @@ class Candidate:
     outcome: str | None = None  # "promoted", "retired" or "rolled_back" once the trial ended; None while it runs
     ended: float | None = None  # when the trial ended
     replaced: str | None = None  # a promoted candidate's: the version it replaced (probation's comparison)
+    confirmed: float | None = None  # a promoted candidate's: when probation confirmed the promotion
 
     @property
     def running(self) -> bool:
         return self.outcome is None
+
+    @property
+    def on_probation(self) -> bool:
+        """Promoted, and its probation not ended yet: neither confirmed nor rolled back."""
+        return self.outcome == "promoted" and self.confirmed is None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -60,6 +70,7 @@ class Candidate:
                 "outcome": self.outcome,
                 "ended": self.ended,
                 "replaced": self.replaced,
+                "confirmed": self.confirmed,
             }
         )
 
@@ -69,7 +80,7 @@ class Candidate:
         mode = raw["mode"]
         if mode not in ("canary", "shadow", "interleave"):
             raise ValueError(f"unknown candidate mode {mode!r}")
-        ended = raw.get("ended")
+        ended, confirmed = raw.get("ended"), raw.get("confirmed")
         return cls(
             str(raw["version"]),
             mode,
@@ -78,6 +89,34 @@ class Candidate:
             raw.get("outcome"),
             None if ended is None else float(ended),
             raw.get("replaced"),
+            None if confirmed is None else float(confirmed),
+        )
+
+
+@dataclass(frozen=True)
+class RetrainRecord:
+    """What the retrainer keeps per model in the store, beside its lease, so that a restart, an OOM kill or
+    another host taking the lease over go on from it (app/retrainer.py)."""
+
+    ended: float | None = None  # when the model's last retrain ended; None before its first
+    outcome: str | None = None  # published, held_back, failed, lost_lease, stopped
+    base: str | None = None  # the version it started from
+    in_a_row: int = 0  # runs in a row that published nothing (held back or failed): the back-off's exponent
+    good: str | None = None  # the newest version found a good start (not on probation, not unfit online)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RetrainRecord:
+        raw = json.loads(text)
+        ended = raw.get("ended")
+        return cls(
+            None if ended is None else float(ended),
+            None if raw.get("outcome") is None else str(raw["outcome"]),
+            None if raw.get("base") is None else str(raw["base"]),
+            int(raw.get("in_a_row", 0)),
+            None if raw.get("good") is None else str(raw["good"]),
         )
 
 
@@ -125,35 +164,49 @@ class Sums:
         return tuple(getattr(self, f) for f in self.FIELDS)
 
 
+# A user's weight in a side's mean grows with their scored lists up to this many: a user seen once counts
+# less than one seen ten times, and no heavy user carries a side (docs/decisions/sequential-tests.md).
+WEIGHT_CAP = 10.0
+
+
 @dataclass
 class UserStats:
     """One side of a trial with the user as the unit, as running sums over its users u of (lists k_u,
-    score sum s_u): the promotion rule's clustered variance needs no more (app.promotion.clustered), and its
-    sign test the users whose s_u is above and below zero, so the store keeps these up to date as per-user
-    sums grow instead of the rule reading every user. s_u is a sum of NDCG@10 on a canary or shadow side,
-    of credits (+1 candidate, -1 live) on an interleaved one."""
+    score sum s_u) and of each user's mean m_u = s_u / k_u weighted by w_u = min(k_u, WEIGHT_CAP): the rule's
+    and probation's tests need no more (app.promotion.per_user), and the sign test the users whose s_u is
+    above and below zero, so the store keeps these up to date as per-user sums grow instead of the rule
+    reading every user. s_u is a sum of NDCG@10 on a canary, shadow, live or holdback side, of credits (+1
+    candidate, -1 live) on an interleaved one, of a list's NDCG@10 less its reference list's on a floor side."""
 
     users: int = 0
     n: float = 0.0  # sum of k_u
     s: float = 0.0  # sum of s_u
-    nn: float = 0.0  # sum of k_u^2
-    ss: float = 0.0  # sum of s_u^2
-    ns: float = 0.0  # sum of k_u s_u
+    w: float = 0.0  # sum of w_u
+    wm: float = 0.0  # sum of w_u m_u
+    w2: float = 0.0  # sum of w_u^2
+    w2m: float = 0.0  # sum of w_u^2 m_u
+    w2mm: float = 0.0  # sum of w_u^2 m_u^2
     positive: int = 0  # users with s_u > 0
     negative: int = 0  # users with s_u < 0
 
-    FIELDS = ("users", "n", "s", "nn", "ss", "ns", "positive", "negative")
+    FIELDS = ("users", "n", "s", "w", "wm", "w2", "w2m", "w2mm", "positive", "negative")
     COUNTS = ("users", "positive", "negative")  # whole numbers
 
     def move(self, old: tuple[float, float] | None, new: tuple[float, float]) -> None:
-        """A user's sums went from `old` (None: a user new to this side) to `new`."""
+        """A user's sums went from `old` (None: a user new to this side) to `new` (k > 0)."""
         (k0, s0), (k1, s1) = old or (0.0, 0.0), new
         self.users += old is None
         self.n += k1 - k0
         self.s += s1 - s0
-        self.nn += k1 * k1 - k0 * k0
-        self.ss += s1 * s1 - s0 * s0
-        self.ns += k1 * s1 - k0 * s0
+        for k, total, sign in ((k0, s0, -1.0), (k1, s1, 1.0)):
+            if k <= 0:
+                continue
+            w, m = min(k, WEIGHT_CAP), total / k
+            self.w += sign * w
+            self.wm += sign * w * m
+            self.w2 += sign * w * w
+            self.w2m += sign * w * w * m
+            self.w2mm += sign * w * w * m * m
         self.positive += (s1 > 0) - (s0 > 0)
         self.negative += (s1 < 0) - (s0 < 0)
 
@@ -186,13 +239,15 @@ class Exposure:
 
 
 # Traffic's latency histogram: bucket i holds answers up to LATENCY_EDGES_S[i] seconds (the last: any longer),
-# 1 ms to about 20 s in steps of 25%, so a percentile read from it is within 25% of the true one.
-LATENCY_EDGES_S = tuple(0.001 * 1.25**i for i in range(45))
+# 0.1 ms to about 20 s in steps of 25%, so a percentile read from it is within 25% of the true one. The
+# answers are seconds per query of a request's part (app/traffic.py): a batched query can take well under 1 ms.
+LATENCY_EDGES_S = tuple(0.0001 * 1.25**i for i in range(56))
 
 
 @dataclass
 class Traffic:
-    """One version's answers over a span: how many, how many ended in a 5xx, and their latencies."""
+    """One version's answers over a span: how many, how many failed on its side, and their cost (seconds per
+    query)."""
 
     n: float = 0.0
     errors: float = 0.0
@@ -300,7 +355,20 @@ class ProductionState(Store):
     def roll_back(self, name: str, version: str) -> bool:
         """Undo the promotion of `version` of `name` in one write: its outcome "rolled_back" (never tried
         again) and the name pinned to the version it replaced. False (nothing written) when `version` is
-        not the last promoted candidate of `name`."""
+        not the last promoted candidate of `name` on probation."""
+
+    @abstractmethod
+    def confirm(self, name: str, version: str) -> bool:
+        """End the probation of the promoted `version` of `name` by confirming it, in one write (its `confirmed`
+        time set). False (nothing written) when `version` is not the last promoted candidate of `name` on probation."""
+
+    @abstractmethod
+    def retrain_record(self, name: str) -> RetrainRecord:
+        """The retrainer's record of model `name` (empty before it first wrote one)."""
+
+    @abstractmethod
+    def set_retrain_record(self, name: str, record: RetrainRecord) -> None:
+        """Keep `record` as the retrainer's record of model `name`, durably."""
 
     @abstractmethod
     def take_lease(self, name: str, holder: str, *, ttl_s: float, now: float) -> bool:

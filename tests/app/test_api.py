@@ -50,6 +50,35 @@ def test_health_ready_models(client: TestClient) -> None:
     )
 
 
+def test_a_version_under_its_best_baseline_serves_and_says_so(tiny_artifacts: Path, tmp_path: Path) -> None:
+    """A first training on too little (nothing else to serve) serves, warned in readiness and on the gauge the
+    SeqserveUnderBaseline alert reads; a version above its baseline raises neither."""
+    import json
+
+    from tests.servers import wait_until
+
+    arts = tmp_path / "arts"
+    shutil.copytree(tiny_artifacts, arts)
+    manifest = latest_versions(arts)["sasrec-tiny"] / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["metrics"]["full_ndcg10_vs_best_baseline"] = {"baseline": "popularity", "ratio": 0.79}
+    manifest.write_text(json.dumps(doc))
+    bert = json.loads((latest_versions(arts)["bert4rec-tiny"] / "manifest.json").read_text())
+    bert_ratio = bert["metrics"]["full_ndcg10_vs_best_baseline"]["ratio"]
+    settings = Settings(artifacts_dir=arts, device="cpu", housekeeping_s=0.05, history_path=tmp_path / "h.sqlite3")
+    with TestClient(create_app(settings)) as c:
+        ready = c.get("/readyz")
+        assert ready.status_code == 200
+        warned = ready.json()["warnings"]
+        assert set(warned) == ({"sasrec-tiny", "bert4rec-tiny"} if bert_ratio < 1 else {"sasrec-tiny"})
+        assert "offline test NDCG@10 0.79x its run's best simple baseline" in warned["sasrec-tiny"]
+
+        def gauge() -> str:
+            return c.get("/metrics").text
+
+        wait_until(lambda: 'seqserve_model_vs_best_baseline{model="sasrec-tiny"} 0.79' in gauge())
+
+
 @pytest.mark.parametrize("model", ["sasrec-tiny", "bert4rec-tiny"])
 def test_known_user_gets_unseen_released_items(client: TestClient, tiny_artifacts: Path, model: str) -> None:
     art = load_rec_artifact(latest_versions(tiny_artifacts)[model])

@@ -133,12 +133,15 @@ def test_console_shows_titled_answers_and_an_event_changes_them(driver: Any, ser
         driver,
         lambda d: "n 1, NDCG@10 1.0000" in d.execute_script("loadOnline(); return $('online-summary').textContent"),
     )
-    _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#online-chart path")) == 1)
+    # Its line and, dashed, its floor's (the version's popularity list scored on the same event).
+    _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#online-chart path")) == 2)
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#online-chart path[stroke-dasharray]")) == 1
     # u3 is a user the artifact held, the list had no item first seen live; what was shown is counted.
     # Read in one script: the polls above may leave a loadOnline() in flight that redraws the table.
-    (cells,) = driver.execute_script(
+    floor, cells = driver.execute_script(
         "return [...$('online-breakdown').tBodies[0].rows].map((r) => [...r.cells].map((c) => c.textContent))"
     )
+    assert floor[0].endswith("/floor") and floor[5:] == ["-", "-", "-"], floor  # scored, never shown
     assert cells[0].endswith("/live") and cells[1:5] == ["1.0000 (n 1)", "-", "-", "1.0000 (n 1)"], cells
     assert int(cells[5]) >= 1 and cells[6].endswith(")") and cells[7].endswith("%"), cells  # lists shown, once shared
     # The key was used, never kept by the page.

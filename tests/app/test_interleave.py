@@ -7,7 +7,8 @@ import random
 import pytest
 
 from app.interleave import BOTH, CANDIDATE, LIVE, credit, seed_of, team_draft
-from app.promotion import judge_interleaved, sign_test
+from app.promotion import judge_interleaved
+from app.sequential import signs
 from app.store import UserStats
 
 
@@ -63,25 +64,23 @@ def test_the_same_request_gives_the_same_answer_and_requests_differ() -> None:
         assert all(abs(teams[:n].count("L") - teams[:n].count("C")) <= 1 for n in range(0, 11, 2))
 
 
-def test_sign_test_against_the_binomial_by_hand() -> None:
-    assert sign_test(6, 0) == pytest.approx(2 / 64)  # all six one way
-    assert sign_test(2, 8) == pytest.approx(2 * (1 + 10 + 45) / 1024)
-    assert sign_test(5, 5) == 1.0 and sign_test(0, 0) == 1.0
-    # Past the exact range, the normal approximation: 1,000 against 1,200 is far beyond 95%.
-    assert sign_test(1000, 1200) < 1e-4 and sign_test(1100, 1101) > 0.9
-
-
 def _side(credits: list[float]) -> UserStats:
     return UserStats.of([(3.0, c) for c in credits])
 
 
 def test_the_interleaved_rule_waits_promotes_and_retires() -> None:
-    assert judge_interleaved(_side([-1.0] * 29), min_events=10).action == "wait"  # 29 users favour a side
-    assert judge_interleaved(_side([-1.0] * 40), min_events=1000).action == "wait"  # 120 answers < 1000
+    """Retired as soon as the users favouring the live version outnumber the others beyond chance (an anytime
+    sign test: no minimum of users); promoted once min_events answers and MIN_USERS users favouring a side
+    came without that."""
+    assert judge_interleaved(_side([-1.0] * 4), min_events=10).action == "wait"  # 4 users: nothing to say yet
+    assert judge_interleaved(_side([1.0] * 40), min_events=1000).action == "wait"  # 120 answers < 1000
     even = judge_interleaved(_side([1.0] * 20 + [-1.0] * 20 + [0.0] * 10), min_events=10)
     assert even.action == "promote" and even.figures["favour_neither"] == 10
-    worse = judge_interleaved(_side([1.0] * 10 + [-2.0] * 30), min_events=10)
-    assert worse.action == "retire" and worse.figures["p_value"] == pytest.approx(sign_test(10, 30))
+    worse = judge_interleaved(_side([1.0] * 8 + [-2.0] * 32), min_events=10)
+    assert worse.action == "retire" and worse.figures["e_value"] == pytest.approx(signs(8, 32).e_value)
+    assert judge_interleaved(_side([1.0] * 10 + [-2.0] * 30), min_events=10).action == "promote"  # e-value 23
+    few_heavy = judge_interleaved(_side([-1.0] * 10), min_events=10**6)  # ten heavy users, all one way
+    assert few_heavy.action == "retire", few_heavy
     better = judge_interleaved(_side([2.0] * 30 + [-1.0] * 10), min_events=10)
     assert better.action == "promote"
 

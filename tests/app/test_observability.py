@@ -223,15 +223,15 @@ def test_access_lines_are_written_in_batches_in_the_log_format(tmp_path: Path) -
 
 
 def test_metrics_say_when_each_serving_version_was_published(tiny_artifacts: Path, tmp_path: Path) -> None:
-    """The gauge ops/prometheus/alerts.yml's SeqserveModelStale reads, set by every housekeeping tick."""
+    """The gauge ops/prometheus/alerts.yml's SeqserveModelStale reads, set by every housekeeping tick from the
+    version's manifest (its folder's name can be a copy's or a rename's)."""
     from fastapi.testclient import TestClient
 
-    from app.production import published
-    from models.artifact import latest_versions
+    from models.artifact import latest_versions, read_manifest
 
     settings = Settings(artifacts_dir=tiny_artifacts, device="cpu", history_path=tmp_path / "h.sqlite3")
     with TestClient(create_app(settings.model_copy(update={"housekeeping_s": 0.05}))) as c:
-        want = published(latest_versions(tiny_artifacts)["sasrec-tiny"].name)
+        want = read_manifest(latest_versions(tiny_artifacts)["sasrec-tiny"]).created
 
         def shown() -> float | None:
             for line in c.get("/metrics").text.splitlines():
@@ -241,4 +241,4 @@ def test_metrics_say_when_each_serving_version_was_published(tiny_artifacts: Pat
 
         wait_until(lambda: shown() is not None)
         assert shown() == want
-        assert want > 1.7e9  # a real time: the version's name parsed
+        assert want is not None and want > 1.7e9  # a real time: the manifest's created_at parsed

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from app.online import LISTS_PER_USER, ServedList, ServedLists, exposure_of, figures, in_canary, score, totals
-from app.promotion import clustered, judge
+from app.promotion import judge, per_user
 from app.store import Arrival, Exposure, Sums, UserStats
 
 
@@ -130,29 +130,39 @@ def test_the_rule_waits_then_promotes_a_peer_and_retires_a_worse_one() -> None:
 
 
 def test_the_rule_counts_users_not_lists() -> None:
-    """Two heavy users served worse are two users of 42, not 400 independent lists: a 0.045 gap that
-    rests on them is within the interval; the same gap spread over every user is not."""
+    """Each user counts once, whatever their lists: two heavy users served worse are two users of 42, not 400
+    independent lists, and prove nothing; a gap over every user does. A side's mean over lists would follow
+    its heaviest users (the ratio estimator), whose clustered variance collapses when a few carry a side."""
     live = [(10.0, 2.5)] * 40 + [(200.0, 40.0), (200.0, 60.0)]
     cand = [(10.0, 2.5)] * 40 + [(200.0, 32.0), (200.0, 32.0)]
-    n, mean, _ = clustered(UserStats.of(cand))
-    assert n == 800 and mean == pytest.approx(0.205)
+    assert per_user(UserStats.of(cand))[0] == pytest.approx((40 * 0.25 + 2 * 0.16) / 42)
     assert judge(UserStats.of(cand), UserStats.of(live), min_events=100).action == "promote"
-    everyone = [(10.0, 2.05 + (u % 2) * 0.1) for u in range(40)] + [(200.0, 41.0), (200.0, 41.0)]
+    everyone = [(10.0, 1.45 + (u % 2) * 0.1) for u in range(40)] + [(200.0, 30.0), (200.0, 30.0)]
     assert judge(UserStats.of(everyone), UserStats.of(live), min_events=100).action == "retire"
 
 
-def test_running_sums_give_the_variance_of_the_per_user_definition() -> None:
-    pairs = [(1.0 + u % 7, 0.3 * (u % 5) + 0.01 * u) for u in range(50)]
-    n = sum(k for k, _ in pairs)
-    mean = sum(s for _, s in pairs) / n
-    by_hand = len(pairs) / (len(pairs) - 1) * sum((s - mean * k) ** 2 for k, s in pairs) / n**2
-    assert clustered(UserStats.of(pairs)) == pytest.approx((n, mean, by_hand))
+def test_running_sums_give_the_weighted_mean_and_variance_of_the_users_means() -> None:
+    """Each user's mean weighted by their lists up to WEIGHT_CAP (10): by hand, users as the unit."""
+    pairs = [(1.0 + u % 13, 0.3 * (u % 5) + 0.01 * u) for u in range(50)]
+    weights = [min(k, 10.0) for k, _ in pairs]
+    means = [s / k for k, s in pairs]
+    mean = sum(w * m for w, m in zip(weights, means, strict=True)) / sum(weights)
+    spread = sum(w * w * (m - mean) ** 2 for w, m in zip(weights, means, strict=True))
+    by_hand = len(pairs) / (len(pairs) - 1) * spread / sum(weights) ** 2
+    assert per_user(UserStats.of(pairs)) == pytest.approx((mean, by_hand))
     grown = UserStats.of([*pairs[:-1], (1.0, 0.5)])  # the last user's sums grow from (1, 0.5) to its pair
     grown.move((1.0, 0.5), pairs[-1])
     assert grown.values() == pytest.approx(UserStats.of(pairs).values())
-    assert clustered(UserStats.of([(5.0, 1.0)]))[2] == math.inf  # one user: no interval, the rule waits
+    assert per_user(UserStats.of([(5.0, 1.0)]))[1] == math.inf  # one user: no variance, the rule waits
     live = UserStats.of([(10.0, 2.5)] * 40)
     assert judge(UserStats.of([(500.0, 100.0)]), live, min_events=100).action == "wait"
+    spread = UserStats.of([(10.0, 2.0 + (u % 3) * 0.5) for u in range(40)])  # 0.25 a list
+    few = UserStats.of([(125.0, 0.0)] * 4)  # far worse, but four users: nothing decided on them
+    assert judge(few, spread, min_events=100).action == "wait"
+    five = UserStats.of([(100.0, 0.0)] * 4 + [(100.0, 1.0)])  # five: proof enough to retire
+    assert judge(five, spread, min_events=100).action == "retire"
+    level = UserStats.of([(100.0, 25.0 + u) for u in range(5)])
+    assert judge(level, spread, min_events=100).action == "promote"
 
 
 def test_lists_no_arrival_can_score_any_more_go_when_the_next_comes() -> None:

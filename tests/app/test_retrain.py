@@ -48,7 +48,8 @@ def test_a_retrain_continues_the_served_version_and_the_service_serves_the_new_o
         err = capsys.readouterr().err
         (new,) = (v for v in versions(root / "sasrec-tiny") if v.name not in {old.name, NEWER, *refused})
         assert len(refused) == 1
-        assert "reload: loaded" in err
+        # Pinned to the older version: the reload serves what it served, and the retrain says why.
+        assert "neither serves nor runs as a candidate: a pin, a trial or a probation keeps" in err
         run = json.loads((new / "run_config.json").read_text())
         assert run["warm_start"]["from"] == f"sasrec-tiny/{old.name}"  # the served version, not the newest
         assert "brand-new" in json.loads((new / "items.json").read_text())["ids"]  # the live event was read

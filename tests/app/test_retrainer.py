@@ -16,10 +16,22 @@ import httpx2 as httpx
 import pytest
 
 from app.promotion import Window, online_windows
-from app.retrainer import LEASE, STALE_TMP_S, Bounds, Metrics, Reading, Recent, Retrainer, fired, left_alone
+from app.retrain import keep_held, sweep_runs
+from app.retrainer import (
+    LEASE,
+    STALE_TMP_S,
+    Bounds,
+    Metrics,
+    Reading,
+    Recent,
+    Retrainer,
+    fired,
+    left_alone,
+    unfit,
+)
 from app.settings import Settings
 from app.store import Arrival, Candidate, SQLiteStore, Sums
-from models.artifact import TMP_PREFIX, versions
+from models.artifact import HELD, RUNS, TMP_PREFIX, versions
 from tests.servers import ROOT, free_port, start_api, stop, wait_until
 
 BOUNDS = Bounds(min_events=100, unknown_share=0.05, sag=True, min_lists=200, max_age_s=7 * 86400)
@@ -83,14 +95,19 @@ def test_the_sag_compares_the_window_as_live_with_everything_before_it() -> None
     assert round(before.var, 6) == round(0.25 * 0.16 + 0.75 * 0.04 - 0.25**2, 6)  # E[x^2] - E[x]^2
 
 
-def test_recent_events_keep_one_window_in_every_namespace_read_or_not() -> None:
-    """The unknown share's window: a namespace no model of the retrainer reads must not grow for weeks."""
+def test_recent_events_are_counted_per_minute_against_the_serving_version_for_one_window() -> None:
+    """The unknown share's window costs a few numbers a minute whatever the traffic (the arrivals themselves are
+    not kept: an hour at 10,000 events a second was gigabytes), and a new serving version starts a new count."""
     recent = Recent(window_s=60)
-    recent.add([Arrival("ml", "u", "a", 100.0), Arrival("geo", "u", "p", 100.0)], now=100.0)
-    recent.add([Arrival("ml", "u", "b", 150.0)], now=150.0)
-    assert recent.items("ml") == ["a", "b"]
-    recent.add([], now=161.0)
-    assert recent.items("ml") == ["b"] and not recent.seen["geo"]  # older than 60 s, in both
+    known = {"a", "b"}.__contains__
+    recent.add("m", "v1", [Arrival("ml", "u", "a", 100.0), Arrival("ml", "u", "x", 110.0)], known=known, now=110.0)
+    recent.add("m", "v1", [Arrival("ml", "u", "b", 150.0)], known=known, now=150.0)
+    assert recent.totals("m") == (3, 1)
+    assert len(recent.counts["m"]) == 2  # minutes 60 and 120: two rows for three events
+    recent.add("m", "v1", [], known=known, now=181.0)  # the minute from 60 s has left the window
+    assert recent.totals("m") == (1, 0)
+    recent.add("m", "v2", [Arrival("ml", "u", "y", 182.0)], known=known, now=182.0)
+    assert recent.totals("m") == (1, 1) and recent.totals("other") == (0, 0)
 
 
 def test_by_default_the_models_whose_task_retrains_warm_are_retrained_each_against_its_own_ids(
@@ -114,7 +131,8 @@ def test_by_default_the_models_whose_task_retrains_warm_are_retrained_each_again
         assert [n for n, _ in retrainer.chosen(served)] == ["sasrec-tiny", "social-tiny"]
         social = latest_versions(arts)["social-tiny"].name
         now = time.time()
-        retrainer.recent.add([Arrival("tinysocial", "s1", t, now) for t in ("s2", "someone-new")], now=now)
+        arrivals = [Arrival("tinysocial", "s1", t, now) for t in ("s2", "someone-new")] + [Arrival("ml", "u", "x", now)]
+        retrainer.count(arrivals, [("social-tiny", social)])
         reading = retrainer.read("social-tiny", social)
         assert (reading.recent, reading.recent_unknown) == (2, 1)
     finally:
@@ -128,31 +146,149 @@ def test_a_run_killed_by_the_retrainers_own_stop_is_counted_stopped_not_failed(
     monkeypatch.setenv("SEQSERVE_ARTIFACTS_DIR", str(tmp_path))
     store = SQLiteStore(tmp_path / "h.sqlite3")
     try:
-        retrainer = Retrainer(Settings(), histories=store, state=store, metrics=Metrics(), run=lambda _: -9)
-        assert retrainer.retrain("m") == ("failed", -9)  # killed by something else: a failure
+        retrainer = Retrainer(Settings(), histories=store, state=store, metrics=Metrics(), run=lambda *_: -9)
+        assert retrainer.retrain("m", "v1") == ("failed", -9)  # killed by something else: a failure
 
-        def stopped_meanwhile(_: str) -> int:
+        def stopped_meanwhile(*_: str) -> int:
             retrainer.stop()
             return -9
 
         retrainer.run = stopped_meanwhile
-        assert retrainer.retrain("m") == ("stopped", -9)
+        assert retrainer.retrain("m", "v1") == ("stopped", -9)
         assert retrainer.metrics.runs.labels("m", "failed")._value.get() == 1
+        assert store.retrain_record("m").in_a_row == 1  # the stop does not count as a run that failed
+    finally:
+        store.close()
+
+
+def test_the_cooldown_and_the_back_off_outlive_the_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each model's last run and its outcome are kept in the store beside the lease: a retrainer restarted (or
+    another host's taking the lease over) waits out the cooldown; runs in a row that publish nothing double
+    the wait (from at least one training budget), up to its bound, and one published run resets it."""
+    monkeypatch.setenv("SEQSERVE_ARTIFACTS_DIR", str(tmp_path))
+    monkeypatch.setenv("SEQSERVE_RETRAIN_COOLDOWN_S", "0")  # the replay's: back to back but for the back-off
+    monkeypatch.setenv("SEQSERVE_RETRAIN_MINUTES", "0.5")
+    monkeypatch.setenv("SEQSERVE_RETRAIN_BACKOFF_MAX_S", "100")
+    store = SQLiteStore(tmp_path / "h.sqlite3")
+    clock = Clock()
+    try:
+        outcomes = iter([3, 3, 3, 1, 0])
+        first = Retrainer(Settings(), histories=store, state=store, metrics=Metrics(), clock=clock, run=lambda *_: 0)
+        first.run = lambda *_: next(outcomes)
+        waits = []
+        for _ in range(5):
+            first.retrain("m", "v1")
+            record = store.retrain_record("m")
+            restarted = Retrainer(Settings(), histories=store, state=store, metrics=Metrics(), clock=clock)
+            left = [s for s in range(0, 200) if restarted.waits(record, now=clock.now + s) is not None]
+            waits.append(len(left))
+        assert waits == [30, 60, 100, 100, 0]  # held back 1, 2, 3 in a row (bounded), failed: 4; published: none
+        assert store.retrain_record("m").in_a_row == 0 and store.retrain_record("m").outcome == "published"
+        reason = restarted.waits(dataclasses.replace(record, in_a_row=2, outcome="held_back"), now=clock.now + 1)
+        assert reason == "last retrain held_back 1 s ago; next in 59 s, backed off after 2 in a row unpublished"
     finally:
         store.close()
 
 
 def test_a_model_is_left_alone_while_its_trial_runs_and_while_its_promotion_is_on_probation() -> None:
+    """Probation lasts until it confirms the promotion or rolls it back, however long that takes; it is read
+    from the store (the pin), since what the service says it serves lags a promotion by a tick: a replay's
+    retrainer started from the replaced version in that tick."""
     now = 1_800_000_000.0
     running = Candidate("v2", "canary", 0.5, now - 60)
-    assert left_alone(running, "v1", now=now, probation_s=3600) == "a trial running (v2)"
-    promoted = Candidate("v2", "canary", 0.5, now - 600, "promoted", now - 60, replaced="v1")
-    assert left_alone(promoted, "v2", now=now, probation_s=3600) == "v2 on probation since its promotion 60 s ago"
-    assert left_alone(promoted, "v2", now=now, probation_s=60) is None  # its probation is over
-    assert left_alone(promoted, "v1", now=now, probation_s=3600) is None  # rolled back or pinned away since
+    assert left_alone(running, "v1", now=now) == "a trial running (v2)"
+    promoted = Candidate("v2", "canary", 0.5, now - 600, "promoted", now - 86400, replaced="v1")
+    assert left_alone(promoted, "v2", now=now) == "v2 on probation since its promotion 86400 s ago"
+    confirmed = dataclasses.replace(promoted, confirmed=now - 60)
+    assert left_alone(confirmed, "v2", now=now) is None
+    assert left_alone(promoted, "v1", now=now) is None  # pinned away since: its probation ended
     retired = Candidate("v2", "canary", 0.5, now - 600, "retired", now - 60)
-    assert left_alone(retired, "v1", now=now, probation_s=3600) is None
-    assert left_alone(None, "v1", now=now, probation_s=3600) is None
+    assert left_alone(retired, "v1", now=now) is None
+    assert left_alone(None, "v1", now=now) is None
+
+
+def test_a_retrain_starts_from_the_last_good_version_never_from_one_far_below_its_own_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The serving version is remembered as the last good start while it is one; once it is far below its
+    own offline figure online, or below its reference lists, a retrain starts from the last good version, and
+    with none known it is not run (counted)."""
+    monkeypatch.setenv("SEQSERVE_ARTIFACTS_DIR", str(tmp_path))
+    (tmp_path / "m" / "v1").mkdir(parents=True)
+    store = SQLiteStore(tmp_path / "h.sqlite3")
+    try:
+        retrainer = Retrainer(Settings(), histories=store, state=store, metrics=Metrics())
+        good = dataclasses.replace(QUIET, name="m", version="v1", offline=0.25, now=Window(400, 0.20, 0.04))
+        assert retrainer.base(good, store.retrain_record("m"), asked=False) == "v1"
+        assert store.retrain_record("m").good == "v1"
+        broken = dataclasses.replace(good, version="v2", now=Window(400, 0.001, 0.0004))  # 0.004x its offline
+        assert unfit(broken, min_lists=200) is not None
+        assert retrainer.base(broken, store.retrain_record("m"), asked=True) == "v1"
+        below_floor = dataclasses.replace(good, version="v2", floor=Window(400, 0.30, 0.04))
+        assert "below its reference lists'" in str(unfit(below_floor, min_lists=200))
+        assert unfit(dataclasses.replace(below_floor, floor=Window(199, 0.30, 0.04)), min_lists=200) is None
+        shutil.rmtree(tmp_path / "m" / "v1")  # the last good one pruned: nothing to start from
+        assert retrainer.base(broken, store.retrain_record("m"), asked=True) is None
+    finally:
+        store.close()
+
+
+def test_the_age_trigger_reads_the_manifests_time_not_the_folders_name(tiny_artifacts: Path, tmp_path: Path) -> None:
+    """A copy named 2000 (as the loop's replay names its shuffled version) is as old as its manifest says."""
+    from models.artifact import latest_versions
+
+    arts = tmp_path / "arts"
+    shutil.copytree(latest_versions(tiny_artifacts)["sasrec-tiny"], arts / "sasrec-tiny" / "20000101T000002Z")
+    store = SQLiteStore(tmp_path / "h.sqlite3")
+    try:
+        settings = Settings(artifacts_dir=arts, history_path=tmp_path / "h.sqlite3")
+        reading = Retrainer(settings, histories=store, state=store, metrics=Metrics()).read(
+            "sasrec-tiny", "20000101T000002Z"
+        )
+        assert reading.age_s is not None and 0 <= reading.age_s < 86400
+        assert reading.offline is not None and reading.offline > 0  # its offline test NDCG@10, for `unfit`
+        assert fired(dataclasses.replace(QUIET, age_s=None), BOUNDS) == []  # a manifest without a time: no age
+    finally:
+        store.close()
+
+
+def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A run's files (its exported log, its job's output and temporary version) lie in its own folder, locked
+    while it lives: killed outright (kill -9, an OOM kill, compose's stop), the lock goes with it and the
+    retrainer removes the folder; a live run's folder is never touched."""
+    arts = tmp_path / "arts"
+    code = (
+        "import sys, time; from pathlib import Path; from app.retrain import run_folder; "
+        "run = run_folder(Path(sys.argv[1])); f = run.__enter__(); (f / 'ml-100k.csv').write_text('x' * 100000); "
+        "(f / 'out' / 'm' / '.tmp-abc').mkdir(parents=True); print('ready', flush=True); time.sleep(60)"
+    )
+    dead, alive = arts / RUNS / "dead-run", arts / RUNS / "live-run"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(f)], cwd=ROOT, stdout=subprocess.PIPE) for f in (dead, alive)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+        procs[0].kill()
+        procs[0].wait()
+        assert (dead / "ml-100k.csv").exists()  # what the killed run left
+        assert sweep_runs(arts) == ["dead-run"]
+        assert not dead.exists() and (alive / "ml-100k.csv").exists()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert sweep_runs(arts) == ["live-run"]  # gone with its process
+
+
+def test_held_back_versions_are_kept_for_a_look_but_only_the_newest(tmp_path: Path) -> None:
+    arts, out = tmp_path / "arts", tmp_path / "run" / "out"
+    for n in range(5):
+        (out / HELD / "m" / f"2026010{n + 1}T000000Z").mkdir(parents=True)
+        held = keep_held(out, arts, "m")
+        assert held is not None and held.parent == arts / HELD / "m"
+    assert sorted(p.name for p in (arts / HELD / "m").iterdir()) == [f"2026010{n}T000000Z" for n in (3, 4, 5)]
+    assert keep_held(tmp_path / "empty", arts, "m") is None
 
 
 class Clock:
@@ -252,6 +388,8 @@ def test_a_killed_retrain_leaves_no_training_running(tmp_path: Path) -> None:
 
 
 def test_the_retrainer_process_holds_the_lease_counts_and_gives_it_up_on_sigterm(tmp_path: Path) -> None:
+    """A second retrainer on the host finds the metrics port taken: it says so and waits for the lease all the
+    same. Without the events key neither starts: only events posted with a key may move a retrain."""
     port = free_port()
     env = {
         **os.environ,
@@ -261,7 +399,14 @@ def test_the_retrainer_process_holds_the_lease_counts_and_gives_it_up_on_sigterm
         "SEQSERVE_RETRAIN_CHECK_S": "0.2",
         "SEQSERVE_RETRAINER_METRICS_PORT": str(port),
     }
-    proc = subprocess.Popen([sys.executable, "-m", "app.retrainer"], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    keyless = subprocess.run([sys.executable, "-m", "app.retrainer"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert keyless.returncode != 0 and "SEQSERVE_EVENTS_API_KEY is not set" in keyless.stderr
+    env["SEQSERVE_EVENTS_API_KEY"] = "events-key"
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "app.retrainer"], cwd=ROOT, env=env, stderr=log.open("w"))
+        for log in logs[:1]
+    ]
     store = SQLiteStore(tmp_path / "h.sqlite3")
     try:
 
@@ -273,12 +418,19 @@ def test_the_retrainer_process_holds_the_lease_counts_and_gives_it_up_on_sigterm
 
         wait_until(lambda: "seqserve_retrainer_lease_held 1.0" in scraped(), timeout=60)
         assert not store.take_lease(LEASE, "someone-else", ttl_s=60, now=time.time())
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        procs.append(
+            subprocess.Popen([sys.executable, "-m", "app.retrainer"], cwd=ROOT, env=env, stderr=logs[1].open("w"))
+        )
+        wait_until(lambda: "checks every" in logs[1].read_text(), timeout=60)  # started, past the metrics port
+        assert f"its metrics port {port} is taken" in logs[1].read_text() and procs[1].poll() is None
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=30) == 0
         assert store.take_lease(LEASE, "someone-else", ttl_s=60, now=time.time())  # given up, not left to expire
-        assert proc.stderr is not None and "does not answer" in proc.stderr.read().decode()
+        assert "does not answer" in logs[0].read_text()
     finally:
-        proc.kill()
+        for p in procs:
+            p.kill()
         store.close()
 
 

@@ -3,6 +3,7 @@ candidates settled once, a trial's running sums."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -18,6 +19,7 @@ from app.store import (
     HistoryStore,
     ProductionState,
     RedisStore,
+    RetrainRecord,
     SQLiteStore,
     Sums,
     Traffic,
@@ -83,6 +85,7 @@ def test_a_sqlite_file_of_the_previous_schema_keeps_its_figures_and_gains_sign_c
     assert s.online("m")[("m", "v1", "live", 60.0, "")].values() == pytest.approx((2, 1, 0.5, 0.25, 0.5, 0))
     assert s.trial_stats("m", 5.0)[("v2", "canary")] == UserStats.of([(2.0, 0.5), (1.0, 0.0)])
     assert s.trial_stats("m", 5.0)[("v2", "canary")].positive == 1
+    assert s.retrain_record("m") == RetrainRecord()  # the retrainer's table, new since
     s.close()
 
 
@@ -249,6 +252,32 @@ def test_a_promotion_is_rolled_back_once_to_the_version_it_replaced(state: Produ
     state.set_candidate("sasrec", Candidate("v3", "canary", 0.5, 200.0))
     assert state.settle("sasrec", "v3", promote=False)
     assert not state.roll_back("sasrec", "v3")  # retired, not promoted
+
+
+def test_probation_ends_once_confirmed_or_rolled_back(state: ProductionState) -> None:
+    """Confirming a promotion ends its probation: nothing rolls it back by itself after, and a second worker's
+    late decision either way changes nothing."""
+    state.set_pin("sasrec", "v1")
+    state.set_candidate("sasrec", Candidate("v2", "canary", 0.5, 100.0))
+    assert not state.confirm("sasrec", "v2")  # still on trial
+    assert state.settle("sasrec", "v2", promote=True)
+    assert state.candidates()["sasrec"].on_probation
+    assert not state.confirm("sasrec", "v9") and not state.confirm("other", "v2")
+    assert state.confirm("sasrec", "v2")
+    got = state.candidates()["sasrec"]
+    assert (got.outcome, got.on_probation, got.replaced) == ("promoted", False, "v1") and got.confirmed is not None
+    assert not state.confirm("sasrec", "v2") and not state.roll_back("sasrec", "v2")
+    assert state.pins() == {"sasrec": "v2"}
+
+
+def test_the_retrainers_record_is_kept_per_model(state: ProductionState) -> None:
+    assert state.retrain_record("sasrec") == RetrainRecord()
+    record = RetrainRecord(ended=1_800_000_000.5, outcome="held_back", base="v2", in_a_row=2, good="v1")
+    state.set_retrain_record("sasrec", record)
+    state.set_retrain_record("other", RetrainRecord(ended=1.0, outcome="published", base="x"))
+    assert state.retrain_record("sasrec") == record
+    state.set_retrain_record("sasrec", dataclasses.replace(record, in_a_row=0, outcome="published"))
+    assert state.retrain_record("sasrec").in_a_row == 0 and state.retrain_record("other").base == "x"
 
 
 def test_traffic_adds_up_across_writers_and_is_read_from_a_time_on(state: ProductionState) -> None:
