@@ -177,12 +177,12 @@ def log_file() -> IO[bytes]:
     return _LOGS[-1]
 
 
-def last_output() -> str:
-    """What the newest started server wrote."""
+def last_output(tail: int = 4000) -> str:
+    """What the newest started server wrote: its last `tail` characters (0: all of it)."""
     if not _LOGS:
         return ""
     _LOGS[-1].seek(0)
-    return _LOGS[-1].read().decode(errors="replace")[-4000:]
+    return _LOGS[-1].read().decode(errors="replace")[-tail:]
 
 
 def wait_ready(proc: subprocess.Popen[bytes], url: str) -> subprocess.Popen[bytes]:

@@ -9,10 +9,11 @@ version and tries the worse one (or --candidate, any version folder of the model
 promotion rule off; the last 20% of the log is replayed in time order, each user's events in sequence
 (POST /recommend by user, then POST /events), in blocks. After each block, once the service has scored
 everything sent, the trial's figures as the rule reads them (GET /models/{name}/online, `trial`) say
-whether the candidate is told apart at 95%: canary, the NDCG@10 difference's interval (users as the
-unit) entirely below zero; interleaving, the sign test over users (two-sided p < 0.05, more users
-favouring the live version). Reported per mode: the events replayed when that first held and when it
-held from then on, and every block's figures.
+whether the candidate is told apart: the rule's anytime-valid test at its ALPHA (app/sequential.py):
+canary, the NDCG@10 difference (users as the unit) below zero with its e-value at 1 / ALPHA;
+interleaving, the sign test over users, more favouring the live version with its e-value there.
+Reported per mode: the events replayed when that first held and when it held from then on, and every
+block's figures.
 """
 
 from __future__ import annotations
@@ -30,20 +31,22 @@ from typing import Any
 
 import httpx2 as httpx
 
+from app.sequential import ALPHA
 from bench.production.replay import ADMIN, EVENTS, NAME, TENTH, Replayer, prepare, tenth, train
 from bench.servers import ROOT, start_server, stop
 
-ALPHA = 0.05
 HOUSEKEEPING_S = 0.3  # the service's tick, which shares the figures: two readings a tick apart that agree are settled
 
 
 def told_apart(mode: str, figures: dict[str, Any]) -> bool:
-    """Whether the trial's figures put the candidate below the live version at 95%."""
+    """Whether the trial's figures prove the candidate below the live version, as the rule's test does."""
+    e = figures.get("e_value")
+    if e is None or e < 1 / ALPHA:
+        return False
     if mode == "interleave":
-        p = figures.get("p_value")
-        return p is not None and p < ALPHA and figures["favour_live"] > figures["favour_candidate"]
-    diff, half = figures.get("difference"), figures.get("half_width")
-    return diff is not None and half is not None and diff + half < 0
+        return bool(figures["favour_live"] > figures["favour_candidate"])
+    diff = figures.get("difference")
+    return diff is not None and diff < 0
 
 
 def settings(work: Path, mode: str) -> dict[str, str]:

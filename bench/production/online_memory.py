@@ -9,7 +9,8 @@ commit) for `--users` fresh users' top `--k`, each user once with a one-item his
 server's resident memory before and after: what the lists it holds for online evaluation cost at that k.
 
 Each user gets one served list of `k` ids taken from a catalog of strings (as the engine's id map hands
-them out: shared, not copied), then one arrival scores it. tracemalloc counts what the lists hold.
+them out: shared, not copied) with its reference list of 10 (the floor; --no-floor: without), then one
+arrival scores it. tracemalloc counts what the lists hold.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def main() -> None:
     p.add_argument("--users", type=int, default=100_000)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--catalog", type=int, default=1682)
+    p.add_argument("--no-floor", dest="floor", action="store_false", help="lists without their reference list")
     p.add_argument("--service", type=Path, help="an artifacts folder: measure a real server instead")
     p.add_argument("--model", default="sasrec-ml100k")
     p.add_argument("--variant", action="append", default=[], help="NAME:TREE, a code tree to serve from")
@@ -84,9 +86,11 @@ def main() -> None:
     def fill(lists: ServedLists, now: float) -> None:
         for n in range(args.users):
             items = tuple(catalog[(n + j) % args.catalog] for j in range(args.k))
+            # a live list's reference list, of the version's popular head: ids of the catalog too
+            floor = tuple(catalog[j] for j in range(n % 7, n % 7 + 10)) if args.floor else ()
             # the user id as a request brings it: a new string, kept by the list's key; each answer's own
             # recommendation_id, as the service makes one
-            served = ServedList("sasrec-ml100k", "20261126T000000Z", "live", items, now, None, "", new_id())
+            served = ServedList("sasrec-ml100k", "20261126T000000Z", "live", items, now, None, "", new_id(), floor)
             lists.record("ml-100k", f"user-{n:07d}", served)
 
     now = time.time()

@@ -11,7 +11,8 @@ models.ranking.top_k (block maxima, what serving uses), and the same ranking thr
 scores with a certificate (models.coarse.CoarseRanker, what serving uses from
 models.queries.COARSE_FROM items on where it is faster at load), checked to give the same items.
 With --artifact: a trained model and its users' stored histories, how many rows the certificate
-sends back to the float32 pass at 32, 64 and 128 candidates, and both paths' time.
+sends back to the float32 pass at 32, 64 and 128 candidates, and both paths' time; and what each
+answer's reference list (its floor online, models.ranking.Popular) adds to the float32 path, alternated.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 
 from models.coarse import CoarseRanker
 from models.ids import N_SPECIAL
-from models.ranking import recommend, top_k
+from models.ranking import FLOOR_HEAD, Popular, recommend, top_k
 from models.sasrec import SASRec, SASRecConfig
 from models.tasks.recommend import load_artifact
 
@@ -68,10 +69,17 @@ def trained(folder: Path, *, users: int, batch: int, repeats: int) -> None:
         served = functools.partial(recommend, model, b, k=10, exclude_seen=[True] * len(b), requested=[[]] * len(b))
         full = timed(lambda: served(rank=None), repeats)
         coarse = timed(lambda: served(rank=ranker), repeats)
+        floor = Popular.of(art.histories.by_count(model.config.vocab_size, FLOOR_HEAD))
+        plain, with_floor = [], []
+        for _ in range(repeats):  # alternated, the best of each
+            plain.append(timed(lambda: served(rank=None), 1))
+            with_floor.append(timed(lambda: served(rank=None, floor=floor).floor.tolist(), 1))  # type: ignore[union-attr]
     out.update(
         float32_ms_per_query=round(full / len(b) * 1000, 3),
         coarse_ms_per_query=round(coarse / len(b) * 1000, 3),
         speedup=round(full / coarse, 2),
+        floor_us_per_query=round((min(with_floor) - min(plain)) / len(b) * 1e6, 1),
+        with_floor_over_without=round(min(with_floor) / min(plain), 3),
     )
     print(json.dumps(out))
 

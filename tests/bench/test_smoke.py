@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,30 @@ def test_online_memory_reports_bytes_per_user_and_scores_every_list() -> None:
     assert 100 < report["bytes_per_active_user"] < 5000
 
 
+def test_the_heavy_log_is_carried_by_few_users_who_never_take_an_item_twice() -> None:
+    from bench.production.heavy_log import describe, heavy_log
+
+    df = heavy_log(users=40, series=60, seed=3)
+    assert not df.duplicated(["user_id", "item_id"]).any() and df["timestamp"].is_monotonic_increasing
+    said = describe(df)
+    assert said["last_fifth_users"] < said["users"] and said["last_fifth_top5_share"] > 5 / said["last_fifth_users"]
+    assert heavy_log(users=40, series=60, seed=3).equals(df)  # the seed makes the log
+
+
+def test_probation_aa_counts_false_rollbacks_and_finds_a_far_worse_side(tmp_path: Path) -> None:
+    """On lists whose users differ a lot, the same version is rarely found worse; a hundredth of it always."""
+    import pandas as pd
+
+    rng = random.Random(0)
+    rows = [(n, f"u{n % 60}", rng.choice([0.0, 1.0, 0.63]) * (0.2 + (n % 60) / 60)) for n in range(3000)]
+    lists = tmp_path / "lists.csv"
+    pd.DataFrame(rows, columns=["row", "user_id", "ndcg10"]).to_csv(lists, index=False)
+    out = tmp_path / "aa.json"
+    _run("production.probation_aa", "--lists", str(lists), "--splits", "40", "--out", str(out))
+    report = json.loads(out.read_text())
+    assert report["same"]["found_worse"] <= 4 and report["hundredfold_worse"]["share"] == 1.0
+
+
 def test_gen_log_writes_the_rows_asked_for_as_csv_and_parquet(tmp_path: Path) -> None:
     import pandas as pd
 
@@ -98,7 +123,8 @@ def test_catalog_scaling_times_each_catalog_and_a_trained_artifact(tiny_artifact
     text = _run("scale.catalog_scaling", "--items", "2000", "--batch", "4", "--threads", "1", "--repeats", "1")
     assert "2000" in text.replace(",", "")
     version = latest_versions(tiny_artifacts)["sasrec-tiny"]
-    assert _run("scale.catalog_scaling", "--artifact", str(version), "--batch", "4", "--users", "8", "--repeats", "1")
+    out = _run("scale.catalog_scaling", "--artifact", str(version), "--batch", "4", "--users", "8", "--repeats", "1")
+    assert "floor_us_per_query" in out and "with_floor_over_without" in out
 
 
 def test_rec_table_prints_the_model_beside_its_baselines(tiny_artifacts: Path) -> None:
@@ -230,7 +256,7 @@ def test_replay_then_interleave_power_on_the_models_it_trained(rated_log: Path, 
     assert [len(modes[m]["blocks"]) for m in ("canary", "interleave")] == [2, 2]
     assert all(m["errors"] == 0 for m in modes.values())
     assert {"difference", "half_width"} <= set(modes["canary"]["blocks"][-1])
-    assert modes["interleave"]["blocks"][-1]["answers"] > 0 and "p_value" in modes["interleave"]["blocks"][-1]
+    assert modes["interleave"]["blocks"][-1]["answers"] > 0 and "e_value" in modes["interleave"]["blocks"][-1]
     # The loop running itself on the replay's live version: both runs, every quarter, a broken version in.
     out = tmp_path / "loop.json"
     live = min(p for p in (work / "arts" / "sasrec-ml100k").glob("2*") if not p.name.startswith("2000"))
