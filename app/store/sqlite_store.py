@@ -9,6 +9,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,6 +56,9 @@ _NEWEST = (
     f"SELECT item, ts, action, seq FROM {_LIVE} WHERE ns = ? AND user = ? AND received = ? AND folded = 0"
     " ORDER BY ts DESC, seq DESC LIMIT ?"
 )
+
+
+CLOSE_WAIT_S = 15.0  # how long close() waits for calls in flight (a write may wait 10 s on SQLite's busy lock)
 
 
 class SQLiteStore(HistoryStore, ProductionState):
@@ -128,6 +132,10 @@ class SQLiteStore(HistoryStore, ProductionState):
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
+        # Calls using a connection now: close() waits for them (a worker thread still reading while the service
+        # shuts down) rather than close a connection under a call, which can crash the process.
+        self._busy = 0
+        self._settled = threading.Condition(self._conns_lock)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = self._conn()
@@ -215,11 +223,22 @@ class SQLiteStore(HistoryStore, ProductionState):
                 self._conns.append(conn)
         return conn
 
+    @contextmanager
+    def _in_use(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection, counted while a call uses it (close() waits for those)."""
+        with self._settled:
+            self._busy += 1
+        try:
+            yield self._conn()
+        finally:
+            with self._settled:
+                self._busy -= 1
+                self._settled.notify_all()
+
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn` in one write transaction. Any failure, the COMMIT's included, rolls back, so the
         connection is never left inside an open transaction that would fail every later write."""
-        with self._write_lock:
-            conn = self._conn()
+        with self._write_lock, self._in_use() as conn:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 out = fn(conn)
@@ -237,7 +256,8 @@ class SQLiteStore(HistoryStore, ProductionState):
 
     def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
-            return fn(self._conn())
+            with self._in_use() as conn:
+                return fn(conn)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
 
@@ -665,11 +685,15 @@ class SQLiteStore(HistoryStore, ProductionState):
         self._read(lambda c: c.execute("SELECT 1").fetchone())
 
     def close(self) -> None:
-        with self._conns_lock:
+        """Close every thread's connection once no call is using one (at most CLOSE_WAIT_S); a later call
+        opens its own again."""
+        with self._settled:
+            if not self._settled.wait_for(lambda: self._busy == 0, timeout=CLOSE_WAIT_S):
+                log.warning("SQLite store closed with %d calls still running", self._busy)
             for conn in self._conns:
                 conn.close()
             self._conns.clear()
-        self._local = threading.local()
+            self._local = threading.local()
 
 
 def _oldest_first(row: tuple[str, float | None, str | None, int]) -> tuple[bool, float, int]:

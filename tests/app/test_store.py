@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -140,6 +141,33 @@ def test_a_password_in_the_query_string_is_redacted() -> None:
 def test_unknown_store_kind(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown history store"):
         open_store("mongo", sqlite_path=tmp_path / "x", redis_url="redis://127.0.0.1:1/0")
+
+
+def test_sqlite_close_waits_for_a_call_in_flight_and_the_store_opens_again(tmp_path: Path) -> None:
+    """A worker thread still reading when the service shuts down: close() waits for it rather than close
+    the connection under it (which can crash the process); a later call opens its own connection."""
+    s = SQLiteStore(tmp_path / "h.sqlite3")
+    inside, release = threading.Event(), threading.Event()
+    got: list[object] = []
+
+    def slow_read(conn: sqlite3.Connection) -> int:
+        inside.set()
+        release.wait(10)
+        return int(conn.execute("SELECT 7").fetchone()[0])
+
+    reader = threading.Thread(target=lambda: got.append(s._read(slow_read)))
+    reader.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # waiting for the read
+    release.set()
+    reader.join(10)
+    closer.join(10)
+    assert got == [7] and not closer.is_alive()
+    assert s.pins() == {}  # opens again
+    s.close()
 
 
 def test_sqlite_is_in_wal_mode(tmp_path: Path) -> None:
