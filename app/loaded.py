@@ -109,6 +109,7 @@ class LoadedModels:
     on_batch: Callable[[str], Callable[[int, float], None]] | None = None  # model name -> batch observer
     models: dict[str, Served] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # "name/version" (or "name") -> public reason
+    loadable: set[str] = field(default_factory=set)  # "name/version" that loaded here
     load_timeout_s: float = 300.0  # a version not loaded by then is recorded broken (its thread is abandoned)
     # Pins and candidates: read here, written by the production loop alone (app/choices.py).
     choices: VersionChoices = field(default_factory=VersionChoices)
@@ -275,8 +276,7 @@ class LoadedModels:
                 self.models[name].version if name in self.models else None,
                 beside.version if (beside := self.choices.beside(name)) is not None else None,
             }
-            # The newest `keep` that are not known broken: a broken version never takes a good one's place.
-            good = [f for f in folders if f"{name}/{f.name}" not in self.broken][:keep]
+            good = self._newest_good(name, folders, keep)
             for folder in folders:
                 if folder in good or folder.name in spare or f"{name}/{folder.name}" in in_use:
                     continue
@@ -286,10 +286,25 @@ class LoadedModels:
                     log.warning("version %s/%s not deleted: %s", name, folder.name, exc.strerror)
                     continue
                 self.broken.pop(f"{name}/{folder.name}", None)
+                self.loadable.discard(f"{name}/{folder.name}")
                 removed.append(f"{name}/{folder.name}")
         if removed:
             log.info("deleted versions beyond the newest %d: %s", keep, ", ".join(removed))
         return removed
+
+    def _newest_good(self, name: str, folders: list[Path], keep: int) -> list[Path]:
+        """The newest `keep` of `folders` known to load. One never loaded (a version published behind a pin)
+        is opened first: "not known broken" is not good, or a broken newer version would take the place
+        of the last good one."""
+        good: list[Path] = []
+        for folder in folders:
+            if len(good) == keep:
+                break
+            key = f"{name}/{folder.name}"
+            if key in self.broken or (key not in self.loadable and self.verify(name, folder) is not None):
+                continue
+            good.append(folder)
+        return good
 
     def versions(self) -> dict[str, str]:
         """Model name -> the version serving it."""
@@ -366,6 +381,7 @@ class LoadedModels:
                 )
                 continue
             self.broken.pop(key, None)
+            self.loadable.add(key)
             return served
         return None
 
@@ -385,6 +401,7 @@ class LoadedModels:
             )
             return self.broken[key]
         self.broken.pop(key, None)
+        self.loadable.add(key)
         return None
 
     def _load_within_deadline(self, name: str, folder: Path, batcher_name: str, drop_trained: bool) -> Served:

@@ -236,3 +236,23 @@ def test_retention_never_keeps_a_broken_version_in_a_good_ones_place(root: Path,
         assert r.status_code == 200 and _served(c) == first
         assert r.json()["reload"]["deleted"] == [f"sasrec-tiny/{NEWER}"]
         assert sorted(p.name for p in named.iterdir()) == sorted([first, mid])
+
+
+def test_retention_checks_a_version_published_behind_a_pin_before_it_counts_as_good(
+    root: Path, tmp_path: Path
+) -> None:
+    """A broken version published after the pin was never loaded, so never known broken: it must not take
+    the place of the newest good one."""
+    named = latest_versions(root)["sasrec-tiny"].parent
+    first = sorted(p.name for p in named.iterdir())[0]
+    settings = _settings(root, tmp_path / "state").model_copy(update={"keep_versions": 1})
+    with TestClient(create_app(settings)) as c:
+        r = c.post("/admin/models/sasrec-tiny/pin", json={"version": first}, headers=ADMIN)
+        assert r.status_code == 200 and r.json()["reload"]["deleted"] == []
+        later = f"{NEWER}-2"  # published behind the pin, and broken
+        shutil.copytree(named / NEWER, named / later)
+        (named / later / "items.json").write_text("[]")
+        r = c.post("/admin/reload", headers=ADMIN)
+        assert r.status_code == 200 and r.json()["deleted"] == [f"sasrec-tiny/{later}"]
+        assert sorted(p.name for p in named.iterdir()) == sorted([first, NEWER])
+        assert _served(c) == first
