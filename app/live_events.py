@@ -4,12 +4,12 @@ model's events add to their targets' timelines; GET /history, a user's artifact 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app import store_calls
 from app.errors import EventConflict, InvalidEvents, InvalidQuery, UnknownUser
 from app.loaded import Served
 from app.schemas import EventIn
@@ -120,7 +120,7 @@ async def post_events(
             if (m := engine.received_step(e.user_id, e.item_id, e.action)) is not None
         ]
     written = stored_events + [m for _, _, m in received]
-    outcomes_all = await asyncio.to_thread(st.append, engine.namespace, written) if written else []
+    outcomes_all = await store_calls.write(st.append, engine.namespace, written) if written else []
     outcomes = outcomes_all[: len(stored_events)]
     clash = {n for (n, _), o in zip(valid, outcomes, strict=True) if o == "conflict"}
     clash |= {n for (n, _, _), o in zip(received, outcomes_all[len(stored_events) :], strict=True) if o == "conflict"}
@@ -174,7 +174,7 @@ async def user_history(
     if bad is not None:
         raise InvalidQuery(bad[1], ["query", "fields", bad[0]])
     st = store_or_503(store)
-    live = (await asyncio.to_thread(st.events, engine.namespace, [user_id], limit)).get(user_id, [])
+    live = (await store_calls.read(st.events, engine.namespace, [user_id], limit)).get(user_id, [])
     stored = engine.stored_timeline(user_id)
     if not stored and not live:
         raise UnknownUser(f"unknown user {user_id!r}", ["query", "user_id"])

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
+from app import store_calls
 from app.batcher import AbandonedError
 from app.errors import StoreUnavailable
 from app.loaded import Served
@@ -59,7 +60,7 @@ async def live_history(
     st = store_or_503(store)
     if st.local_reads and len(set(users)) <= LOOP_READ_USERS:
         return st.events(engine.namespace, users, engine.live_budget)
-    return await asyncio.to_thread(st.events, engine.namespace, users, engine.live_budget)
+    return await store_calls.read(st.events, engine.namespace, users, engine.live_budget)
 
 
 async def add_recent(engine: Engine[Any, Any, Any], prepared: list[Any], store: HistoryStore | None) -> None:
@@ -72,7 +73,7 @@ async def add_recent(engine: Engine[Any, Any, Any], prepared: list[Any], store: 
     events: list[RecentEvent] = []
     if isinstance(engine, UserHistories):
         st = store_or_503(store)
-        events = await asyncio.to_thread(partial(st.recent, engine.namespace, start=span[0], end=span[1]))
+        events = await store_calls.read(st.recent, engine.namespace, start=span[0], end=span[1])
     if len(prepared) <= PREPARE_INLINE_QUERIES:
         engine.add_recent(prepared, events)
     else:
