@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -28,13 +29,50 @@ def test_shards_are_disjoint_and_equal() -> None:
         Dist(0, 4).shard([1, 2, 3])
 
 
+class _Payload:
+    """What a stranger writes into a rendezvous store: unpickling it creates `marker`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (str(self.marker), "w"))
+
+
+def _write_payload_into_store(port: int, marker: Path) -> None:
+    """A process that is not a node reaches the first host's store and writes a pickle where torchrun's c10d
+    rendezvous reads its state (that launch unpickled it in the agent and ran it)."""
+    import base64
+    import pickle
+
+    from torch.distributed import TCPStore
+
+    from tests.servers import wait_until
+
+    stores: list[TCPStore] = []
+
+    def connected() -> bool:
+        try:
+            stores.append(TCPStore("127.0.0.1", port, is_master=False, timeout=dt.timedelta(seconds=5)))
+        except (RuntimeError, OSError):
+            return False
+        return True
+
+    wait_until(connected, timeout=60)
+    state = base64.b64encode(pickle.dumps(_Payload(marker))).decode()
+    for run_id in ("none", "two-hosts"):
+        stores[0].set(f"torch.rendezvous.{run_id}", state)
+        stores[0].set(f"{run_id}/torch.rendezvous.{run_id}", state)
+
+
 @pytest.mark.slow
 def test_torchrun_on_two_hosts_each_reading_its_share_writes_one_artifact(tmp_path: Path) -> None:
-    """Two "hosts" on one box: two torchrun agents (`--nnodes 2`, one rank each) meeting at a c10d
-    rendezvous on loopback, each in its own working folder with its own copy of a Parquet log (two parts)
-    and the config. Each rank reads only its users (`data.share_by_user`); they agree on one item map,
-    train and validate as one job (gloo), and only the first host's rank writes the artifact, with every
-    user in it."""
+    """Two "hosts" on one box, launched as the README says (`python -m training.launch`: two torchrun agents,
+    one rank each, a static rendezvous on loopback), each in its own working folder with its own copy of a
+    Parquet log (two parts) and the config. A stranger who reaches the first host's store while it waits
+    writes a pickle into it: nothing runs it. Each rank reads only its users (`data.share_by_user`); they
+    agree on one item map, train and validate as one job (gloo), and only the first host's rank writes the
+    artifact, with every user in it."""
     import re
 
     import pandas as pd
@@ -43,7 +81,8 @@ def test_torchrun_on_two_hosts_each_reading_its_share_writes_one_artifact(tmp_pa
     from tests.conftest import synthetic_log
 
     log = pd.DataFrame(synthetic_log(), columns=["user_id", "item_id", "timestamp"])
-    endpoint = f"127.0.0.1:{free_port()}"
+    port = free_port()
+    marker = tmp_path / "stranger-ran-code"
     hosts = []
     for node in (0, 1):
         home = tmp_path / f"host{node}"
@@ -55,29 +94,23 @@ def test_torchrun_on_two_hosts_each_reading_its_share_writes_one_artifact(tmp_pa
             "d_ff = 32\ntransition_width = 4\n[data]\nshare_by_user = true\n"
             "[train]\nepochs = 3\nbatch_size = 4\npatience = 5\nrefit_epochs = 1\n[eval]\nn_negatives = 10\n"
         )
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
-        cmd += [
-            "--node-rank",
-            str(node),
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            endpoint,
-            "--rdzv-id",
-            "two-hosts",
-        ]
-        cmd += ["-m", "training", "train", "--config", str(home / "ddp.toml"), "--data", str(home / "data")]
+        cmd = [sys.executable, "-m", "training.launch", "--nodes", "2", "--node-rank", str(node)]
+        cmd += ["--master", f"127.0.0.1:{port}", "--iface", "lo", "--"]
+        cmd += ["train", "--config", str(home / "ddp.toml"), "--data", str(home / "data")]
         cmd += ["--out", str(home / "arts")]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         hosts.append(
             subprocess.Popen(cmd, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         )
+        if node == 0:  # the first host waits for the second: the stranger comes now
+            _write_payload_into_store(port, marker)
     logs = []
     for proc in hosts:
         out, _ = proc.communicate(timeout=300)
         logs.append(out)
         assert proc.returncode == 0, out[-3000:]
     assert "rank 0 of 2 finished, peak RSS" in logs[0] and "rank 1 of 2 finished, peak RSS" in logs[1]
+    assert not marker.exists()  # the stranger's pickle was never loaded
     held = [re.search(r"holds (\d+) users; item map of (\d+) items, sha256 (\w+)", out) for out in logs]
     users = [int(m.group(1)) for m in held if m]
     assert len(users) == 2 and sum(users) == 40 and min(users) > 0  # disjoint shares of the 40 users
