@@ -51,3 +51,40 @@ def test_writes_waiting_for_a_replica_never_hold_up_reads(tiny_artifacts: Path, 
             assert ended == []  # every read above was answered while all the writes still waited
         assert ended == [503] * 12  # and each write, never acknowledged by a replica, was refused
     probe.close()
+
+
+def test_heavy_users_are_read_whole_but_the_loop_reads_a_bounded_share(tiny_artifacts: Path, tmp_path: Path) -> None:
+    """A by-user read of a few users on SQLite runs on the event loop, at most LOOP_READ_ROWS rows of it:
+    users holding more than their share are read again, whole, in a store thread. Every user gets all
+    their live events either way."""
+    import asyncio
+    import threading
+
+    from app.serving import LOOP_READ_ROWS, live_history
+    from app.store import Event, SQLiteStore
+    from models.tasks.recommend import RecQuery
+
+    store = SQLiteStore(tmp_path / "h.sqlite3", keep=1000)
+    app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", history_path=tmp_path / "own.sqlite3"))
+    with TestClient(app):
+        engine = app.state.services.loaded.models["sasrec-tiny"].engine
+        heavy = [f"heavy{n}" for n in range(7)]
+        for user in heavy:
+            store.append(engine.namespace, [Event(f"{user}-{i}", user, "12", Y2005 + i) for i in range(1000)])
+        store.append(engine.namespace, [Event("light-0", "light", "13", Y2005)])
+        reads: list[tuple[bool, int, int]] = []  # (on the loop's thread, users, limit)
+        plain = store.events
+
+        def events(namespace: str, users: list[str], limit: int | None = None) -> dict[str, object]:
+            reads.append((threading.current_thread() is loop_thread, len(set(users)), limit or 0))
+            return plain(namespace, users, limit)  # type: ignore[return-value]
+
+        store.events = events  # type: ignore[method-assign]
+        loop_thread = threading.current_thread()  # asyncio.run below runs its loop on this thread
+        got = asyncio.run(live_history(engine, [RecQuery(user_id=u) for u in [*heavy, "light"]], store))
+    assert {u: len(t) for u, t in got.items()} == {**{u: 1000 for u in heavy}, "light": 1}
+    assert got["heavy0"] == plain(engine.namespace, ["heavy0"], 1000)["heavy0"]
+    on_loop = [users * limit for here, users, limit in reads if here]
+    assert on_loop and sum(on_loop) <= LOOP_READ_ROWS
+    assert [(users, limit) for here, users, limit in reads if not here] == [(7, 1000)]  # the heavy ones, whole
+    store.close()
