@@ -74,7 +74,9 @@ class Observe:
             model = state.get("model", "-")
             self.metrics.observe_request(endpoint, model, status, seconds)
             if endpoint not in QUIET and self.access.enabled():
-                self.access.write(f"{scope['method']} {endpoint} {status} {seconds * 1000:.1f}ms", rid)
+                client = scope.get("client")  # the balancer's X-Forwarded-For, where it is trusted
+                who = client[0] if client else "-"
+                self.access.write(f"{who} {scope['method']} {endpoint} {status} {seconds * 1000:.1f}ms", rid)
             request_id.reset(token)
 
 

@@ -278,6 +278,7 @@ def main(app: str = "app.main:app_from_env") -> None:
         http=partial(GuardedHttpTools, limits=limits),  # type: ignore[arg-type]
         timeout_keep_alive=int(s.keep_alive_s),
         timeout_graceful_shutdown=int(s.drain_s),
+        forwarded_allow_ips=s.forwarded_allow_ips,
         access_log=False,  # the service writes its own access log, with request ids (app/middleware.py)
         log_level=s.log_level.lower(),
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -115,6 +117,9 @@ class Settings(BaseSettings):
     # Open connections from one peer address, per worker: behind a proxy every client shares its address,
     # so raise it there (docs/decisions/connection-limits.md).
     max_connections_per_client: int = Field(default=256, ge=1)
+    # Peers whose X-Forwarded-For names the client (addresses or networks, comma-separated): the balancer
+    # alone. The header of anyone else is ignored (docs/decisions/balancer.md).
+    forwarded_allow_ips: str = "127.0.0.1"
     # Workers of one host agree through files here (the reload generation, each worker's versions);
     # None: <history_path>.state beside the SQLite history file.
     state_dir: Path | None = None
@@ -233,6 +238,16 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _addresses(cls, v: str) -> str:
+        for entry in v.split(","):
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"{entry.strip()!r} is not an address or a network (e.g. 10.0.0.0/8)") from None
+        return v
+
     @field_validator("admin_api_key", "events_api_key", "read_api_key", "redis_password")
     @classmethod
     def _blank_key_is_no_key(cls, v: SecretStr | None) -> SecretStr | None:
@@ -299,3 +314,20 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def main() -> int:
+    """`python -m app.settings`: check the settings in this environment, say what is wrong and exit 2, else 0.
+    Compose runs it before the api, so a setting that does not validate stops `up` with its reason
+    instead of restarting the api in a loop."""
+    try:
+        Settings()
+    except SettingsError as exc:  # its text names each variable and never a value
+        print(f"seqserve: {exc}", file=sys.stderr)
+        return 2
+    print("seqserve: settings valid", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

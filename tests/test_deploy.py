@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +78,13 @@ def test_entrypoints_are_the_scripts_used_here(compose: dict[str, Any]) -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r'^ENTRYPOINT \["scripts/serve\.sh"\]$', dockerfile, re.M)
     assert "scripts/serve.sh" in (ROOT / "README.md").read_text()
-    for name, script in (
+    for name, entry in (
         ("trainer", ["scripts/train_defaults.sh"]),
         ("train", ["scripts/train_defaults.sh", "--force"]),
         ("retrain", ["scripts/retrain.sh"]),
         ("retrainer", ["scripts/retrainer.sh"]),
     ):
-        assert compose["services"][name]["entrypoint"] == script
+        assert compose["services"][name]["entrypoint"] == entry
     for script in ("serve.sh", "train_defaults.sh", "retrain.sh", "retrainer.sh", "bootstrap.sh"):
         assert os.access(ROOT / "scripts" / script, os.X_OK), script
 
@@ -139,7 +140,9 @@ def test_one_shot_services_have_no_healthcheck(compose: dict[str, Any]) -> None:
         assert compose["services"][name].get("healthcheck") == {"disable": True}, name
 
 
-def test_the_balancer_listens_on_loopback_unless_told_and_the_api_scales_behind_it(compose: dict[str, Any]) -> None:
+def test_the_balancer_listens_on_loopback_unless_told_and_the_api_scales_behind_it(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
     services = compose["services"]
     [port] = services["lb"]["ports"]
     assert _default(port) == "127.0.0.1:8000:8080" and "${SEQSERVE_BIND" in port
@@ -154,15 +157,20 @@ def test_the_balancer_listens_on_loopback_unless_told_and_the_api_scales_behind_
     assert "bind :8080" in cfg and "retry-on conn-failure empty-response" in cfg
     dockerfile = (ROOT / "ops" / "lb" / "Dockerfile").read_text()
     assert "apt-get install" in dockerfile and "haproxy -c -f" in dockerfile  # Debian's package, checked at build
+    assert "python" not in services["lb"]["healthcheck"]["test"][-1]  # the image has no Python
     haproxy = shutil.which("haproxy")
     if haproxy is None:
         if os.environ.get("CI"):
             pytest.fail("haproxy is not installed; scripts/test.sh installs it (apt-get install haproxy)")
         pytest.skip("haproxy not installed (scripts/test.sh installs it when run as root)")
-    out = subprocess.run(
-        [haproxy, "-c", "-f", str(ROOT / "ops" / "lb" / "haproxy.cfg")], capture_output=True, text=True
-    )
+    # The image's paths, pointed at the files the image copies in.
+    cfg_here = tmp_path / "haproxy.cfg"
+    cfg_here.write_text(cfg.replace("/etc/haproxy/", f"{ROOT / 'ops' / 'lb'}/"))
+    out = subprocess.run([haproxy, "-c", "-f", str(cfg_here)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+    copied = re.findall(r"COPY (.+) /etc/haproxy/", dockerfile)
+    for path in re.findall(r"/etc/haproxy/(\S+)", cfg):  # every file the config names is in the image
+        assert any(path == f or path.startswith(f.rstrip("/") + "/") for c in copied for f in c.split()), path
 
 
 def test_redis_needs_a_password_and_never_evicts(compose: dict[str, Any]) -> None:
@@ -201,7 +209,7 @@ def test_api_keys_can_come_from_compose_secrets() -> None:
     """The api and the processes that call it (the retrainer and a retrain reload it with the admin key; the
     retrainer starts only with the events key) read the same key files."""
     override = yaml.safe_load((ROOT / "docker-compose.secrets.yml").read_text())
-    for service in ("api", "retrainer", "retrain"):
+    for service in ("api", "settings", "retrainer", "retrain"):
         env = override["services"][service]["environment"]
         assert env == {
             "SEQSERVE_ADMIN_API_KEY_FILE": "/run/secrets/admin_key",
@@ -223,9 +231,55 @@ def test_alert_rules_pass_promtool_and_name_metrics_the_code_exports() -> None:
             pytest.fail("promtool is not installed; scripts/test.sh installs it (apt-get install prometheus)")
         pytest.skip("promtool not installed (scripts/test.sh installs it when run as root)")
     rules = ROOT / "ops" / "prometheus"
-    for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
+    checks = (
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts_test.yml"],
+        ["check", "config", "prometheus.yml"],
+    )
+    for args in checks:
         out = subprocess.run([promtool, *args], cwd=rules, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
     exported = "".join(p.read_text() for p in (ROOT / "app").rglob("*.py"))
     for name in set(re.findall(r"(seqserve_[a-z_]+?)(?:_total)?\b", (rules / "alerts.yml").read_text())):
         assert f'"{name}' in exported, name
+
+
+def test_every_setting_can_be_given_to_compose_and_is_checked_before_the_api_starts(compose: dict[str, Any]) -> None:
+    """ops/seqserve.env lists every setting (compose reads it into the api, the retrainer and a retrain);
+    a one-shot `settings` service checks the api's settings first, with the api's own environment."""
+    from app.settings import Settings
+
+    listed = (ROOT / "ops" / "seqserve.env").read_text()
+    for name in Settings.model_fields:
+        assert f"# SEQSERVE_{name.upper()}=" in listed, name
+    services = compose["services"]
+    for name in ("api", "settings", "retrainer", "retrain"):
+        assert services[name]["env_file"] == "${SEQSERVE_ENV_FILE:-ops/seqserve.env}", name
+    check = services["settings"]
+    assert check["entrypoint"][-2:] == ["-m", "app.settings"] and check["restart"] == "no"
+    assert check["environment"] == services["api"]["environment"]
+    assert services["api"]["depends_on"]["settings"]["condition"] == "service_completed_successfully"
+    for name in ("SEQSERVE_KEEP_VERSIONS", "SEQSERVE_PROBATION_MAX_S", "SEQSERVE_FORWARDED_ALLOW_IPS"):
+        assert name in services["api"]["environment"], name
+
+
+def test_the_settings_check_names_what_is_wrong(tmp_path: Path) -> None:
+    env = {**os.environ, "SEQSERVE_PROBATION_S": "soon", "SEQSERVE_FORWARDED_ALLOW_IPS": "*"}
+    out = subprocess.run([sys.executable, "-m", "app.settings"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert (
+        "SEQSERVE_PROBATION_S" in out.stderr
+        and "SEQSERVE_FORWARDED_ALLOW_IPS" in out.stderr
+        and "soon" not in out.stderr
+    )
+    good = subprocess.run([sys.executable, "-m", "app.settings"], cwd=ROOT, capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+
+
+def test_rolling_restart_script_starts_new_replicas_before_it_stops_old_ones() -> None:
+    script = (ROOT / "ops" / "rolling-restart.sh").read_text()
+    assert os.access(ROOT / "ops" / "rolling-restart.sh", os.X_OK)
+    assert subprocess.run(["bash", "-n", str(ROOT / "ops" / "rolling-restart.sh")]).returncode == 0
+    up, stop = script.index("--no-recreate --scale api="), script.index('docker stop -t 30 "$id"')
+    healthy = script.index("{{.State.Health.Status}}")
+    assert up < healthy < stop  # new ones up and healthy before any old one stops

@@ -113,8 +113,8 @@ def main() -> None:
                 rounds.append({"round": r, "checkout": name, **got})
     finally:
         proc.terminate()
-    report = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}", "args": vars(args)}
-    report["rounds"] = rounds
+    machine = f"{platform.node()} {platform.processor() or platform.machine()}"
+    report: dict[str, Any] = {"machine": machine, "args": vars(args), "rounds": rounds}
     if args.out:
         args.out.write_text(json.dumps(report, indent=1, default=str))
 
