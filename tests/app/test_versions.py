@@ -238,9 +238,7 @@ def test_retention_never_keeps_a_broken_version_in_a_good_ones_place(root: Path,
         assert sorted(p.name for p in named.iterdir()) == sorted([first, mid])
 
 
-def test_retention_checks_a_version_published_behind_a_pin_before_it_counts_as_good(
-    root: Path, tmp_path: Path
-) -> None:
+def test_retention_checks_a_version_published_behind_a_pin_before_it_counts_as_good(root: Path, tmp_path: Path) -> None:
     """A broken version published after the pin was never loaded, so never known broken: it must not take
     the place of the newest good one."""
     named = latest_versions(root)["sasrec-tiny"].parent
