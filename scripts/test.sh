@@ -3,9 +3,19 @@
 # rules, haproxy for the balancer's config, chromium for the browser tests, lint, format, types, dead code,
 # tests with a coverage report.
 # Any failure fails the run, and so does pytest collecting no test (exit code 5).
+#   scripts/test.sh            everything, as CI runs it
+#   scripts/test.sh --fast     the edit-run cycle: lint, format, and the tests that start no Redis, server
+#                              process or multi-process job (tests/conftest.py), on two processes, no coverage
+#   scripts/test.sh tests/x.py chosen tests (any pytest arguments), no coverage floor
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh dev
+if [ "${1:-}" = "--fast" ]; then
+    shift
+    .venv/bin/ruff check .
+    .venv/bin/ruff format --check .
+    exec .venv/bin/python -m pytest --fast -n 2 --dist worksteal "$@"
+fi
 # need COMMAND WHY PACKAGE...: installs the packages (root with apt) when COMMAND is missing; else says
 # which tests will skip (and fail under CI=true).
 need() {

@@ -13,12 +13,50 @@ import models.tasks  # noqa: F401  (the tests' program loads the task table, as 
 from training.data import Interactions
 from training.data.interactions import per_user
 
+# `--fast` (scripts/test.sh --fast, the edit-run cycle) leaves out the tests that start processes: marked
+# slow, asking for a Redis server or cluster, or in a module whose tests start servers, jobs or browsers.
+PROCESS_FIXTURES = frozenset({"redis_server", "redis_cluster", "redis_cluster_nodes", "backend", "histories", "state"})
+PROCESS_MODULES = frozenset(
+    {
+        "test_browser.py",
+        "test_durability.py",
+        "test_server.py",
+        "test_balancer.py",
+        "test_distributed.py",
+        "test_history_shares.py",
+        "test_memory.py",
+        "test_smoke.py",
+        "test_gpu.py",
+        "test_secrets.py",
+        "test_retrainer.py",
+        "test_redis_cluster.py",
+        "test_real_data.py",
+    }
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true", help="only the tests that start no server, job or Redis")
+
+
+def starts_processes(item: pytest.Item) -> bool:
+    return (
+        item.get_closest_marker("slow") is not None
+        or bool(PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())))
+        or item.path.name in PROCESS_MODULES
+    )
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `-n N --dist worksteal` each worker starts on a contiguous share of the collection, cut as
-    xdist cuts it, and later ones take the tail of the longest queue: so each share here begins with its
-    part of the tests marked slow, and no long test is left to run alone at the end
-    (docs/decisions/test-suite-time.md). The order within each group is kept."""
+    """With --fast, the tests that start processes are deselected. Under `-n N --dist worksteal` each
+    worker starts on a contiguous share of the collection, cut as xdist cuts it, and later ones take the
+    tail of the longest queue: so each share here begins with its part of the tests marked slow, and no
+    long test is left to run alone at the end (docs/decisions/test-suite-time.md). The order within each
+    group is kept."""
+    if config.getoption("--fast"):
+        left_out = [item for item in items if starts_processes(item)]
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not starts_processes(item)]
     n = getattr(config.option, "numprocesses", None)
     workers = n if isinstance(n, int) and n > 1 else 1
     slow = [item for item in items if item.get_closest_marker("slow") is not None]

@@ -1,0 +1,40 @@
+"""The arrows of the README's map, checked over every import of the packages: `models/` (the contract)
+imports neither the service nor the jobs, and `app/` and `training/` never import each other."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# package -> the project's packages it must never import
+FORBIDDEN = {
+    "models": {"app", "training", "bench", "tests"},
+    "app": {"training", "bench", "tests"},
+    "training": {"app", "bench", "tests"},
+}
+
+
+def imported_packages(source: str) -> set[str]:
+    """The top-level package of every absolute import in `source`, at any depth (a function's local import too)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_checker_sees_every_kind_of_import() -> None:
+    source = "import app.x\nfrom training import y\ndef f():\n    from bench.servers import z\nfrom . import sibling\n"
+    assert imported_packages(source) == {"app", "training", "bench"}
+
+
+def test_no_import_runs_against_the_layers() -> None:
+    wrong = []
+    for package, never in FORBIDDEN.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if bad := imported_packages(path.read_text()) & never:
+                wrong.append(f"{path.relative_to(ROOT)} imports {', '.join(sorted(bad))}")
+    assert wrong == []
