@@ -1,7 +1,7 @@
 """Which version of each model should serve, and which is on trial beside it: the production state's
 pins and candidates as this worker last read them.
 
-One writer, the production loop (app/production.py): it reads them from the store, and changes them
+One writer, the production loop (app/production/loop.py): it reads them from the store, and changes them
 only through the store (an admin pin, a started or settled trial) before taking them back. The loaded
 models (app/loaded.py) and the routers read them. A trial is a candidate's run beside the live version,
 from its `since` until its outcome. While probation watches a promotion and no trial runs, the version

@@ -12,6 +12,7 @@ validation and the OpenAPI document share one set of limits.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, TypeVar
 
@@ -21,16 +22,16 @@ from pydantic import BaseModel, SecretStr
 
 from app import bodies
 from app.errors import Forbidden, Unauthorized
-from app.loaded import LoadedModels
+from app.loaded import LoadedModels, Served
 from app.observability import Metrics
-from app.online import ServedLists
-from app.production import ProductionLoop
+from app.production.loop import ProductionLoop
+from app.production.online import ServedLists
+from app.production.traffic import VersionTraffic
+from app.production.trials import AnswerContext, ShadowWork
 from app.schemas import EventsRequest, RequestModels, bounded
 from app.serving import off_loop
 from app.settings import Settings
 from app.store import HistoryStore, ProductionState
-from app.traffic import VersionTraffic
-from app.trials import ShadowWork
 from app.workers import Coordinator
 
 M = TypeVar("M", bound=BaseModel)
@@ -56,6 +57,27 @@ class Services:
 
     def __post_init__(self) -> None:
         self.schemas = bounded(self.settings.limits)
+
+
+def answer_context(
+    services: Services, served: Served, *, abandoned: Callable[[], bool] | None, keyed: bool
+) -> AnswerContext:
+    """What answering one request of `served`'s route needs from the app: the store, its deadline, online
+    evaluation's keeping, and, for a key holder's request, the traffic counts. Probation's start when the
+    live version is on it and events are keyed (no NDCG@10 is read on probation otherwise: nothing to keep)."""
+    probation = None
+    if services.settings.events_api_key is not None:
+        probation = services.loaded.choices.on_probation(served.name, served.version)
+    return AnswerContext(
+        store=services.histories,
+        timeout_s=services.settings.request_timeout_s,
+        abandoned=abandoned,
+        lists=services.lists,
+        shadows=services.shadows,
+        metrics=services.metrics,
+        probation=probation,
+        traffic=services.traffic if keyed else None,
+    )
 
 
 def services_of(request: Request) -> Services:

@@ -19,15 +19,15 @@ from app.handlers import install_error_handlers
 from app.loaded import LoadedModels, resolve_device
 from app.middleware import BodyBudget, BodyLimit, Observe
 from app.observability import AccessLog, Metrics, configure_logging
-from app.online import ServedLists
-from app.production import ProductionLoop
+from app.production.loop import ProductionLoop
+from app.production.online import ServedLists
+from app.production.trials import ShadowWork
 from app.routers import admin, console, events, health, history, metrics, models
 from app.routers.plain import PlainRouter
 from app.routers.tasks import TaskRoute, live_route, plain_router, task_routes
 from app.schemas import bounded, components
 from app.settings import Settings, get_settings
 from app.store import RedisStore, SQLiteStore, StoreError, distinct, open_store
-from app.trials import ShadowWork
 from app.workers import Coordinator, WorkerSync
 from models.engine import EngineOptions
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
-from app.online import segment_parts
 from app.store import Exposure, Sums
+from app.store.state import segment_parts
 from app.workers import alive
 
 _LIVE_GAUGE = re.compile(r"^gauge_live\w*_(\d+)\.db$")

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from app.promotion import Window, live_and_floor, online_windows, sagged
+from app.production.promotion import Window, live_and_floor, online_windows, sagged
+from app.production.sequential import Z95
 from app.retrain import HELD_KEPT, die_with_parent, new_run_folder, prune_held, served_models, sweep_runs
-from app.sequential import Z95
 from app.settings import Settings, SettingsError
 from app.store import Arrival, Candidate, ProductionState, RetrainRecord, StoreError, open_store
 from app.store.histories import HistoryStore

@@ -2,7 +2,7 @@
 
 The routers map HTTP bodies to the engine's query types and the results back; everything in between
 (live history, the engine's hooks, the batcher) is here, the same for every task through the engine
-protocol. A candidate beside the live version (canary, shadow, what was served): app/trials.py.
+protocol. A candidate beside the live version (canary, shadow, what was served): app/production/trials.py.
 Events and histories (POST /events, GET /history): app/live_events.py.
 """
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from app.deps import AdminKey, Services, ServicesDep, parse_body
 from app.errors import BrokenVersion, NoOlderVersion, NoTrial, StoreUnavailable, UnknownModel
-from app.production import ProductionLoop
+from app.production.loop import ProductionLoop
 from app.routers.docs import body_doc, errors
 from app.schemas import CandidateInfo, ModelNamePath, Strict
 from app.store import Candidate, Mode, StoreError

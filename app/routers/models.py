@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from app.deps import Services, ServicesDep
 from app.errors import UnknownModel
-from app.online import BUCKET_S, by_segment, figures, totals
+from app.production.online import BUCKET_S, by_segment, figures, totals
 from app.routers.docs import errors
 from app.schemas import CandidateInfo, ModelNamePath
 from app.store import Sums

@@ -13,11 +13,11 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import serving, trials
-from app.deps import Services, check_history_reader, holds_key, parse_body, services_of
+from app import serving
+from app.deps import answer_context, check_history_reader, holds_key, parse_body, services_of
 from app.handlers import json_response
 from app.limits import Limits
-from app.loaded import Served
+from app.production import trials
 from app.routers.docs import body_doc, errors
 from app.routers.plain import PlainRouter, closed_connection
 from app.schemas import Body
@@ -76,19 +76,8 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
             keys = services.settings.any_keys
             keyed = bool(keys) and holds_key(keys, request.headers.get("x-api-key"))
             with loaded.lease_candidate(served.name) as candidate:
-                results, versions, ids = await trials.answer_with_candidate(
-                    served,
-                    candidate,
-                    queries,
-                    store=services.histories,
-                    timeout_s=services.settings.request_timeout_s,
-                    abandoned=closed_connection(request),
-                    lists=services.lists,
-                    shadows=services.shadows,
-                    metrics=services.metrics,
-                    probation=probation_of(services, served),
-                    traffic=services.traffic if keyed else None,
-                )
+                ctx = answer_context(services, served, abandoned=closed_connection(request), keyed=keyed)
+                results, versions, ids = await trials.answer_with_candidate(served, candidate, queries, ctx)
             # Which side of a trial answered a user is for key holders only: with it, anyone could post
             # the events that favour one side (docs/decisions/online-evaluation.md).
             reveal = not keys or keyed
@@ -111,13 +100,6 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
         responses=errors(*((401, 403) if spec.live_events else ()), 404, 422, 503, 504),
     )(endpoint)
     return router
-
-
-def probation_of(services: Services, served: Served) -> float | None:
-    """When the live version was promoted, while probation watches it (app.trials keeps its lists per user)."""
-    if services.settings.events_api_key is None:  # no NDCG@10 is read on probation: nothing to keep
-        return None
-    return services.loaded.choices.on_probation(served.name, served.version)
 
 
 def live_route(routes: Sequence[TaskRoute]) -> str | None:

@@ -29,15 +29,36 @@ Mode = Literal["canary", "shadow", "interleave"]  # a trial's: what an admin or 
 # answering a share of the users while probation watches the promotion (app/choices.py; never stored).
 Side = Literal["canary", "shadow", "interleave", "holdback"]
 # "floor": the live version's reference lists (its own popularity, with the same exclusions) scored on the
-# same events as its answers: the figure probation and the floor alert compare it with (app/online.py).
+# same events as its answers: the figure probation and the floor alert compare it with (app/production/online.py).
 Variant = Literal["live", "canary", "shadow", "interleave", "holdback", "floor"]
+
+
+def segment_of(*, known_user: bool, fresh: bool) -> str:
+    """A served list's segment: whether the serving version's artifact held its user ("known") or the user
+    is known from live events only ("new"), and whether it holds an item first seen live ("+fresh")."""
+    return ("known" if known_user else "new") + ("+fresh" if fresh else "")
+
+
+def segment_parts(segment: str) -> tuple[str, str] | None:
+    """A segment's users ("known", "new") and items ("fresh", "catalog"); None for sums kept before segments."""
+    if not segment:
+        return None
+    users, _, fresh = segment.partition("+")
+    return users, "fresh" if fresh else "catalog"
+
+
+def segment_groups(segment: str) -> tuple[str, str] | None:
+    """The groups a segment's lists are shown in, one of users and one of lists: users_known or users_new,
+    lists_fresh or lists_catalog."""
+    parts = segment_parts(segment)
+    return None if parts is None else (f"users_{parts[0]}", f"lists_{parts[1]}")
 
 
 @dataclass(frozen=True)
 class Candidate:
     """A version of a model tried beside the live one: `canary` answers `share` of the users (sticky
     by user id); `shadow` scores the same by-user queries off the response path; `interleave` mixes its
-    list with the live one in every by-user answer (app/interleave.py); `holdback`, the version a
+    list with the live one in every by-user answer (app/production/interleave.py); `holdback`, the version a
     promotion replaced, answers `share` of the users while probation watches it (never stored). `since`:
     when it became the candidate (its online figures are compared with the live version's from then on).
     A promoted candidate is on probation until it is confirmed (`confirmed` set) or rolled back."""
@@ -240,7 +261,8 @@ class Exposure:
 
 # Traffic's latency histogram: bucket i holds answers up to LATENCY_EDGES_S[i] seconds (the last: any longer),
 # 0.1 ms to about 20 s in steps of 25%, so a percentile read from it is within 25% of the true one. The
-# answers are seconds per query of a request's part (app/traffic.py): a batched query can take well under 1 ms.
+# answers are seconds per query of a request's part (app/production/traffic.py): a batched query can take
+# well under 1 ms.
 LATENCY_EDGES_S = tuple(0.0001 * 1.25**i for i in range(56))
 
 

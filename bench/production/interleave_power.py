@@ -9,7 +9,7 @@ version and tries the worse one (or --candidate, any version folder of the model
 promotion rule off; the last 20% of the log is replayed in time order, each user's events in sequence
 (POST /recommend by user, then POST /events), in blocks. After each block, once the service has scored
 everything sent, the trial's figures as the rule reads them (GET /models/{name}/online, `trial`) say
-whether the candidate is told apart: the rule's anytime-valid test at its ALPHA (app/sequential.py):
+whether the candidate is told apart: the rule's anytime-valid test at its ALPHA (app/production/sequential.py):
 canary, the NDCG@10 difference (users as the unit) below zero with its e-value at 1 / ALPHA;
 interleaving, the sign test over users, more favouring the live version with its e-value there.
 Reported per mode: the events replayed when that first held and when it held from then on, and every
@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx2 as httpx
 
-from app.sequential import ALPHA
+from app.production.sequential import ALPHA
 from bench.production.replay import ADMIN, EVENTS, NAME, TENTH, Replayer, prepare, tenth, train
 from bench.servers import ROOT, start_server, stop
 

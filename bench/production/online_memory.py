@@ -22,9 +22,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from app.online import ServedList, ServedLists
+from app.production.online import ServedList, ServedLists
+from app.production.trials import new_id
 from app.store import Arrival
-from app.trials import new_id
 
 
 def through_service(args: argparse.Namespace) -> None:

@@ -27,8 +27,8 @@ from typing import Any
 
 import pandas as pd
 
-from app.promotion import MIN_USERS, compared
-from app.sequential import ALPHA, Evidence, two_sided
+from app.production.promotion import MIN_USERS, compared
+from app.production.sequential import ALPHA, Evidence, two_sided
 from app.store import UserStats
 
 

@@ -15,10 +15,10 @@ from starlette.responses import Response
 from app.deps import parse_body, services_of
 from app.handlers import json_response
 from app.main import app_from_env, create_app
+from app.production.trials import new_id
 from app.routers.plain import PlainRouter
 from app.routers.recommend import result_json, to_query
 from app.settings import Settings
-from app.trials import new_id
 from models.tasks.recommend import RecResult
 
 router = PlainRouter(tags=["bench"], include_in_schema=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from app.promotion import Window, online_windows
+from app.production.promotion import Window, online_windows
 from app.retrain import keep_held, sweep_runs
 from app.retrainer import (
     LEASE,

@@ -14,7 +14,6 @@ store per time bucket, where every worker and host adds its own (docs/decisions/
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections import OrderedDict
@@ -22,9 +21,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from app.interleave import credit
-from app.sequential import Z95
+from app.production.interleave import credit
+from app.production.sequential import Z95
 from app.store import Arrival, Exposure, OnlineKey, Sums, UserKey
+from app.store.state import segment_groups
 
 CUT = 10  # the online figures' K: HR@10, NDCG@10
 BUCKET_S = 60.0  # online sums are kept per minute (the console's time axis)
@@ -39,7 +39,7 @@ class ServedList(NamedTuple):
     items: tuple[str, ...]
     at: float  # the server's clock when it was served
     trial_start: float | None = None  # when the running trial began, as it was served (its figures count per user)
-    teams: str = ""  # an interleaved list's: each position's team (app/interleave.py)
+    teams: str = ""  # an interleaved list's: each position's team (app/production/interleave.py)
     recommendation_id: str = ""  # an event naming it scores this list (attribution)
     floor: tuple[str, ...] = ()  # a live list's reference list (its version's popularity, the same exclusions)
 
@@ -56,45 +56,6 @@ def score(items: Sequence[str], target: str) -> Sums:
 
 # (a scored list, its user) -> the list's segment (segment_of), or "" when it cannot be told any more
 Segmenter = Callable[[ServedList, str], str]
-
-
-def segment_of(*, known_user: bool, fresh: bool) -> str:
-    """A served list's segment: whether the serving version's artifact held its user ("known") or the user
-    is known from live events only ("new"), and whether it holds an item first seen live ("+fresh")."""
-    return ("known" if known_user else "new") + ("+fresh" if fresh else "")
-
-
-def segment_parts(segment: str) -> tuple[str, str] | None:
-    """A segment's users ("known", "new") and items ("fresh", "catalog"); None for sums kept before segments."""
-    if not segment:
-        return None
-    users, _, fresh = segment.partition("+")
-    return users, "fresh" if fresh else "catalog"
-
-
-def segment_groups(segment: str) -> tuple[str, str] | None:
-    """The groups a segment's lists are shown in, one of users and one of lists: users_known or users_new,
-    lists_fresh or lists_catalog."""
-    parts = segment_parts(segment)
-    return None if parts is None else (f"users_{parts[0]}", f"lists_{parts[1]}")
-
-
-def in_canary(model: str, user: str, share: float) -> bool:
-    """Whether `user` is in the canary share of `model`: a hash of both, so the split is the same on
-    every worker, host and restart (Python's hash() is salted per process), and differs per model."""
-    return _position(model, user) < share
-
-
-def in_holdback(model: str, user: str, share: float) -> bool:
-    """Whether `user` is in the holdback share of `model`: the canary hash's other end, so the users a
-    promotion's canary left on the live version (up to 1 - share of them) stay on it while it is held back."""
-    return _position(model, user) >= 1.0 - share
-
-
-def _position(model: str, user: str) -> float:
-    """Where `user` falls in [0, 1) for `model`: a hash of both, the same on every worker, host and restart."""
-    h = hashlib.blake2b(f"{model}\x00{user}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") / 2.0**64
 
 
 @dataclass

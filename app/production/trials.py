@@ -1,13 +1,14 @@
 """A candidate on trial beside the live version, on the request path: a canary answers its share of the
 users, an interleaved candidate's list is mixed with the live one in every by-user answer
-(app/interleave.py), a shadow is offered the by-user queries once the live answer is ready (never awaited
-by a request), and what each side served by user is kept for online evaluation (app/online.py), under
+(app/production/interleave.py), a shadow is offered the by-user queries once the live answer is ready (never awaited
+by a request), and what each side served by user is kept for online evaluation (app/production/online.py), under
 the answer's recommendation_id. A trial is a candidate's run from its `since` (app/choices.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 import time
@@ -17,17 +18,35 @@ from typing import Any
 
 from app.batcher import AbandonedError
 from app.errors import DomainError
-from app.interleave import seed_of, team_draft
 from app.loaded import Served, held
 from app.observability import Metrics
-from app.online import CUT, ServedLists, in_canary, in_holdback
+from app.production.interleave import seed_of, team_draft
+from app.production.online import CUT, ServedLists
+from app.production.traffic import VersionTraffic
 from app.serving import answer, subject
 from app.store import HistoryStore
-from app.traffic import VersionTraffic
 from models.engine import UserHistories
 from models.queries import QueryError
 
 log = logging.getLogger(__name__)
+
+
+def in_canary(model: str, user: str, share: float) -> bool:
+    """Whether `user` is in the canary share of `model`: a hash of both, so the split is the same on
+    every worker, host and restart (Python's hash() is salted per process), and differs per model."""
+    return _position(model, user) < share
+
+
+def in_holdback(model: str, user: str, share: float) -> bool:
+    """Whether `user` is in the holdback share of `model`: the canary hash's other end, so the users a
+    promotion's canary left on the live version (up to 1 - share of them) stay on it while it is held back."""
+    return _position(model, user) >= 1.0 - share
+
+
+def _position(model: str, user: str) -> float:
+    """Where `user` falls in [0, 1) for `model`: a hash of both, the same on every worker, host and restart."""
+    h = hashlib.blake2b(f"{model}\x00{user}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2.0**64
 
 
 @dataclass
@@ -134,29 +153,34 @@ def record(
             )
 
 
+@dataclass(frozen=True)
+class AnswerContext:
+    """What answering one request needs besides its models and queries. `probation`: when the live version
+    was promoted, while probation watches it; with no trial running, its lists are then kept per user from
+    that time (app/production/promotion.py), and so are those of the holdback (the version it replaced,
+    answering its share of the users). `traffic` (a key holder's request): each part a version computed, in
+    a request holding a by-user query, is counted for it (app/production/traffic.py)."""
+
+    store: HistoryStore | None
+    timeout_s: float
+    abandoned: Callable[[], bool] | None = None  # true once the client has gone
+    lists: ServedLists | None = None
+    shadows: ShadowWork | None = None
+    metrics: Metrics | None = None
+    probation: float | None = None
+    traffic: VersionTraffic | None = None
+
+
 async def answer_with_candidate(
-    served: Served,
-    beside: Served | None,
-    queries: Sequence[Any],
-    *,
-    store: HistoryStore | None,
-    timeout_s: float,
-    abandoned: Callable[[], bool] | None = None,
-    lists: ServedLists | None = None,
-    shadows: ShadowWork | None = None,
-    metrics: Metrics | None = None,
-    probation: float | None = None,
-    traffic: VersionTraffic | None = None,
+    served: Served, beside: Served | None, queries: Sequence[Any], ctx: AnswerContext
 ) -> tuple[list[Any], list[str], list[str | None]]:
     """The live answer (a canary's, for the queries by users in its share; an interleaving of both, for
     every by-user query while the candidate is interleaved), each result with the version that gave it
     (an interleaved one: the candidate's) and, for a by-user query, a new recommendation_id; the by-user
-    answers are kept in `lists`, and a shadow candidate is offered the by-user queries once the live
-    answer is ready. `probation`: when the live version was promoted, while probation watches it; with no
-    trial running, its lists are then kept per user from that time (app.promotion.probation), and so are
-    those of the holdback (the version it replaced, answering its share of the users). `traffic` (a key
-    holder's request): each part a version computed, in a request holding a by-user query, is counted for it
-    (app/traffic.py)."""
+    answers are kept in `ctx.lists`, and a shadow candidate is offered the by-user queries once the live
+    answer is ready."""
+    store, timeout_s, abandoned, lists = ctx.store, ctx.timeout_s, ctx.abandoned, ctx.lists
+    shadows, metrics, probation, traffic = ctx.shadows, ctx.metrics, ctx.probation, ctx.traffic
     if beside is not None and (beside.candidate is None or beside.version == served.version):
         beside = None  # promoted a moment ago: it is dropped once this reload ends
     mode = beside.candidate.mode if beside is not None and beside.candidate is not None else None

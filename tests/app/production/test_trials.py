@@ -18,8 +18,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.online import ServedList, in_canary, in_holdback
-from app.sequential import signs
+from app.production.online import ServedList
+from app.production.sequential import signs
+from app.production.trials import in_canary, in_holdback
 from app.settings import Settings, SettingsError
 from app.store import SQLiteStore, Sums, Traffic
 from models.warm import FIRST_SEEN_LIVE
@@ -288,7 +289,7 @@ def _perturbed(folder: Path, seed: int) -> None:
 def test_an_interleaved_candidate_mixes_every_by_user_answer_and_the_users_credits_decide(
     root: Path, tmp_path: Path
 ) -> None:
-    from app.interleave import seed_of, team_draft
+    from app.production.interleave import seed_of, team_draft
     from models.tasks.recommend import RecQuery
 
     first = _first(root)
@@ -585,8 +586,8 @@ def test_a_promotion_on_probation_holds_a_share_of_the_users_back_on_the_version
         # A version newer than the live one (NEWER, by its name) is not started while the holdback runs.
         assert c.post("/admin/reload", headers=ADMIN).json()["candidates"] == {}
         assert c.get("/models/sasrec-tiny/versions").json()["holdback"]["version"] == NEWER
-        # Probation confirms the promotion (its span and evidence: tests/app/test_traffic.py): the holdback ends and
-        # everyone gets the promoted version.
+        # Probation confirms the promotion (its span and evidence: tests/app/production/test_traffic.py): the
+        # holdback ends and everyone gets the promoted version.
         assert store.confirm("sasrec-tiny", first) and not store.confirm("sasrec-tiny", first)
         c.portal.call(production.tick, root, None)  # type: ignore[union-attr]
         assert all(r["version"] == first for r in _ask(c, USERS, headers=EVENTS)["results"])
@@ -741,7 +742,7 @@ def test_a_new_version_enters_as_a_candidate_when_set(root: Path, tmp_path: Path
 
 
 def test_shadow_work_is_drained_at_shutdown() -> None:
-    from app.trials import ShadowWork
+    from app.production.trials import ShadowWork
 
     async def run() -> None:
         work = ShadowWork(1)

@@ -6,8 +6,17 @@ import math
 
 import pytest
 
-from app.online import LISTS_PER_USER, ServedList, ServedLists, exposure_of, figures, in_canary, score, totals
-from app.promotion import judge, per_user
+from app.production.online import (
+    LISTS_PER_USER,
+    ServedList,
+    ServedLists,
+    exposure_of,
+    figures,
+    score,
+    totals,
+)
+from app.production.promotion import judge, per_user
+from app.production.trials import in_canary
 from app.store import Arrival, Exposure, Sums, UserStats
 
 

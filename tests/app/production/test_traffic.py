@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from app.promotion import Sides, probation, probation_sides
+from app.production.promotion import Sides, probation, probation_sides
+from app.production.traffic import VersionTraffic
 from app.settings import Settings
 from app.store import Candidate, Traffic, UserStats
 from app.store.state import LATENCY_EDGES_S
-from app.traffic import VersionTraffic
 
 PROMOTED = 1_800_000_000.0
 CAND = Candidate("v2", "canary", 0.5, PROMOTED - 600, "promoted", PROMOTED, replaced="v1")

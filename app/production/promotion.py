@@ -1,7 +1,7 @@
 """The promotion rule and probation: whether a candidate on trial is promoted, retired, or waited on, and
 whether a promoted version on probation is confirmed, rolled back, or watched on, from the per-user online
-figures of each side over the same time (the production loop applies them: app/production.py). Every
-decision is an anytime-valid test (app/sequential.py), so reading the figures on every tick for as long
+figures of each side over the same time (the production loop applies them: app/production/loop.py). Every
+decision is an anytime-valid test (app/production/sequential.py), so reading the figures on every tick for as long
 as a decision takes never raises its error rate. Why the user is the unit and what the figures mean:
 docs/decisions/online-evaluation.md; the tests: docs/decisions/sequential-tests.md.
 """
@@ -12,10 +12,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.sequential import ALPHA, NONE, Z95, Evidence, one_sided, signs, two_sided
+from app.production.sequential import ALPHA, NONE, Z95, Evidence, one_sided, signs, two_sided
+from app.production.traffic import MINUTE_S
 from app.settings import Settings
 from app.store import Candidate, OnlineKey, Sums, Traffic, TrafficKey, UserStats
-from app.traffic import MINUTE_S
 
 # Users a side before anything is decided on it: the test is valid with few users, but its variance from
 # one to four users' means rested on too little (docs/decisions/sequential-tests.md, the random holdbacks).

@@ -1,9 +1,9 @@
 """Each version's answers on this worker: how many, how many failed on the version's side (a 5xx), and
 their cost, per minute, until the production loop adds them to the production state's shared figures
 (where every worker's and host's add up); probation compares a promoted version's with its holdback's over
-the same time (app/promotion.py). The request path (app/trials.py) observes each part of a request a
-version computed, and only in requests holding a by-user query (which needs a key wherever one is set), so
-no keyless client moves these figures (docs/decisions/sequential-tests.md)."""
+the same time (app/production/promotion.py). The request path (app/production/trials.py) observes each
+part of a request a version computed, and only in requests holding a by-user query (which needs a key
+wherever one is set), so no keyless client moves these figures (docs/decisions/sequential-tests.md)."""
 
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from app.interleave import BOTH, CANDIDATE, LIVE, credit, seed_of, team_draft
-from app.promotion import judge_interleaved
-from app.sequential import signs
+from app.production.interleave import BOTH, CANDIDATE, LIVE, credit, seed_of, team_draft
+from app.production.promotion import judge_interleaved
+from app.production.sequential import signs
 from app.store import UserStats
 
 

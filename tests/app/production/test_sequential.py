@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 import random
 
-from app.promotion import MIN_USERS, compared, per_user
-from app.sequential import ALPHA, NONE, G, one_sided, signs, two_sided
+from app.production.promotion import MIN_USERS, compared, per_user
+from app.production.sequential import ALPHA, NONE, G, one_sided, signs, two_sided
 from app.store import UserStats
 
 STATED = 0.05  # the false rollback rate the loop states (docs/decisions/sequential-tests.md)

@@ -2,7 +2,7 @@
 that followed, share the sums, and apply the promotion rule to a candidate version.
 
 Every worker reads the store's arrivals (own events in the order they were stored, whoever took
-them) and scores the lists it served itself (app/online.py); its sums go to the store, where the
+them) and scores the lists it served itself (app/production/online.py); its sums go to the store, where the
 figures of every worker and host add up. The rule reads those shared figures, so any worker may
 apply it: the store's `settle` lets only the first one change anything, and every worker (this one
 included) then follows the new pin and candidate at its next housekeeping tick.
@@ -21,8 +21,9 @@ from typing import Any
 from app.choices import VersionChoices
 from app.loaded import LoadedModels
 from app.observability import Metrics
-from app.online import ExposureFigures, ServedList, ServedLists, exposure_of, segment_of
-from app.promotion import Verdict, live_and_floor, probation, probation_sides, sagged, verdict
+from app.production.online import ExposureFigures, ServedList, ServedLists, exposure_of
+from app.production.promotion import Verdict, live_and_floor, probation, probation_sides, sagged, verdict
+from app.production.traffic import MINUTE_S, VersionTraffic
 from app.settings import Settings
 from app.store import (
     EXPOSURE_BUCKET_S,
@@ -37,7 +38,7 @@ from app.store import (
     TrafficKey,
     UserKey,
 )
-from app.traffic import MINUTE_S, VersionTraffic
+from app.store.state import segment_of
 from app.workers import Coordinator
 from models.artifact import artifact_names, version_time
 from models.engine import UserHistories
