@@ -169,10 +169,12 @@ def test_one_client_holding_many_slow_bodies_denies_nobody_else(tiny_artifacts: 
     """300 unfinished bodies from one address (more than the api's 256 connections a peer) must not make
     the other clients' requests 503: the balancer holds them itself and limits that address alone."""
     api, url = start_api(tiny_artifacts)
-    port = free_port()
-    lb = run_balancer(render(int(url.rsplit(":", 1)[1]), port, tmp_path), port)
-    held = _slow_bodies(port, 300)
+    lb: subprocess.Popen[bytes] | None = None
+    held: list[socket.socket] = []
     try:
+        port = free_port()
+        lb = run_balancer(render(int(url.rsplit(":", 1)[1]), port, tmp_path), port)
+        held = _slow_bodies(port, 300)
         statuses = []
         body = {"model": "sasrec-tiny", "queries": [{"user_id": "u1", "k": 3}]}
         with httpx.Client(timeout=20, transport=httpx.HTTPTransport(local_address=OTHER)) as other:
@@ -185,6 +187,7 @@ def test_one_client_holding_many_slow_bodies_denies_nobody_else(tiny_artifacts: 
     finally:
         for s in held:
             s.close()
-        lb.kill()
-        lb.wait()
+        if lb is not None:
+            lb.kill()
+            lb.wait()
         stop(api)
