@@ -14,6 +14,7 @@ COPY pyproject.toml README.md ./
 COPY app ./app
 COPY models ./models
 COPY training ./training
+COPY retrainer ./retrainer
 COPY scripts ./scripts
 RUN case "$VARIANT" in \
         cpu) export PIP_EXTRA_INDEX_URL="$TORCH_CPU_INDEX" ;; \

@@ -166,7 +166,7 @@ class Settings(BaseSettings):
     probation_min_requests: int = Field(default=1000, ge=1)
     probation_max_5xx_rise: float = Field(default=0.01, ge=0, le=1)
     probation_max_p99_ratio: float = Field(default=1.5, gt=1)
-    # The retrainer (python -m app.retrainer) and one retrain (python -m app.retrain): when a warm retrain
+    # The retrainer (python -m retrainer) and one retrain (python -m retrainer.retrain): when a warm retrain
     # starts by itself, and what it may take from the box (docs/decisions/retrainer.md). 0 turns a trigger off.
     # The retrainer starts only with SEQSERVE_EVENTS_API_KEY set: its triggers count stored events.
     api_url: str = ""  # the running service: its /models says what serves, /admin/reload takes a new version

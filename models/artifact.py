@@ -49,7 +49,7 @@ TMP_PREFIX = ".tmp-"
 # folder, as <HELD>/<name>/<version>; a folder starting with "." is never a model, so nothing serves them.
 HELD = ".held"
 # A warm retrain's own folder while it runs (its exported log, its training job's output): <RUNS>/<run>,
-# under the artifacts folder so that its version moves into place by a rename (app/retrain.py).
+# under the artifacts folder so that its version moves into place by a rename (retrainer/retrain.py).
 RUNS = ".runs"
 VERSION_NAME = re.compile(r"^\d{8}T\d{6}Z(-\d+)?$")
 T = TypeVar("T")

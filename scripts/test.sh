@@ -45,4 +45,4 @@ need chromedriver "tests/app/test_browser.py drives /docs and /console" chromium
 # docs/decisions/test-suite-time.md); a run of chosen tests (arguments given) has no floor and runs here.
 full=()
 [ "$#" -eq 0 ] && full=(--cov-fail-under=94.5 -n 2 --dist worksteal)
-.venv/bin/python -m pytest --cov=app --cov=models --cov=training --cov-report=term:skip-covered "${full[@]}" "$@"
+.venv/bin/python -m pytest --cov=app --cov=models --cov=training --cov=retrainer --cov-report=term:skip-covered "${full[@]}" "$@"

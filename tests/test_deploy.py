@@ -224,7 +224,7 @@ def test_api_keys_can_come_from_compose_secrets() -> None:
 
 def test_alert_rules_pass_promtool_and_name_metrics_the_code_exports() -> None:
     """ops/prometheus/alerts.yml: valid rules, their unit tests (alerts_test.yml) pass, and every metric an
-    expression reads is one app/ defines (a renamed metric would leave an alert that never fires)."""
+    expression reads is one app/ or retrainer/ defines (a renamed metric would leave an alert that never fires)."""
     promtool = shutil.which("promtool")
     if promtool is None:
         if os.environ.get("CI"):
@@ -239,7 +239,7 @@ def test_alert_rules_pass_promtool_and_name_metrics_the_code_exports() -> None:
     for args in checks:
         out = subprocess.run([promtool, *args], cwd=rules, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
-    exported = "".join(p.read_text() for p in (ROOT / "app").rglob("*.py"))
+    exported = "".join(p.read_text() for package in ("app", "retrainer") for p in (ROOT / package).rglob("*.py"))
     for name in set(re.findall(r"(seqserve_[a-z_]+?)(?:_total)?\b", (rules / "alerts.yml").read_text())):
         assert f'"{name}' in exported, name
 

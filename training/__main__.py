@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         help="continue a served version's training on new data (its log plus the live events since), as a new version",
     )
     wm.add_argument("--artifact", type=Path, required=True, help="a version folder, or a model's folder (its newest)")
-    wm.add_argument("--data", type=Path, required=True, help="the log to continue on (python -m app.export_history)")
+    wm.add_argument(
+        "--data", type=Path, required=True, help="the log to continue on (python -m retrainer.export_history)"
+    )
     wm.add_argument("--minutes", type=float, default=0.5, help="the training loop's budget (train.max_minutes)")
     wm.add_argument("--out", type=Path, help="artifacts folder (default: the one holding --artifact)")
     wm.add_argument(

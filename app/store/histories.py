@@ -82,7 +82,7 @@ class HistoryStore(Store):
     @abstractmethod
     def pending(self, namespace: str) -> int:
         """Own live events of `namespace` that no served version was trained on yet: what a warm
-        retrain would add (app.export_history exports them). Costs a pass over the live users."""
+        retrain would add (retrainer.export_history exports them). Costs a pass over the live users."""
 
     @abstractmethod
     def users(self, namespace: str) -> Iterator[str]:

@@ -117,7 +117,7 @@ class Candidate:
 @dataclass(frozen=True)
 class RetrainRecord:
     """What the retrainer keeps per model in the store, beside its lease, so that a restart, an OOM kill or
-    another host taking the lease over go on from it (app/retrainer.py)."""
+    another host taking the lease over go on from it (retrainer/retrainer.py)."""
 
     ended: float | None = None  # when the model's last retrain ended; None before its first
     outcome: str | None = None  # published, held_back, failed, lost_lease, stopped

@@ -14,7 +14,7 @@ half-way, which probation must roll back by itself.
    so that retrains and trials happen while users keep coming.
 2. Frozen: a service serving the live version alone, its promotion rule off, no new versions.
 3. Loop: a fresh service over the same cold version with SEQSERVE_NEW_VERSIONS=canary, the rule and
-   probation on (--probation-s, with its holdback), and the retrainer (`python -m app.retrainer`) beside
+   probation on (--probation-s, with its holdback), and the retrainer (`python -m retrainer`) beside
    it: it starts warm retrains by itself when its triggers fire, and each result enters as a canary the
    rule decides. At the start of
    the third quarter the serving version's weights are shuffled into a new version, started as a
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace, work: Path, live: Path, held: pd.DataFrame, *,
         if loop:
             log = (work / "retrainer.log").open("w")
             retrainer = subprocess.Popen(
-                [PY, "-m", "app.retrainer"],
+                [PY, "-m", "retrainer"],
                 cwd=ROOT,
                 env={**os.environ, **retrainer_settings(args, work, url)},
                 stdout=log,

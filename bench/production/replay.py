@@ -9,7 +9,7 @@ computation on the very lists it served.
    kept). The last 20% are replayed in time order, each user's events in sequence: POST /recommend by
    user (k=10), then POST /events with what the user really did next.
 2. Phase A (the first half of the slice): the live version alone.
-   At its end: a warm retrain (app.export_history, then `python -m training warm` from the live
+   At its end: a warm retrain (retrainer.export_history, then `python -m training warm` from the live
    version, on the base log plus the events posted so far), published as a new version; the service
    (SEQSERVE_NEW_VERSIONS=canary) takes it as a canary for half the users on the next reload.
 3. Phase B (the next quarter): the promotion rule decides on the warm candidate.
@@ -84,7 +84,10 @@ def warm_retrain(
     t0 = time.monotonic()
     log = work / "export.csv"
     subprocess.run(
-        [PY, "-m", "app.export_history", "--namespace", "ml-100k", "--out", str(log)], cwd=ROOT, env=env, check=True
+        [PY, "-m", "retrainer.export_history", "--namespace", "ml-100k", "--out", str(log)],
+        cwd=ROOT,
+        env=env,
+        check=True,
     )
     t1 = time.monotonic()
     warm = [PY, "-m", "training", "warm", "--artifact", str(arts / NAME / version), "--data", str(log)]
@@ -238,7 +241,7 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[pd.DataFrame, pd.Data
 
 
 def store_settings(work: Path) -> dict[str, str]:
-    """Where the service keeps its state: what app.export_history reads the live events from."""
+    """Where the service keeps its state: what retrainer.export_history reads the live events from."""
     return {
         "SEQSERVE_ARTIFACTS_DIR": str(work / "arts"),
         "SEQSERVE_HISTORY_PATH": str(work / "state" / "h.sqlite3"),

@@ -4,7 +4,7 @@
 
 MovieLens-100k's first 80% by time train the served version (cold, the default config's 2-minute
 budget); the next `--events` interactions are posted to the running service through POST /events.
-Then, timed from the first command to the published folder: `app.export_history` (the served
+Then, timed from the first command to the published folder: `retrainer.export_history` (the served
 version's histories plus the stored events, from the store) and `python -m training warm` from the
 served version with a `--minutes` budget. The cold run trains the default config from scratch on the
 very log the export wrote; both are tested the same way (leave-one-out on that log, full ranking).

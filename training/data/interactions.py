@@ -3,7 +3,7 @@
 Formats: RecBole atomic files (`.inter`, optional `.item` with `release_year`); GroupLens
 MovieLens (`u.data`/`u.item`, `ratings.dat`/`movies.dat`, `ratings.csv`/`movies.csv`); plain
 `user item` lines already in time order; a generic CSV or Parquet table (user, item, timestamp; an
-empty timestamp keeps file order, as `app.export_history` writes data without times) with an
+empty timestamp keeps file order, as `retrainer.export_history` writes data without times) with an
 optional item table (item, release time). Item tables' title and genre/category columns are kept
 as display fields.
 """

@@ -36,7 +36,7 @@ class SocialLog:
 
 def load_social(path: Path, *, drop_self_loops: bool = True) -> SocialLog:
     """A CSV (optionally gzipped) or Parquet log with columns src, dst, action, timestamp (unix seconds
-    or ISO 8601; src and dst may be named user_id and item_id, as `app.export_history` writes them), any
+    or ISO 8601; src and dst may be named user_id and item_id, as `retrainer.export_history` writes them), any
     action vocabulary. Exact duplicate rows are dropped; self-loops too by default."""
     df = read_table(path)
     if "src" not in df.columns and "dst" not in df.columns and {"user_id", "item_id"} <= set(df.columns):

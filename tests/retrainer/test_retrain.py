@@ -1,4 +1,4 @@
-"""python -m app.retrain (scripts/retrain.sh): the version the service serves, continued on its log and the
+"""python -m retrainer.retrain (scripts/retrain.sh): the version the service serves, continued on its log and the
 live events, published, and the service reloaded onto it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from app import retrain
 from models.artifact import versions
+from retrainer import retrain
 from tests.servers import NEWER, ROOT, start_api, stop
 
 KEY = "admin-key"
@@ -70,6 +70,6 @@ def test_a_retrain_of_a_model_with_no_artifact_says_so(
 
 
 def test_scripts_retrain_sh_runs_the_python_entry() -> None:
-    """The compose `retrain` profile's entrypoint: the environment, then `python -m app.retrain`."""
+    """The compose `retrain` profile's entrypoint: the environment, then `python -m retrainer.retrain`."""
     text = (ROOT / "scripts" / "retrain.sh").read_text()
-    assert "scripts/bootstrap.sh" in text and "exec .venv/bin/python -m app.retrain" in text
+    assert "scripts/bootstrap.sh" in text and "exec .venv/bin/python -m retrainer.retrain" in text

@@ -1,6 +1,6 @@
 """Write a namespace's histories (the newest artifact's histories + live events) as a training log.
 
-    python -m app.export_history --namespace ml-100k --out runs/ml100k_with_events.csv
+    python -m retrainer.export_history --namespace ml-100k --out runs/ml100k_with_events.csv
 
 Uses the same SEQSERVE_* settings as the service (artifacts folder, store kind, SQLite path, Redis URL);
 the base is the newest version, among the artifacts of that namespace, that keeps user histories. The log is a
@@ -89,7 +89,7 @@ def _rows(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.export_history", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m retrainer.export_history", description=__doc__.split("\n")[0])
     p.add_argument("--namespace", required=True, help="the data set's name (POST /events answers it)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--artifacts", type=Path, help="the artifacts folder (default: SEQSERVE_ARTIFACTS_DIR's)")

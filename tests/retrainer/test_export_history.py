@@ -1,4 +1,4 @@
-"""Events posted to the service reach the next training run through app.export_history."""
+"""Events posted to the service reach the next training run through retrainer.export_history."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.export_history import main as export
 from app.main import create_app
 from app.settings import Settings
 from app.store import Event, SQLiteStore
 from models.artifact import latest_versions
 from models.tasks.recommend import load_artifact as load_rec_artifact
+from retrainer.export_history import main as export
 from tests.conftest import item_lists, stored, stored_users
 
 

@@ -1,4 +1,4 @@
-"""python -m app.retrainer: the triggers at their bounds, one holder of the lease at a time, a retrain that
+"""python -m retrainer: the triggers at their bounds, one holder of the lease at a time, a retrain that
 starts by itself and enters as a candidate, and no training left behind by a killed retrainer."""
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ import httpx2 as httpx
 import pytest
 
 from app.production.promotion import Window, online_windows
-from app.retrain import keep_held, sweep_runs
-from app.retrainer import (
+from app.settings import Settings
+from app.store import Arrival, Candidate, SQLiteStore, Sums
+from models.artifact import HELD, RUNS, TMP_PREFIX, versions
+from retrainer.retrain import keep_held, sweep_runs
+from retrainer.retrainer import (
     LEASE,
     STALE_TMP_S,
     Bounds,
@@ -29,9 +32,6 @@ from app.retrainer import (
     left_alone,
     unfit,
 )
-from app.settings import Settings
-from app.store import Arrival, Candidate, SQLiteStore, Sums
-from models.artifact import HELD, RUNS, TMP_PREFIX, versions
 from tests.servers import ROOT, free_port, start_api, stop, wait_until
 
 BOUNDS = Bounds(min_events=100, unknown_share=0.05, sag=True, min_lists=200, max_age_s=7 * 86400)
@@ -258,7 +258,7 @@ def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path) -> None:
     retrainer removes the folder; a live run's folder is never touched."""
     arts = tmp_path / "arts"
     code = (
-        "import sys, time; from pathlib import Path; from app.retrain import run_folder; "
+        "import sys, time; from pathlib import Path; from retrainer.retrain import run_folder; "
         "run = run_folder(Path(sys.argv[1])); f = run.__enter__(); (f / 'ml-100k.csv').write_text('x' * 100000); "
         "(f / 'out' / 'm' / '.tmp-abc').mkdir(parents=True); print('ready', flush=True); time.sleep(60)"
     )
@@ -365,7 +365,7 @@ def test_a_killed_retrain_leaves_no_training_running(tmp_path: Path) -> None:
     """The child a retrain starts dies with it (PR_SET_PDEATHSIG): kill -9 of the retrainer stops the run."""
     pid_file = tmp_path / "child"
     code = (
-        "import subprocess, sys; from app.retrain import die_with_parent; "
+        "import subprocess, sys; from retrainer.retrain import die_with_parent; "
         "p = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent); "
         f"open({str(pid_file)!r}, 'w').write(str(p.pid)); p.wait()"
     )
@@ -399,12 +399,12 @@ def test_the_retrainer_process_holds_the_lease_counts_and_gives_it_up_on_sigterm
         "SEQSERVE_RETRAIN_CHECK_S": "0.2",
         "SEQSERVE_RETRAINER_METRICS_PORT": str(port),
     }
-    keyless = subprocess.run([sys.executable, "-m", "app.retrainer"], cwd=ROOT, env=env, capture_output=True, text=True)
+    keyless = subprocess.run([sys.executable, "-m", "retrainer"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert keyless.returncode != 0 and "SEQSERVE_EVENTS_API_KEY is not set" in keyless.stderr
     env["SEQSERVE_EVENTS_API_KEY"] = "events-key"
     logs = [tmp_path / "first.log", tmp_path / "second.log"]
     procs = [
-        subprocess.Popen([sys.executable, "-m", "app.retrainer"], cwd=ROOT, env=env, stderr=log.open("w"))
+        subprocess.Popen([sys.executable, "-m", "retrainer"], cwd=ROOT, env=env, stderr=log.open("w"))
         for log in logs[:1]
     ]
     store = SQLiteStore(tmp_path / "h.sqlite3")
@@ -418,9 +418,7 @@ def test_the_retrainer_process_holds_the_lease_counts_and_gives_it_up_on_sigterm
 
         wait_until(lambda: "seqserve_retrainer_lease_held 1.0" in scraped(), timeout=60)
         assert not store.take_lease(LEASE, "someone-else", ttl_s=60, now=time.time())
-        procs.append(
-            subprocess.Popen([sys.executable, "-m", "app.retrainer"], cwd=ROOT, env=env, stderr=logs[1].open("w"))
-        )
+        procs.append(subprocess.Popen([sys.executable, "-m", "retrainer"], cwd=ROOT, env=env, stderr=logs[1].open("w")))
         wait_until(lambda: "checks every" in logs[1].read_text(), timeout=60)  # started, past the metrics port
         assert f"its metrics port {port} is taken" in logs[1].read_text() and procs[1].poll() is None
         for p in procs:
@@ -434,7 +432,7 @@ def test_the_retrainer_process_holds_the_lease_counts_and_gives_it_up_on_sigterm
         store.close()
 
 
-@pytest.mark.parametrize("entry", ["app.retrainer", "app.retrain"])
+@pytest.mark.parametrize("entry", ["retrainer.retrainer", "retrainer.retrain"])
 def test_a_bad_setting_stops_the_start_in_one_line_without_a_value(entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
 
@@ -442,6 +440,6 @@ def test_a_bad_setting_stops_the_start_in_one_line_without_a_value(entry: str, m
     monkeypatch.setenv("SEQSERVE_ADMIN_API_KEY", "s3cret-value")
     with pytest.raises(SystemExit) as stop:
         main = importlib.import_module(entry).main
-        main([]) if entry == "app.retrain" else main()  # no arguments: pytest's own are in sys.argv
+        main([]) if entry == "retrainer.retrain" else main()  # no arguments: pytest's own are in sys.argv
     message = str(stop.value.code)
     assert "SEQSERVE_RETRAIN_MIN_EVENTS" in message and "not-a-number" not in message and "s3cret" not in message

@@ -1,13 +1,13 @@
 """The retrainer: a long-running process that starts a warm retrain of a served model by itself when one
 of its triggers fires, one at a time per deployment.
 
-    python -m app.retrainer            (compose's `retrainer` service; scripts/retrainer.sh on a plain host)
+    python -m retrainer            (compose's `retrainer` service; scripts/retrainer.sh on a plain host)
 
 What it does at each check, why, and every setting it reads: docs/decisions/retrainer.md. In short:
 the lease (one retrainer works per deployment), the models left alone (a trial running, a promotion on
 probation, the cooldown or back-off since the last run, which the store keeps), the triggers (events,
 unknown, sag, age), the version to start from (the serving one when it is a good start, else the last
-good one), then `python -m app.retrain` as a niced child whose folder is removed however it ends.
+good one), then `python -m retrainer.retrain` as a niced child whose folder is removed however it ends.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from app.production.promotion import Window, live_and_floor, online_windows, sagged
 from app.production.sequential import Z95
-from app.retrain import HELD_KEPT, die_with_parent, new_run_folder, prune_held, served_models, sweep_runs
 from app.settings import Settings, SettingsError
 from app.store import Arrival, Candidate, ProductionState, RetrainRecord, StoreError, open_store
 from app.store.histories import HistoryStore
 from models.artifact import HELD, TMP_PREFIX, ArtifactError, read_id_map, read_manifest
 from models.ids import IdMap
 from models.tasks import TASKS
+from retrainer.retrain import HELD_KEPT, die_with_parent, new_run_folder, prune_held, served_models, sweep_runs
 
-log = logging.getLogger("app.retrainer")
+log = logging.getLogger("retrainer")
 LEASE = "retrainer"
 STALE_TMP_S = 3600.0  # a version's temporary folder lives seconds (export to rename); older is a dead run's
 BUCKET_S = 60.0  # the unknown share's window is counted per minute
@@ -477,10 +477,10 @@ class Retrainer:
         return outcome, code
 
     def run_retrain(self, name: str, base: str) -> int:
-        """`python -m app.retrain NAME --from BASE` as a niced child that dies with this process, renewing the
+        """`python -m retrainer.retrain NAME --from BASE` as a niced child that dies with this process, renewing the
         lease while it runs; -1 (the child killed) when the lease was lost to another holder meanwhile."""
         s = self.settings
-        cmd = [sys.executable, "-m", "app.retrain", name, "--from", base, "--minutes", str(s.retrain_minutes)]
+        cmd = [sys.executable, "-m", "retrainer.retrain", name, "--from", base, "--minutes", str(s.retrain_minutes)]
         cmd += ["--threads", str(s.retrain_threads), "--work", str(new_run_folder(s.artifacts_dir))]
         if s.api_url:
             cmd += ["--api-url", s.api_url]

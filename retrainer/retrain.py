@@ -1,7 +1,7 @@
 """One warm retrain of a served model: its serving version's weights continue on its log plus the live
 events stored since, the result is published as a new version, and the service reloads.
 
-    python -m app.retrain [NAME] [--from VERSION]   (what scripts/retrain.sh and compose's `retrain` run)
+    python -m retrainer.retrain [NAME] [--from VERSION]   (what scripts/retrain.sh and compose's `retrain` run)
 
 NAME: SEQSERVE_RETRAIN_MODEL, else sasrec-ml100k. The service's SEQSERVE_* settings name the artifacts
 folder, the history store and the admin key; SEQSERVE_RETRAIN_MINUTES is the training budget (0.5),
@@ -39,9 +39,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from app import export_history
 from app.settings import Settings, SettingsError
 from models.artifact import HELD, RUNS, ArtifactError, publish, read_manifest, version_key, versions
+from retrainer import export_history
 
 HELD_KEPT = 3  # held-back versions kept per model for a look (the gate's reason is in their manifest)
 LOCK = ".lock"
@@ -145,7 +145,7 @@ def _names(report: dict[str, object], key: str) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.retrain", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m retrainer.retrain", description=__doc__.split("\n")[0])
     p.add_argument("name", nargs="?", default=os.environ.get("SEQSERVE_RETRAIN_MODEL") or "sasrec-ml100k")
     p.add_argument("--from", dest="base", help="the version to start from (default: the one the service serves)")
     p.add_argument("--minutes", type=float, help="the training budget (SEQSERVE_RETRAIN_MINUTES)")
