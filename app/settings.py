@@ -172,6 +172,7 @@ class Settings(BaseSettings):
     api_url: str = ""  # the running service: its /models says what serves, /admin/reload takes a new version
     retrain_models: str = ""  # comma-separated names; "" = every served model whose task retrains warm
     retrain_minutes: float = Field(default=0.5, gt=0)  # one warm retrain's training budget
+    retrain_model: str = "sasrec-ml100k"  # what `python -m retrainer.retrain` retrains when no name is given
     retrain_check_s: float = Field(default=60.0, gt=0)
     retrain_min_events: int = Field(default=5000, ge=0)  # new own events no served version was trained on
     retrain_unknown_share: float = Field(default=0.05, ge=0, le=1)  # of the window's events, naming unknown items

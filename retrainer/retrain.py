@@ -146,7 +146,7 @@ def _names(report: dict[str, object], key: str) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m retrainer.retrain", description=__doc__.split("\n")[0])
-    p.add_argument("name", nargs="?", default=os.environ.get("SEQSERVE_RETRAIN_MODEL") or "sasrec-ml100k")
+    p.add_argument("name", nargs="?", help="the model to retrain (default: SEQSERVE_RETRAIN_MODEL)")
     p.add_argument("--from", dest="base", help="the version to start from (default: the one the service serves)")
     p.add_argument("--minutes", type=float, help="the training budget (SEQSERVE_RETRAIN_MINUTES)")
     p.add_argument("--threads", type=int, help="the training job's threads (SEQSERVE_RETRAIN_THREADS)")
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:  # its text names each variable and never a value
         raise SystemExit(f"retrain: {exc}") from None
     args.api_url = settings.api_url if args.api_url is None else args.api_url
+    args.name = args.name or settings.retrain_model
     minutes = args.minutes or settings.retrain_minutes
     threads = settings.retrain_threads if args.threads is None else args.threads
     version = args.base or (serving_version(args.api_url, args.name) if args.api_url else None)

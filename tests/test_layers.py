@@ -40,3 +40,19 @@ def test_no_import_runs_against_the_layers() -> None:
             if bad := imported_packages(path.read_text()) & never:
                 wrong.append(f"{path.relative_to(ROOT)} imports {', '.join(sorted(bad))}")
     assert wrong == []
+
+
+def test_the_service_s_processes_read_their_environment_through_the_settings_alone() -> None:
+    """Every SEQSERVE_* name of the api and the retrainer is a field of app/settings.py (which also reads
+    the *_FILE forms of secrets): none is read from the environment anywhere else."""
+    import re
+
+    read = re.compile(r"(environ\b[^\n]*|getenv\([^\n]*)[\"']SEQSERVE_")
+    wrong = [
+        str(path.relative_to(ROOT))
+        for package in ("app", "retrainer")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != ROOT / "app" / "settings.py" and read.search(path.read_text())
+    ]
+    assert wrong == []
+    assert read.search('name = os.environ.get("SEQSERVE_RETRAIN_MODEL")')  # what it looks for
