@@ -37,12 +37,103 @@ class SettingsError(ValueError):
         super().__init__("invalid settings: " + "; ".join(lines))
 
 
-class Settings(BaseSettings):
+class DeploymentSettings(BaseSettings):
+    """What every process of one deployment reads alike (the api, the retrainer, a retrain, the export):
+    where the artifacts and the store are, the keys, and the log. Each process's own settings extend it:
+    `Settings` (the api), retrainer.settings.RetrainerSettings."""
+
     # An empty variable is unset: docker-compose.yml passes `${SEQSERVE_ADMIN_API_KEY:-}`, and an empty
     # key must never switch admin on (an empty X-API-Key header would match it) nor lock /events.
     model_config = SettingsConfigDict(env_prefix="SEQSERVE_", env_file=None, env_ignore_empty=True)
 
     artifacts_dir: Path = Path("artifacts")
+    log_level: str = "INFO"
+    json_logs: bool = True
+    admin_api_key: SecretStr | None = None  # admin endpoints answer 403 while unset
+    events_api_key: SecretStr | None = None  # when set, POST /events and GET /history need it (X-API-Key)
+    # Stored histories are private once either key is set: GET /history and a /recommend query by
+    # user_id need X-API-Key with one of the two (this one cannot write events). A query that carries
+    # its own history needs none (docs/decisions/private-histories.md).
+    read_api_key: SecretStr | None = None
+    # Live user events (POST /events), read after the artifacts' own histories.
+    # sqlite: one host; redis: one Redis server for several hosts; redis-cluster: a Redis Cluster (redis_url
+    # names any node of it; docs/decisions/redis-cluster.md)
+    history_store: Literal["sqlite", "redis", "redis-cluster"] = "sqlite"
+    history_path: Path = Path("state/history.sqlite3")  # the SQLite store's file (not under the artifacts)
+    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")  # may hold a password: never shown
+    redis_password: SecretStr | None = None  # Redis AUTH password, when not in the URL (e.g. from a _FILE)
+    redis_prefix: str = "seqserve:"  # key prefix, so several deployments can share one Redis
+    # An event is acknowledged once this many replicas hold it too (Redis WAIT), within redis_wait_ms (else
+    # 503, and the client's retry is a duplicate). 0: once the primary has it; a primary killed before its
+    # replica read the newest events loses them in a failover (docs/decisions/redis-cluster.md).
+    redis_wait_replicas: int = Field(default=0, ge=0)
+    redis_wait_ms: int = Field(default=1000, ge=1)
+    redis_buckets: int = Field(default=64, ge=1, le=16384)  # the cluster store's user buckets (hash tags)
+    # How far back the Redis store keeps every user's events for recent activity (a social model's
+    # windows, which follow its network's clock, must fit; SQLite reads its events table instead).
+    recent_keep_s: float = Field(default=RECENT_KEEP_S, gt=0)
+    live_events: int = Field(default=LIVE_EVENTS, ge=1)  # newest live events kept and read per user, and apart
+    # from them the newest steps received from others (a social model's targets): neither pushes out the other
+
+    def __init__(self, **values: Any) -> None:
+        error = None
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            error = SettingsError(exc)
+        if error is not None:  # raised outside the handler: no __context__ holding pydantic's text
+            raise error
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        """SEQSERVE_<NAME>_FILE: a secret read from a file (compose and Kubernetes secrets), so it never sits
+        in an environment variable; a value given directly wins."""
+        if not isinstance(data, dict):
+            return data
+        for name in SECRETS:
+            path = os.environ.get(f"SEQSERVE_{name.upper()}_FILE", "").strip()
+            if path and not data.get(name):
+                try:
+                    data[name] = Path(path).read_text().strip()
+                except OSError as exc:
+                    raise ValueError(f"SEQSERVE_{name.upper()}_FILE: cannot read the file ({exc.strerror})") from None
+        return data
+
+    @field_validator("admin_api_key", "events_api_key", "read_api_key", "redis_password")
+    @classmethod
+    def _blank_key_is_no_key(cls, v: SecretStr | None) -> SecretStr | None:
+        return None if v is None or not v.get_secret_value().strip() else v
+
+    @property
+    def any_keys(self) -> tuple[SecretStr, ...]:
+        """Every key set (admin, events, read); empty: an open deployment."""
+        return tuple(k for k in (self.admin_api_key, self.events_api_key, self.read_api_key) if k is not None)
+
+    @property
+    def history_keys(self) -> tuple[SecretStr, ...]:
+        """The keys that may read stored histories; empty: histories are public."""
+        return tuple(k for k in (self.events_api_key, self.read_api_key) if k is not None)
+
+    def store_args(self) -> dict[str, Any]:
+        """The history store these settings name, as app.store.open_store's arguments."""
+        return {
+            "kind": self.history_store,
+            "sqlite_path": self.history_path,
+            "redis_url": self.redis_url.get_secret_value(),
+            "redis_prefix": self.redis_prefix,
+            "keep": self.live_events,
+            "redis_password": self.redis_password.get_secret_value() if self.redis_password else None,
+            "recent_keep_s": self.recent_keep_s,
+            "redis_wait_replicas": self.redis_wait_replicas,
+            "redis_wait_ms": self.redis_wait_ms,
+            "redis_buckets": self.redis_buckets,
+        }
+
+
+class Settings(DeploymentSettings):
+    """The api's settings (python -m app.server and its workers)."""
+
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     half_precision: bool = False  # float16 weights on a CUDA device; ignored on the CPU
     # scores() as one traced graph (models/traced.py); a model that does not trace exactly stays eager
@@ -66,18 +157,10 @@ class Settings(BaseSettings):
         default=_LIMITS.max_total_items, ge=1
     )  # history events + excluded items over a request
     max_events: int = Field(default=_LIMITS.max_events, ge=1)  # events per POST /events
-    log_level: str = "INFO"
-    json_logs: bool = True
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     # Bytes of request bodies over 64 KiB one worker holds at once (being received or served); a large
     # body that would pass it gets 503 with Retry-After. A body costs about twice its size while parsed.
     max_body_bytes_in_flight: int = Field(default=256 * 1024 * 1024, ge=1024)
-    admin_api_key: SecretStr | None = None  # admin endpoints answer 403 while unset
-    events_api_key: SecretStr | None = None  # when set, POST /events and GET /history need it (X-API-Key)
-    # Stored histories are private once either key is set: GET /history and a /recommend query by
-    # user_id need X-API-Key with one of the two (this one cannot write events). A query that carries
-    # its own history needs none (docs/decisions/private-histories.md).
-    read_api_key: SecretStr | None = None
     console: bool = True  # GET /console: a page to look at a model's answers for a user (public API only)
     # Dynamic micro-batching of concurrent requests (per model); defaults in BatchPolicy.
     batching: bool = _BATCH.enabled
@@ -85,25 +168,6 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(default=_BATCH.max_wait_ms, ge=0)
     max_queue: int = Field(default=_BATCH.max_queue, ge=1)  # waiting requests per model before 503
     request_timeout_s: float = Field(default=10.0, gt=0)  # 504 after this
-    # Live user events (POST /events), read after the artifacts' own histories.
-    # sqlite: one host; redis: one Redis server for several hosts; redis-cluster: a Redis Cluster (redis_url
-    # names any node of it; docs/decisions/redis-cluster.md)
-    history_store: Literal["sqlite", "redis", "redis-cluster"] = "sqlite"
-    history_path: Path = Path("state/history.sqlite3")  # the SQLite store's file (not under the artifacts)
-    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")  # may hold a password: never shown
-    redis_password: SecretStr | None = None  # Redis AUTH password, when not in the URL (e.g. from a _FILE)
-    redis_prefix: str = "seqserve:"  # key prefix, so several deployments can share one Redis
-    # An event is acknowledged once this many replicas hold it too (Redis WAIT), within redis_wait_ms (else
-    # 503, and the client's retry is a duplicate). 0: once the primary has it; a primary killed before its
-    # replica read the newest events loses them in a failover (docs/decisions/redis-cluster.md).
-    redis_wait_replicas: int = Field(default=0, ge=0)
-    redis_wait_ms: int = Field(default=1000, ge=1)
-    redis_buckets: int = Field(default=64, ge=1, le=16384)  # the cluster store's user buckets (hash tags)
-    # How far back the Redis store keeps every user's events for recent activity (a social model's
-    # windows, which follow its network's clock, must fit; SQLite reads its events table instead).
-    recent_keep_s: float = Field(default=RECENT_KEEP_S, gt=0)
-    live_events: int = Field(default=LIVE_EVENTS, ge=1)  # newest live events kept and read per user, and apart
-    # from them the newest steps received from others (a social model's targets): neither pushes out the other
     event_skew_s: float = Field(default=300.0, ge=0)  # events later than now + this are rejected
     # The process (python -m app.server): where it listens, how many workers, what a connection may do.
     host: str = "127.0.0.1"
@@ -166,55 +230,6 @@ class Settings(BaseSettings):
     probation_min_requests: int = Field(default=1000, ge=1)
     probation_max_5xx_rise: float = Field(default=0.01, ge=0, le=1)
     probation_max_p99_ratio: float = Field(default=1.5, gt=1)
-    # The retrainer (python -m retrainer) and one retrain (python -m retrainer.retrain): when a warm retrain
-    # starts by itself, and what it may take from the box (docs/decisions/retrainer.md). 0 turns a trigger off.
-    # The retrainer starts only with SEQSERVE_EVENTS_API_KEY set: its triggers count stored events.
-    api_url: str = ""  # the running service: its /models says what serves, /admin/reload takes a new version
-    retrain_models: str = ""  # comma-separated names; "" = every served model whose task retrains warm
-    retrain_minutes: float = Field(default=0.5, gt=0)  # one warm retrain's training budget
-    retrain_model: str = "sasrec-ml100k"  # what `python -m retrainer.retrain` retrains when no name is given
-    retrain_check_s: float = Field(default=60.0, gt=0)
-    retrain_min_events: int = Field(default=5000, ge=0)  # new own events no served version was trained on
-    retrain_unknown_share: float = Field(default=0.05, ge=0, le=1)  # of the window's events, naming unknown items
-    retrain_window_s: float = Field(default=3600.0, gt=0)  # the recent window of the unknown share and the sag
-    retrain_sag: bool = True  # online NDCG@10 over the window below the version's earlier level, beyond the interval
-    # Scored lists each side needs before the sag is judged, and the window before the serving version is judged
-    # no start for a retrain (far below its offline figure, or its floor, online).
-    retrain_min_lists: int = Field(default=200, ge=1)
-    retrain_max_age_h: float = Field(default=168.0, ge=0)  # the serving version's age, from its manifest
-    retrain_cooldown_s: float = Field(default=3600.0, ge=0)  # after a model's retrain, its next at the earliest
-    # After runs in a row that published nothing (held back by the gate, or failed), the next waits the
-    # cooldown (at least one training budget) doubled per run, up to this.
-    retrain_backoff_max_s: float = Field(default=86400.0, ge=0)
-    retrain_threads: int = Field(default=1, ge=0)  # the training job's threads (0: torch's default, every core)
-    retrain_nice: int = Field(default=10, ge=0, le=19)
-    retrain_lease_s: float = Field(default=120.0, gt=0)  # a dead retrainer's lease is taken over after this
-    retrainer_metrics_port: int = Field(default=9101, ge=0, le=65535)  # its Prometheus counters; 0 = none
-
-    def __init__(self, **values: Any) -> None:
-        error = None
-        try:
-            super().__init__(**values)
-        except ValidationError as exc:
-            error = SettingsError(exc)
-        if error is not None:  # raised outside the handler: no __context__ holding pydantic's text
-            raise error
-
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets_from_files(cls, data: Any) -> Any:
-        """SEQSERVE_<NAME>_FILE: a secret read from a file (compose and Kubernetes secrets), so it never sits
-        in an environment variable; a value given directly wins."""
-        if not isinstance(data, dict):
-            return data
-        for name in SECRETS:
-            path = os.environ.get(f"SEQSERVE_{name.upper()}_FILE", "").strip()
-            if path and not data.get(name):
-                try:
-                    data[name] = Path(path).read_text().strip()
-                except OSError as exc:
-                    raise ValueError(f"SEQSERVE_{name.upper()}_FILE: cannot read the file ({exc.strerror})") from None
-        return data
 
     @model_validator(mode="after")
     def _in_flight_holds_a_body(self) -> Settings:
@@ -249,11 +264,6 @@ class Settings(BaseSettings):
                 raise ValueError(f"{entry.strip()!r} is not an address or a network (e.g. 10.0.0.0/8)") from None
         return v
 
-    @field_validator("admin_api_key", "events_api_key", "read_api_key", "redis_password")
-    @classmethod
-    def _blank_key_is_no_key(cls, v: SecretStr | None) -> SecretStr | None:
-        return None if v is None or not v.get_secret_value().strip() else v
-
     def model_threads(self, device_type: str) -> int | None:
         """Threads for torch on `device_type`; None: leave torch's own choice (a GPU's host side)."""
         if self.torch_threads:
@@ -264,35 +274,10 @@ class Settings(BaseSettings):
         return max(1, cores // self.workers - 1)
 
     @property
-    def any_keys(self) -> tuple[SecretStr, ...]:
-        """Every key set (admin, events, read); empty: an open deployment."""
-        return tuple(k for k in (self.admin_api_key, self.events_api_key, self.read_api_key) if k is not None)
-
-    @property
-    def history_keys(self) -> tuple[SecretStr, ...]:
-        """The keys that may read stored histories; empty: histories are public."""
-        return tuple(k for k in (self.events_api_key, self.read_api_key) if k is not None)
-
-    @property
     def shared_dir(self) -> Path:
         """The folder the workers of one host share: state_dir, else one named after the SQLite file beside
         it, so two instances whose files share a folder never share reload state."""
         return self.state_dir or self.history_path.with_name(f"{self.history_path.name}.state")
-
-    def store_args(self) -> dict[str, Any]:
-        """The history store these settings name, as app.store.open_store's arguments."""
-        return {
-            "kind": self.history_store,
-            "sqlite_path": self.history_path,
-            "redis_url": self.redis_url.get_secret_value(),
-            "redis_prefix": self.redis_prefix,
-            "keep": self.live_events,
-            "redis_password": self.redis_password.get_secret_value() if self.redis_password else None,
-            "recent_keep_s": self.recent_keep_s,
-            "redis_wait_replicas": self.redis_wait_replicas,
-            "redis_wait_ms": self.redis_wait_ms,
-            "redis_buckets": self.redis_buckets,
-        }
 
     def batch_policy(self, device_type: str) -> BatchPolicy:
         """The batchers' policy for models on `device_type` ("cpu", "cuda")."""

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.settings import Settings
 from app.store import open_store
 from models.artifact import ArtifactError, latest_versions, read_manifest
 from models.engine import EngineOptions, optional_time, received_steps
@@ -31,6 +30,7 @@ from models.ids import to_csv_cell, trainable
 from models.queries import Timeline
 from models.tasks import TASKS, Task
 from models.tasks.recommend import UserQueryEngine
+from retrainer.settings import RetrainerSettings
 
 
 def _keeps_histories(task: Task) -> bool:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--artifacts", type=Path, help="the artifacts folder (default: SEQSERVE_ARTIFACTS_DIR's)")
     args = p.parse_args(argv)
-    s = Settings()
+    s = RetrainerSettings()
     engine = newest_engine(args.artifacts or s.artifacts_dir, args.namespace)
     store = open_store(**s.store_args())
     try:

@@ -39,9 +39,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from app.settings import Settings, SettingsError
+from app.settings import SettingsError
 from models.artifact import HELD, RUNS, ArtifactError, publish, read_manifest, version_key, versions
 from retrainer import export_history
+from retrainer.settings import RetrainerSettings
 
 HELD_KEPT = 3  # held-back versions kept per model for a look (the gate's reason is in their manifest)
 LOCK = ".lock"
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, help="the run's own folder (default: a new one under <artifacts>/.runs)")
     args = p.parse_args(argv)
     try:
-        settings = Settings()
+        settings = RetrainerSettings()
     except SettingsError as exc:  # its text names each variable and never a value
         raise SystemExit(f"retrain: {exc}") from None
     args.api_url = settings.api_url if args.api_url is None else args.api_url

@@ -31,13 +31,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from app.production.promotion import Window, live_and_floor, online_windows, sagged
 from app.production.sequential import Z95
-from app.settings import Settings, SettingsError
+from app.settings import SettingsError
 from app.store import Arrival, Candidate, ProductionState, RetrainRecord, StoreError, open_store
 from app.store.histories import HistoryStore
 from models.artifact import HELD, TMP_PREFIX, ArtifactError, read_id_map, read_manifest
 from models.ids import IdMap
 from models.tasks import TASKS
 from retrainer.retrain import HELD_KEPT, die_with_parent, new_run_folder, prune_held, served_models, sweep_runs
+from retrainer.settings import RetrainerSettings
 
 log = logging.getLogger("retrainer")
 LEASE = "retrainer"
@@ -52,7 +53,7 @@ ALERT_IN_A_ROW = 3  # runs in a row that publish nothing before an error (and Se
 
 @dataclass(frozen=True)
 class Bounds:
-    """The triggers' bounds (Settings' SEQSERVE_RETRAIN_*); 0 turns a trigger off."""
+    """The triggers' bounds (RetrainerSettings' SEQSERVE_RETRAIN_*); 0 turns a trigger off."""
 
     min_events: int
     unknown_share: float
@@ -61,7 +62,7 @@ class Bounds:
     max_age_s: float
 
     @classmethod
-    def of(cls, s: Settings) -> Bounds:
+    def of(cls, s: RetrainerSettings) -> Bounds:
         return cls(
             s.retrain_min_events,
             s.retrain_unknown_share,
@@ -239,7 +240,7 @@ class Metrics:
 class Retrainer:
     def __init__(
         self,
-        settings: Settings,
+        settings: RetrainerSettings,
         *,
         histories: HistoryStore,
         state: ProductionState,
@@ -513,7 +514,7 @@ class Retrainer:
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        settings = Settings()
+        settings = RetrainerSettings()
     except SettingsError as exc:  # its text names each variable and never a value
         raise SystemExit(f"retrainer: {exc}") from None
     if settings.events_api_key is None:

@@ -248,9 +248,10 @@ def test_every_setting_can_be_given_to_compose_and_is_checked_before_the_api_sta
     """ops/seqserve.env lists every setting (compose reads it into the api, the retrainer and a retrain);
     a one-shot `settings` service checks the api's settings first, with the api's own environment."""
     from app.settings import Settings
+    from retrainer.settings import RetrainerSettings
 
     listed = (ROOT / "ops" / "seqserve.env").read_text()
-    for name in Settings.model_fields:
+    for name in {*Settings.model_fields, *RetrainerSettings.model_fields}:
         assert f"# SEQSERVE_{name.upper()}=" in listed, name
     services = compose["services"]
     for name in ("api", "settings", "retrainer", "retrain"):

@@ -16,7 +16,6 @@ import httpx2 as httpx
 import pytest
 
 from app.production.promotion import Window, online_windows
-from app.settings import Settings
 from app.store import Arrival, Candidate, SQLiteStore, Sums
 from models.artifact import HELD, RUNS, TMP_PREFIX, versions
 from retrainer.retrain import keep_held, sweep_runs
@@ -32,6 +31,7 @@ from retrainer.retrainer import (
     left_alone,
     unfit,
 )
+from retrainer.settings import RetrainerSettings
 from tests.servers import ROOT, free_port, start_api, stop, wait_until
 
 BOUNDS = Bounds(min_events=100, unknown_share=0.05, sag=True, min_lists=200, max_age_s=7 * 86400)
@@ -123,7 +123,7 @@ def test_by_default_the_models_whose_task_retrains_warm_are_retrained_each_again
     monkeypatch.setenv("SEQSERVE_ARTIFACTS_DIR", str(arts))
     store = SQLiteStore(tmp_path / "h.sqlite3")
     try:
-        retrainer = Retrainer(Settings(), histories=store, state=store, metrics=Metrics())
+        retrainer = Retrainer(RetrainerSettings(), histories=store, state=store, metrics=Metrics())
         served = [
             {"name": name, "version": "20260101T000000Z", "task": task}
             for name, task in [("sasrec-tiny", "recommend"), ("social-tiny", "social"), ("mhsa-tiny", "next_location")]
@@ -146,7 +146,7 @@ def test_a_run_killed_by_the_retrainers_own_stop_is_counted_stopped_not_failed(
     monkeypatch.setenv("SEQSERVE_ARTIFACTS_DIR", str(tmp_path))
     store = SQLiteStore(tmp_path / "h.sqlite3")
     try:
-        retrainer = Retrainer(Settings(), histories=store, state=store, metrics=Metrics(), run=lambda *_: -9)
+        retrainer = Retrainer(RetrainerSettings(), histories=store, state=store, metrics=Metrics(), run=lambda *_: -9)
         assert retrainer.retrain("m", "v1") == ("failed", -9)  # killed by something else: a failure
 
         def stopped_meanwhile(*_: str) -> int:
@@ -173,13 +173,15 @@ def test_the_cooldown_and_the_back_off_outlive_the_process(tmp_path: Path, monke
     clock = Clock()
     try:
         outcomes = iter([3, 3, 3, 1, 0])
-        first = Retrainer(Settings(), histories=store, state=store, metrics=Metrics(), clock=clock, run=lambda *_: 0)
+        first = Retrainer(
+            RetrainerSettings(), histories=store, state=store, metrics=Metrics(), clock=clock, run=lambda *_: 0
+        )
         first.run = lambda *_: next(outcomes)
         waits = []
         for _ in range(5):
             first.retrain("m", "v1")
             record = store.retrain_record("m")
-            restarted = Retrainer(Settings(), histories=store, state=store, metrics=Metrics(), clock=clock)
+            restarted = Retrainer(RetrainerSettings(), histories=store, state=store, metrics=Metrics(), clock=clock)
             left = [s for s in range(0, 200) if restarted.waits(record, now=clock.now + s) is not None]
             waits.append(len(left))
         assert waits == [30, 60, 100, 100, 0]  # held back 1, 2, 3 in a row (bounded), failed: 4; published: none
@@ -217,7 +219,7 @@ def test_a_retrain_starts_from_the_last_good_version_never_from_one_far_below_it
     (tmp_path / "m" / "v1").mkdir(parents=True)
     store = SQLiteStore(tmp_path / "h.sqlite3")
     try:
-        retrainer = Retrainer(Settings(), histories=store, state=store, metrics=Metrics())
+        retrainer = Retrainer(RetrainerSettings(), histories=store, state=store, metrics=Metrics())
         good = dataclasses.replace(QUIET, name="m", version="v1", offline=0.25, now=Window(400, 0.20, 0.04))
         assert retrainer.base(good, store.retrain_record("m"), asked=False) == "v1"
         assert store.retrain_record("m").good == "v1"
@@ -241,7 +243,7 @@ def test_the_age_trigger_reads_the_manifests_time_not_the_folders_name(tiny_arti
     shutil.copytree(latest_versions(tiny_artifacts)["sasrec-tiny"], arts / "sasrec-tiny" / "20000101T000002Z")
     store = SQLiteStore(tmp_path / "h.sqlite3")
     try:
-        settings = Settings(artifacts_dir=arts, history_path=tmp_path / "h.sqlite3")
+        settings = RetrainerSettings(artifacts_dir=arts, history_path=tmp_path / "h.sqlite3")
         reading = Retrainer(settings, histories=store, state=store, metrics=Metrics()).read(
             "sasrec-tiny", "20000101T000002Z"
         )
@@ -329,7 +331,7 @@ def test_the_retrainer_retrains_when_events_pile_up_and_the_service_tries_the_re
     }
     for key, value in {**env, **retrainer_env}.items():  # what its retrain's own process reads too
         monkeypatch.setenv(key, value)
-    settings = Settings()
+    settings = RetrainerSettings()
     metrics = Metrics()
     first = Retrainer(settings, histories=store, state=store, metrics=metrics, clock=clock)
     other = Retrainer(settings, histories=store, state=store, metrics=Metrics(), clock=clock)
