@@ -105,10 +105,17 @@ def test_torchrun_on_two_hosts_each_reading_its_share_writes_one_artifact(tmp_pa
         if node == 0:  # the first host waits for the second: the stranger comes now
             _write_payload_into_store(port, marker)
     logs = []
+    try:
+        for proc in hosts:
+            out, _ = proc.communicate(timeout=300)
+            logs.append(out)
+    finally:  # a host that failed leaves the other waiting for it: both go, with what each said
+        for proc in hosts:
+            proc.kill()
+        for proc in hosts[len(logs) :]:
+            logs.append(proc.communicate()[0])
     for proc in hosts:
-        out, _ = proc.communicate(timeout=300)
-        logs.append(out)
-        assert proc.returncode == 0, out[-3000:]
+        assert proc.returncode == 0, "\n---\n".join(o[-3000:] for o in logs)
     assert "rank 0 of 2 finished, peak RSS" in logs[0] and "rank 1 of 2 finished, peak RSS" in logs[1]
     assert not marker.exists()  # the stranger's pickle was never loaded
     held = [re.search(r"holds (\d+) users; item map of (\d+) items, sha256 (\w+)", out) for out in logs]
