@@ -14,11 +14,18 @@ def test_benchmarks_stay_a_page_of_current_figures() -> None:
     assert len(lines) < 700, f"{len(lines)} lines: move experiment accounts to docs/decisions/"
 
 
-def test_every_decision_record_cited_exists() -> None:
+def test_every_decision_record_and_experiment_cited_exists() -> None:
+    """Cited from the README, the docs or the code (comments and docstrings)."""
     cited = set()
-    for doc in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
-        cited |= set(re.findall(r"docs/decisions/([a-z0-9-]+\.md)", doc.read_text()))
-    missing = sorted(c for c in cited if not (ROOT / "docs" / "decisions" / c).is_file())
+    code = [
+        p
+        for package in ("app", "models", "training", "retrainer", "bench", "scripts", "ops")
+        for p in (ROOT / package).rglob("*.*")
+    ]
+    for doc in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *code]:
+        if doc.suffix in {".md", ".py", ".sh", ".yml", ".cfg"}:
+            cited |= set(re.findall(r"docs/((?:decisions|experiments)/[a-z0-9-]+\.md)", doc.read_text()))
+    missing = sorted(c for c in cited if not (ROOT / "docs" / c).is_file())
     assert missing == []
 
 
