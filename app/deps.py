@@ -107,7 +107,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
 
 # The body dependency is a leaf (it finds the schemas through services_of, not ServicesDep): FastAPI
 # solves every node of a route's dependency tree on every request (recursion, a cache key and scope
-# checks per node); a node less was about 10 us a request (docs/decisions/request-path-trims.md).
+# checks per node); a node less is measurably cheaper (docs/decisions/request-path-trims.md).
 async def events_body(request: Request) -> EventsRequest:
     return await parse_body(request, services_of(request).schemas.events)
 

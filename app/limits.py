@@ -11,7 +11,7 @@ from dataclasses import dataclass
 # On the CPU the model's cost per query is flat from batch 16 up (docs/decisions/cpu-batch-cap.md), so
 # a large batch buys nothing there. A cap under the number of clients splits a closed loop of them into
 # cohorts that alternate: the event loop answers one and parses its next requests while the model
-# runs the other. 32 against 256: 1.25-1.38x at 64 clients, on par at 16, 32 and 128.
+# runs the other (measured in docs/decisions/cpu-batch-cap.md).
 CPU_MAX_BATCH = 32
 
 

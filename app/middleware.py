@@ -81,7 +81,7 @@ class Observe:
 
 
 # Bodies up to this size are not counted against the budget below: the request path's bodies are a
-# few hundred bytes, and the connection cap bounds what small bodies can hold (1,024 x 64 KiB).
+# few hundred bytes, and the connection cap bounds what small bodies can hold (docs/decisions/body-budget.md).
 UNCOUNTED_BODY_BYTES = 64 * 1024
 
 

@@ -185,7 +185,7 @@ class Metrics:
             multiprocess_mode="livemin",
         )
         # (endpoint, model, status) -> the two children a request updates: labels() hashes its values and
-        # takes a lock on every call, 3.4 us a request of the 8 us the whole Observe layer costs.
+        # takes a lock on every call, most of what the Observe layer cost (docs/decisions/request-path-trims.md).
         self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
     def observe_request(self, endpoint: str, model: str, status: int, seconds: float) -> None:

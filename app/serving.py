@@ -27,7 +27,7 @@ R = TypeVar("R")
 log = logging.getLogger(__name__)
 # A by-user read of at most this many users runs on the event loop (SQLite: indexed queries of a few
 # hundred rows), at most LOOP_READ_ROWS rows in all: users with more live events than their share are
-# read again, whole, in a thread (eight users with 1,000 live events each held the loop 14 ms). Larger
+# read again, whole, in a thread, so a few heavy users never hold the loop (docs/BENCHMARKS.md). Larger
 # reads go to a thread from the start, so they never stall other requests.
 LOOP_READ_USERS = 8
 LOOP_READ_ROWS = 256
@@ -36,7 +36,7 @@ LOOP_READ_ROWS = 256
 PREPARE_INLINE_QUERIES = 64
 # The work of large requests (parsing a large body, preparing many queries) runs here, one at a time:
 # each step holds the GIL for tens of milliseconds in C (orjson), and two threads at once made the loop
-# wait for both in a row (126 ms against 46 ms alone; docs/decisions/request-path-trims.md).
+# wait for both in a row (docs/decisions/request-path-trims.md).
 _LARGE_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-request")
 
 

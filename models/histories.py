@@ -177,7 +177,7 @@ class HistoryTable:
         if problem is not None:
             raise HistoryTableError(f"{problem[0]}: {problem[1]}")
         # The request path's lookups read Python ints through memoryviews: a numpy scalar per index and
-        # a mask per row cost 12 us a query against 3 us (docs/decisions/request-path-threads.md).
+        # a mask per row cost several times more (docs/decisions/request-path-threads.md).
         self._hash_at, self._key_end_at, self._end_at = (c.data for c in (self.hashes, self.key_ends, self.ends))
         self._key_bytes, self._item_at, self._time_at = (c.data for c in (self.keys, self.items, self.times))
         self._item_range = (int(self.items.min()), int(self.items.max())) if len(self.items) else (0, 0)

@@ -36,9 +36,8 @@ def pack_histories(histories: list[list[int]], max_history: int) -> torch.Tensor
 def pad_rows(rows: Sequence[Sequence[int]]) -> torch.Tensor:
     """Right-pad index lists with PAD into a (B, max(1, longest)) long tensor."""
     # Filled in one C array and viewed as a tensor (torch.frombuffer keeps the array alive). torch.tensor
-    # on padded Python lists costs ~70 ns an element, and the seen lists of a batch are padded to its
-    # longest full history (737 items on ml-100k): 0.9-2.6 ms of a model call at batch 32-64, 5-8x
-    # less this way, and 1.3-1.8x less for the model's 50-item inputs (docs/decisions/request-path-trims.md).
+    # on padded Python lists pays per element, and the seen lists of a batch are padded to its longest
+    # full history: a real share of a model call that way (docs/decisions/request-path-trims.md).
     width = max([1, *map(len, rows)])
     if not rows:
         return torch.zeros(0, width, dtype=torch.long)
@@ -116,7 +115,7 @@ def _distinct_live(idx: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
 def _drop(scores: torch.Tensor, indices: torch.Tensor) -> None:
     """scores[b, indices[b, j]] = -inf for every b, j, in place. (B, V), (B, S)"""
     # An indexed assignment, not scatter_: on bfloat16 scores (models/coarse.py) scatter_ converts the
-    # whole (B, V) tensor and back, 12 ms for 8 rows of 1M items against 0.02 ms.
+    # whole (B, V) tensor and back (docs/decisions/coarse-ranking.md).
     rows = torch.arange(scores.size(0), device=scores.device)[:, None]
     scores[rows, indices] = float("-inf")
 

@@ -39,7 +39,7 @@ def pair_counts(sequences: Sequence[Sequence[int]], vocab_size: int) -> tuple[to
     counts (P,)), both long. Counts of parts of a log add up: `merge_counts`."""
     first, second = transition_pairs(sequences)
     keys = first * vocab_size + second
-    del first, second  # freed before the unique's sort makes its copies (a 50M-row log: 0.8 GB)
+    del first, second  # freed before the unique's sort makes its copies (docs/decisions/columnar-log.md)
     return torch.unique(keys, return_counts=True)
 
 

@@ -23,7 +23,8 @@ from training.job import peak_rss_gb
 
 ROOT = Path(__file__).resolve().parent.parent
 # A warm retrain is held back under this share of its parent's figure against the best baseline: ml-100k's
-# ratio moves by a few percent between seeds, a broken or flooded retrain falls far below (0.08x of 1.42x).
+# ratio moves by a few percent between seeds, a broken or flooded retrain falls far below it
+# (docs/BENCHMARKS.md, the warm retrain).
 WARM_GATE = 0.8
 # A cold version is held back under its run's best simple baseline when an earlier version of its name is
 # there to serve (docs/decisions/cold-gate.md).

@@ -57,7 +57,7 @@ def metrics_from_ranks(ranks: torch.Tensor, ks: tuple[int, ...] = KS) -> dict[st
 
 
 # Users per scored batch at most this many (user, item) cells: each batch holds a few (B, V) tensors
-# (scores, candidates, comparisons), 11.7 GB at the peak of a job on 1M items with 512 users a batch.
+# (scores, candidates, comparisons), which at 1M items and hundreds of users a batch exhaust memory.
 EVAL_CELLS = 32 * 1024 * 1024
 
 
@@ -84,7 +84,7 @@ class _Progress:
 
 
 # From this catalog size on, negatives are drawn by rejection: the masking draw holds a (B, V) float64
-# copy of the weights (4.3 GB for 512 users and 1M items) and ran for minutes per batch.
+# copy of the weights, which grows with the catalog and is slow to draw from.
 REJECTION_FROM = 200_000
 
 
@@ -218,7 +218,7 @@ def _at(scores: Scores, cols: torch.Tensor) -> torch.Tensor:
 def _count_at_least(scores: Scores, t: torch.Tensor) -> torch.Tensor:
     if isinstance(scores, SparseScores):
         return scores.count_at_least(t)
-    # An int32 sum: 1.4x count_nonzero's speed over a (67, 500k) comparison (job-budget.md); V < 2**31.
+    # An int32 sum: faster than count_nonzero here (docs/decisions/job-budget.md); V < 2**31.
     return (scores >= t[:, None]).sum(1, dtype=torch.int32).long()
 
 
@@ -440,7 +440,7 @@ def transitions_scorer(known: list[list[int]], vocab_size: int, dist: Dist = ONE
     """First-order item transitions: for the history's last item, the items that followed it most
     often in `known`; popularity fills (and orders ties)."""
     # Counted by one unique over (item, next item) keys: sorted by item, then next item, as a
-    # coalesced sparse matrix would be, 3x faster than coalescing on a 50M-row log.
+    # coalesced sparse matrix would be, and faster than coalescing one on a large log.
     keys, counts = summed_pair_counts(known, vocab_size, dist)
     starts = _row_starts(torch.bincount(keys // vocab_size, minlength=vocab_size))
     trans = _Rows(starts, keys % vocab_size, counts.float())

@@ -165,7 +165,7 @@ def train(
     dist = dist or Dist()
     device = device or next(model.parameters()).device
     step = dist.wrap(model)
-    # The fused kernel: ~10x faster steps on the CPU, where Adam over a large item table is a real cost.
+    # The fused kernel: Adam over a large item table is a real cost on the CPU (docs/decisions/training-throughput.md).
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
     gen = torch.Generator().manual_seed(cfg.seed)
     sched: torch.optim.lr_scheduler.LambdaLR | None = None

@@ -208,7 +208,7 @@ return 1
 """
 )
 # Entries the arrivals stream keeps, about: minutes of a busy service (each worker reads it every
-# SEQSERVE_ONLINE_SCORE_S), about 20 MB of Redis memory.
+# SEQSERVE_ONLINE_SCORE_S), a bounded share of Redis memory (docs/decisions/online-evaluation.md).
 ARRIVALS_MAX = 200_000
 _OUTCOMES: dict[int, Outcome] = {1: "stored", 0: "duplicate", 2: "conflict", 3: "skipped", 4: "dropped_old"}
 _SEQ_WIDTH = 20

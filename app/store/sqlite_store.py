@@ -166,7 +166,7 @@ class SQLiteStore(HistoryStore, ProductionState):
             # Files before version 4 held a copy of every artifact history ("base"): the tables hold them now.
             conn.execute("DROP TABLE IF EXISTS base")
             # Before version 8 by-user reads went through this index, and the planner could prefer a scan of
-            # the namespace by time to it (21 ms a read at 45,846 events): events_live replaces it.
+            # the namespace by time to it (docs/decisions/store-reads.md): events_live replaces it.
             conn.execute("DROP INDEX IF EXISTS events_by_user")
             # Version 9 added the sign counts to trial_stats (rebuilt from trial_users below) and the answer an
             # arrival names; version 11 the users' weighted means in place of the clustered sums.
@@ -674,8 +674,8 @@ class SQLiteStore(HistoryStore, ProductionState):
         return self._write(do)
 
     def expire(self, *, now: float) -> None:
-        # Arrivals are also trimmed when an event arrives; without events they would stay (41,198 rows
-        # of a quiet hour in a 12 MB file), so the housekeeping tick trims them by time too.
+        # Arrivals are also trimmed when an event arrives; without events they would stay and grow the
+        # file, so the housekeeping tick trims them by time too.
         # A read first: a write transaction is an fsync, which each worker's tick should not cost for nothing.
         before = now - ARRIVALS_KEEP_S
         if self._read(lambda c: c.execute("SELECT 1 FROM arrivals WHERE at < ? LIMIT 1", (before,)).fetchone()):

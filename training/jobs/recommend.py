@@ -58,13 +58,13 @@ PRIOR_GRID_ROUNDS = 3
 PRIOR_GRID_STEP = 1.5
 EXPORT_SHARE = 0.03  # at most: the plan keeps the artifact's bytes at EXPORT_BYTES_PER_S
 MAX_AFTER_SHARE = 0.3
-# Writing the artifact: its weights and about 13 bytes an interaction for the users' histories (840 MB
-# took 6 s at 50M rows); a slow disk's rate, so a plan errs on the side of the budget.
+# Writing the artifact: its weights and the users' histories (EXPORT_HISTORY_BYTES an interaction, an
+# upper bound); a slow disk's rate, so a plan errs on the side of the budget (docs/decisions/job-budget.md).
 EXPORT_BYTES_PER_S = 50e6
 EXPORT_HISTORY_BYTES = 16
 # What 256 validation users scored before training miss of a test user: the model's transition prior
-# (set after training) and a history one item longer. At 50M rows a test user took 1.10x and 1.19x its
-# price in two runs; pricing 20,000 users 15% higher takes about 7 s from a 30-minute job's loop.
+# (set after training) and a history one item longer; the margin covers both with little taken from the
+# loop (docs/decisions/job-budget.md).
 TEST_MARGIN = 1.3
 # An evaluation planned (before training, at full size) under this share of the budget, or under
 # eval.every_user_s, scores every user whatever its deadline: on a log as small as MovieLens-100k the
@@ -337,7 +337,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         self.costs.per_user["model"] = self._evaluate_all({"model": model.scores}, one, [proto]).seconds / len(
             one.targets
         )
-        # The test scores every scorer under every protocol (1.3x the sum of the above at 50M rows).
+        # The test scores every scorer under every protocol (priced in docs/decisions/job-budget.md).
         scorers = {"model": model.scores, **fitted}
         self.costs.test_user = self._evaluate_all(scorers, one, self.cfg.eval.protocols).seconds / len(one.targets)
         model.train()
