@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.limits import CPU_MAX_BATCH, BatchPolicy, Limits
@@ -33,7 +33,9 @@ class SettingsError(ValueError):
         lines = []
         for e in exc.errors(include_url=False, include_context=False, include_input=False):
             msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"SEQSERVE_{'_'.join(str(p) for p in e['loc']).upper()}: {msg}" if e["loc"] else msg)
+            name = "_".join(str(p) for p in e["loc"]).upper()
+            name = name if name.startswith("SEQSERVE_") else f"SEQSERVE_{name}"
+            lines.append(f"{name}: {msg}" if e["loc"] else msg)
         super().__init__("invalid settings: " + "; ".join(lines))
 
 
@@ -205,8 +207,15 @@ class Settings(DeploymentSettings):
     canary_share: float = Field(default=0.1, gt=0, le=1)
     # The promotion rule: a candidate is retired as soon as its online NDCG@10 is proved below the live
     # version's (an anytime-valid test, users as the unit), and promoted once it and the live version each have
-    # this many scored lists since the trial began without that proof; 0 = only by the admin calls.
-    promote_min_events: int = Field(default=0, ge=0)
+    # this many scored lists since the trial began without that proof; 0 = only by the admin calls. It counts
+    # lists: SEQSERVE_PROMOTE_MIN_EVENTS, its first name, is still read (the new name wins where both are set).
+    promote_min_lists: int = Field(
+        default=0,
+        ge=0,
+        validation_alias=AliasChoices(
+            "promote_min_lists", "SEQSERVE_PROMOTE_MIN_LISTS", "promote_min_events", "SEQSERVE_PROMOTE_MIN_EVENTS"
+        ),
+    )
     shadow_max_in_flight: int = Field(default=2, ge=1)  # shadow query batches running at once, per worker
     # Probation: after a promotion (by the rule or the admin call), the new live version is watched until it is
     # confirmed or rolled back, never left undecided: rolled back as soon as its online NDCG@10 is proved below its
@@ -247,9 +256,9 @@ class Settings(DeploymentSettings):
     def _rule_counts_authenticated_events(self) -> Settings:
         # The rule promotes or retires on the online figures, which /events writes: with /events open,
         # anyone could post the hits and misses that decide a trial (docs/decisions/online-evaluation.md).
-        if self.promote_min_events and self.events_api_key is None:
+        if self.promote_min_lists and self.events_api_key is None:
             raise ValueError(
-                "SEQSERVE_PROMOTE_MIN_EVENTS needs SEQSERVE_EVENTS_API_KEY: the promotion rule acts only on "
+                "SEQSERVE_PROMOTE_MIN_LISTS needs SEQSERVE_EVENTS_API_KEY: the promotion rule acts only on "
                 "events posted with a key"
             )
         return self

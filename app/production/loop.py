@@ -239,9 +239,9 @@ class ProductionLoop:
         return engine.catalog_size if engine is not None else 0
 
     async def judge(self) -> None:
-        """The promotion rule (SEQSERVE_PROMOTE_MIN_EVENTS; 0: off) on each candidate, from the shared figures;
+        """The promotion rule (SEQSERVE_PROMOTE_MIN_LISTS; 0: off) on each candidate, from the shared figures;
         what it reads is kept in `trials` either way (GET /models/{name}/online shows it)."""
-        need = self.settings.promote_min_events
+        need = self.settings.promote_min_lists
         if self.state is None:
             return
         self.trials = {n: t for n, t in self.trials.items() if n in self.choices.candidates}

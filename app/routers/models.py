@@ -43,7 +43,7 @@ class TrialFigures(BaseModel):
     mode: str
     verdict: str | None = Field(
         description="what the rule says now: promote, retire or wait; null while the rule is off "
-        "(SEQSERVE_PROMOTE_MIN_EVENTS=0)"
+        "(SEQSERVE_PROMOTE_MIN_LISTS=0)"
     )
     reason: str
     figures: dict[str, float | None] = Field(
@@ -248,7 +248,7 @@ async def online_series(services: ServicesDep, name: ModelNamePath) -> OnlineRes
         trial = TrialFigures(
             version=cand.version,
             mode=cand.mode,
-            verdict=found.action if services.settings.promote_min_events else None,
+            verdict=found.action if services.settings.promote_min_lists else None,
             reason=found.reason,
             figures=found.figures,
         )

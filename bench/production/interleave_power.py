@@ -59,7 +59,7 @@ def settings(work: Path, mode: str) -> dict[str, str]:
         "SEQSERVE_STATE_DIR": str(state / "workers"),
         "SEQSERVE_ADMIN_API_KEY": ADMIN,
         "SEQSERVE_EVENTS_API_KEY": EVENTS,
-        "SEQSERVE_PROMOTE_MIN_EVENTS": "0",  # the rule off: the trial runs the whole slice
+        "SEQSERVE_PROMOTE_MIN_LISTS": "0",  # the rule off: the trial runs the whole slice
         "SEQSERVE_HOUSEKEEPING_S": str(HOUSEKEEPING_S),
         "SEQSERVE_ONLINE_SCORE_S": "0.1",
         "SEQSERVE_EVENT_SKEW_S": "0",

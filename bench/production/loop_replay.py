@@ -153,7 +153,7 @@ def settings(args: argparse.Namespace, work: Path, *, loop: bool) -> dict[str, s
         **common,
         "SEQSERVE_NEW_VERSIONS": "canary",
         "SEQSERVE_CANARY_SHARE": "0.5",
-        "SEQSERVE_PROMOTE_MIN_EVENTS": str(args.min_events),
+        "SEQSERVE_PROMOTE_MIN_LISTS": str(args.min_events),
         "SEQSERVE_PROBATION_S": str(args.probation_s),
         "SEQSERVE_PROBATION_MAX_S": str(args.probation_max_s),
         "SEQSERVE_PROBATION_HOLDBACK": str(args.holdback),
@@ -352,7 +352,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warm-minutes", type=float, default=0.5, help="each warm retrain's (SEQSERVE_RETRAIN_MINUTES)")
     p.add_argument("--rate", type=float, default=40.0, help="events a second the loop's replay keeps to")
     p.add_argument("--retrain-events", type=int, default=3000, help="SEQSERVE_RETRAIN_MIN_EVENTS")
-    p.add_argument("--min-events", type=int, default=1000, help="SEQSERVE_PROMOTE_MIN_EVENTS")
+    p.add_argument("--min-events", type=int, default=1000, help="SEQSERVE_PROMOTE_MIN_LISTS")
     p.add_argument("--probation-lists", type=int, default=200, help="SEQSERVE_PROBATION_MIN_LISTS")
     p.add_argument("--window-s", type=float, default=120.0, help="SEQSERVE_RETRAIN_WINDOW_S (replay time is fast)")
     p.add_argument("--probation-s", type=float, default=60.0, help="SEQSERVE_PROBATION_S (replay time is fast)")

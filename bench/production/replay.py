@@ -206,7 +206,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "runs/replay.json")
     p.add_argument("--minutes", type=float, default=2.0, help="the cold run's training budget")
     p.add_argument("--warm-minutes", type=float, default=0.5)
-    p.add_argument("--min-events", type=int, default=1000, help="SEQSERVE_PROMOTE_MIN_EVENTS")
+    p.add_argument("--min-events", type=int, default=1000, help="SEQSERVE_PROMOTE_MIN_LISTS")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--shards", type=int, default=16, help="users replayed at once")
     p.add_argument("--port", type=int, default=8931)
@@ -258,7 +258,7 @@ def server_settings(args: argparse.Namespace, work: Path) -> dict[str, str]:
         "SEQSERVE_EVENTS_API_KEY": EVENTS,
         "SEQSERVE_NEW_VERSIONS": "canary",
         "SEQSERVE_CANARY_SHARE": "0.5",
-        "SEQSERVE_PROMOTE_MIN_EVENTS": str(args.min_events),
+        "SEQSERVE_PROMOTE_MIN_LISTS": str(args.min_events),
         "SEQSERVE_HOUSEKEEPING_S": str(HOUSEKEEPING_S),
         "SEQSERVE_ONLINE_SCORE_S": "0.1",
         "SEQSERVE_EVENT_SKEW_S": "0",

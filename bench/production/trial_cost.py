@@ -29,7 +29,7 @@ from app.store import Candidate, SQLiteStore
 from bench.servers import ROOT
 
 KEY = "trial-cost-events-key"
-LOOP = f"SEQSERVE_EVENTS_API_KEY={KEY},SEQSERVE_PROMOTE_MIN_EVENTS=1000,SEQSERVE_NEW_VERSIONS=canary"
+LOOP = f"SEQSERVE_EVENTS_API_KEY={KEY},SEQSERVE_PROMOTE_MIN_LISTS=1000,SEQSERVE_NEW_VERSIONS=canary"
 
 
 def store_with(path: Path, name: str, live: str, candidate: Candidate | None) -> Path:

@@ -36,3 +36,21 @@ def test_instances_with_sqlite_files_in_one_folder_share_no_state(tmp_path: Path
     two = Settings(history_path=tmp_path / "b.sqlite3")
     assert one.shared_dir != two.shared_dir and one.shared_dir.parent == tmp_path
     assert Settings(history_path=tmp_path / "a.sqlite3", state_dir=tmp_path / "s").shared_dir == tmp_path / "s"
+
+
+def test_the_promotion_rule_s_count_is_named_for_lists_and_its_first_name_still_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SEQSERVE_EVENTS_API_KEY", "k")
+    monkeypatch.setenv("SEQSERVE_PROMOTE_MIN_EVENTS", "7")
+    assert Settings().promote_min_lists == 7
+    monkeypatch.setenv("SEQSERVE_PROMOTE_MIN_LISTS", "9")
+    assert Settings().promote_min_lists == 9  # the new name wins
+    monkeypatch.setenv("SEQSERVE_PROMOTE_MIN_LISTS", "many")
+    with pytest.raises(SettingsError) as bad:
+        Settings()
+    assert "SEQSERVE_PROMOTE_MIN_LISTS:" in str(bad.value) and "SEQSERVE_SEQSERVE" not in str(bad.value)
+    monkeypatch.delenv("SEQSERVE_EVENTS_API_KEY")
+    monkeypatch.setenv("SEQSERVE_PROMOTE_MIN_LISTS", "3")
+    with pytest.raises(SettingsError, match="SEQSERVE_PROMOTE_MIN_LISTS needs SEQSERVE_EVENTS_API_KEY"):
+        Settings()

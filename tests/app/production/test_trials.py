@@ -105,7 +105,7 @@ def test_only_a_key_holder_learns_which_side_answered_a_user(root: Path, tmp_pat
 def test_the_rule_refuses_to_start_while_anyone_may_post_events(root: Path, tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="SEQSERVE_EVENTS_API_KEY"):
         _settings(root, tmp_path / "s", promote_min_events=20, read_api_key="read-key")
-    assert _settings(root, tmp_path / "s", promote_min_events=20, events_api_key="k").promote_min_events == 20
+    assert _settings(root, tmp_path / "s", promote_min_events=20, events_api_key="k").promote_min_lists == 20
 
 
 def test_a_shadow_never_changes_or_holds_up_the_live_answer(
