@@ -103,14 +103,19 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=10)
 
 
-def redis_binary() -> str:
-    """The redis-server executable; outside CI a missing one skips, in CI it fails (.ci/run installs it)."""
-    found = shutil.which("redis-server")
+def installed(command: str, package: str) -> str:
+    """`command`'s executable; outside CI a missing one skips the test, in CI it fails (scripts/test.sh
+    installs `package`)."""
+    found = shutil.which(command)
     if found is None:
         if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed; scripts/test.sh installs it (apt-get install redis-server)")
-        pytest.skip("redis-server not installed (scripts/test.sh installs it when run as root)")
+            pytest.fail(f"{command} is not installed; scripts/test.sh installs it (apt-get install {package})")
+        pytest.skip(f"{command} not installed (scripts/test.sh installs it when run as root)")
     return found
+
+
+def redis_binary() -> str:
+    return installed("redis-server", "redis-server")
 
 
 class RedisServer:

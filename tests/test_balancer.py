@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import socket
@@ -19,7 +18,7 @@ from typing import ClassVar
 import httpx2 as httpx
 import pytest
 
-from tests.servers import ROOT, free_port, start_api, stop, wait_until
+from tests.servers import ROOT, free_port, installed, start_api, stop, wait_until
 
 LB = ROOT / "ops" / "lb"
 OTHER = "127.0.0.2"  # a second client address: every 127/8 address is loopback
@@ -39,18 +38,9 @@ def render(backend_port: int, port: int, folder: Path, *, config: str | None = N
     return out
 
 
-def haproxy_binary() -> str:
-    found = shutil.which("haproxy")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("haproxy is not installed; scripts/test.sh installs it (apt-get install haproxy)")
-        pytest.skip("haproxy not installed (scripts/test.sh installs it when run as root)")
-    return found
-
-
 def run_balancer(cfg: Path, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [haproxy_binary(), "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [installed("haproxy", "haproxy"), "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
 
     def up() -> bool:  # the replica checked healthy: requests pass

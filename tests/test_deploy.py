@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.servers import installed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -158,11 +159,7 @@ def test_the_balancer_listens_on_loopback_unless_told_and_the_api_scales_behind_
     dockerfile = (ROOT / "ops" / "lb" / "Dockerfile").read_text()
     assert "apt-get install" in dockerfile and "haproxy -c -f" in dockerfile  # Debian's package, checked at build
     assert "python" not in services["lb"]["healthcheck"]["test"][-1]  # the image has no Python
-    haproxy = shutil.which("haproxy")
-    if haproxy is None:
-        if os.environ.get("CI"):
-            pytest.fail("haproxy is not installed; scripts/test.sh installs it (apt-get install haproxy)")
-        pytest.skip("haproxy not installed (scripts/test.sh installs it when run as root)")
+    haproxy = installed("haproxy", "haproxy")
     # The image's paths, pointed at the files the image copies in.
     cfg_here = tmp_path / "haproxy.cfg"
     cfg_here.write_text(cfg.replace("/etc/haproxy/", f"{ROOT / 'ops' / 'lb'}/"))
@@ -225,11 +222,7 @@ def test_api_keys_can_come_from_compose_secrets() -> None:
 def test_alert_rules_pass_promtool_and_name_metrics_the_code_exports() -> None:
     """ops/prometheus/alerts.yml: valid rules, their unit tests (alerts_test.yml) pass, and every metric an
     expression reads is one app/ or retrainer/ defines (a renamed metric would leave an alert that never fires)."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not installed; scripts/test.sh installs it (apt-get install prometheus)")
-        pytest.skip("promtool not installed (scripts/test.sh installs it when run as root)")
+    promtool = installed("promtool", "prometheus")
     rules = ROOT / "ops" / "prometheus"
     checks = (
         ["check", "rules", "alerts.yml"],
