@@ -27,6 +27,7 @@ CONNECTION_CLOSED = "seqserve.connection_closed"
 _PREFIX = os.urandom(8).hex()
 _COUNTER = itertools.count()
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:/+=-]{1,128}")
+_ADDRESS = re.compile(r"[0-9A-Fa-f:.]{1,45}")  # an IPv4 or IPv6 address
 
 
 class Observe:
@@ -75,7 +76,8 @@ class Observe:
             self.metrics.observe_request(endpoint, model, status, seconds)
             if endpoint not in QUIET and self.access.enabled():
                 client = scope.get("client")  # the balancer's X-Forwarded-For, where it is trusted
-                who = client[0] if client else "-"
+                # Only an address is written: a trusted peer's header is still the client's text.
+                who = client[0] if client and _ADDRESS.fullmatch(client[0]) else "-"
                 self.access.write(f"{who} {scope['method']} {endpoint} {status} {seconds * 1000:.1f}ms", rid)
             request_id.reset(token)
 

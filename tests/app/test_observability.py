@@ -242,3 +242,40 @@ def test_metrics_say_when_each_serving_version_was_published(tiny_artifacts: Pat
         wait_until(lambda: shown() is not None)
         assert shown() == want
         assert want is not None and want > 1.7e9  # a real time: the manifest's created_at parsed
+
+
+def test_the_access_log_names_the_client_by_address_only(tmp_path: Path) -> None:
+    """The client comes from X-Forwarded-For where the peer is trusted: only an address is written, never
+    the header's other text (a trusted peer may still pass on what a client sent)."""
+    import logging
+
+    from app.middleware import Observe
+    from app.observability import AccessLog, Metrics
+
+    out = tmp_path / "access.log"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT)
+    level = logging.getLogger("app.access").level
+    logging.getLogger("app.access").setLevel(logging.INFO)
+    log = AccessLog(json_lines=False, fd=fd)
+
+    async def ok(scope: object, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    async def sent(message: object) -> None:
+        pass
+
+    async def run() -> None:
+        observe = Observe(ok, Metrics(), log)  # type: ignore[arg-type]
+        for client in (("10.0.0.7", 1), ("::1", 2), ("a" * 9000, 3), ("x y", 4)):
+            scope = {"type": "http", "method": "GET", "path": "/x", "headers": [], "client": client}
+            await observe(scope, None, sent)  # type: ignore[arg-type]
+        log.flush()
+
+    try:
+        asyncio.run(run())
+    finally:
+        os.close(fd)
+        logging.getLogger("app.access").setLevel(level)
+    clients = [line.split("app.access: ")[1].split()[0] for line in out.read_text().splitlines()]
+    assert clients == ["10.0.0.7", "::1", "-", "-"]
