@@ -86,8 +86,8 @@ class Served:
 
     @property
     def route(self) -> str | None:
-        """The name of the endpoint family that serves it (models.tasks.Route)."""
-        return self.task.route.name if self.task.route else None
+        """The name of the endpoint family that serves it (models.tasks.Task.route)."""
+        return self.task.route
 
 
 @contextmanager

@@ -56,3 +56,50 @@ def test_the_service_s_processes_read_their_environment_through_the_settings_alo
     ]
     assert wrong == []
     assert read.search('name = os.environ.get("SEQSERVE_RETRAIN_MODEL")')  # what it looks for
+
+
+def module_paths_named(source: str) -> set[str]:
+    """Every string constant in `source` that names a module of the project's upper packages."""
+    upper = ("app.", "training.", "retrainer.", "bench.")
+    return {
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(upper)
+    }
+
+
+def test_the_contract_names_no_module_above_it() -> None:
+    """The task table's rows name their route by name; each side registers its own piece (training.jobs,
+    app.routers.tasks), so models/ holds no path to import from above either."""
+    assert module_paths_named('x = "app.routers.recommend"\ny = "a model"') == {"app.routers.recommend"}
+    named = {
+        f"{path.relative_to(ROOT)}: {sorted(found)}"
+        for path in sorted((ROOT / "models").rglob("*.py"))
+        if (found := module_paths_named(path.read_text()))
+    }
+    assert named == set()
+
+
+# Who may import the production loop's wing: the app's composition root and typed dependencies, the HTTP
+# edge that calls it, and the retrainer (which applies its promotion rules); the floors beneath never do.
+WING_READERS = ("app/main.py", "app/deps.py", "app/routers/", "app/production/", "retrainer/")
+
+
+def test_only_the_roots_and_the_edge_import_the_production_wing() -> None:
+    wrong = []
+    for path in sorted(ROOT.glob("*/**/*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel.split("/")[0] not in FORBIDDEN or rel.startswith(WING_READERS):
+            continue
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
+        names |= {
+            f"app.{a.name}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module == "app"
+            for a in n.names
+        }
+        if any(m == "app.production" or m.startswith("app.production.") for m in names):
+            wrong.append(rel)
+    assert wrong == []

@@ -1,9 +1,9 @@
 """Offline jobs: `python -m training train|defaults|predict|convert-histories|<a task's command> ...`.
 
-`train` reads a run config; the model kind in it names the task, and the task table
-(models.tasks.TASKS) names the job. Every job is one skeleton (training/job.py). A task with a
-command of its own (the copy task's `copy-task`) gets it with its default config; `defaults` trains
-every task's default models.
+`train` reads a run config; the model kind in it names the task (models.tasks.TASKS), and the
+task's registered training side (training.jobs.JOBS) its job. Every job is one skeleton
+(training/job.py). A task with a command of its own (the copy task's `copy-task`) gets it with
+its default config; `defaults` trains every task's default models.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from training import distributed
 from training.config import apply_override, kind_of, read_raw
 from training.data import DataFormatError
 from training.job import peak_rss_gb
+from training.jobs import JOBS, job_for_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 # A warm retrain is held back under this share of its parent's figure against the best baseline: ml-100k's
@@ -38,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     tr = sub.add_parser("train", help="train a model and write an artifact version")
     tr.add_argument("--config", type=Path, required=True, help="TOML run config (training/configs/)")
     runs = [tr]
-    for task in TASKS.values():
-        if task.command:
-            own = sub.add_parser(task.command, help=f"train the {task.name} task with its default config")
-            own.add_argument("--config", type=Path, default=ROOT / (task.config or ""), help="TOML run config")
-            own.set_defaults(task=task.name)
+    for row in JOBS.values():
+        if row.command:
+            own = sub.add_parser(row.command, help=f"train the {row.task} task with its default config")
+            own.add_argument("--config", type=Path, default=ROOT / (row.config or ""), help="TOML run config")
+            own.set_defaults(task=row.task)
             runs.append(own)
     for p in runs:
         p.add_argument("--data", type=Path, help="data file or folder (overrides data.path)")
@@ -119,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from training.jobs import job_for_kind
 
     raw = read_raw(args.config, args.overrides)
     job_cls = job_for_kind(kind_of(raw))
@@ -151,7 +151,6 @@ def _warm(args: argparse.Namespace) -> int:
     import json
 
     from models.artifact import versions
-    from training.jobs import job_for_kind
 
     folder = args.artifact if (args.artifact / "manifest.json").is_file() else next(iter(versions(args.artifact)), None)
     if folder is None:
@@ -180,20 +179,20 @@ def _warm(args: argparse.Namespace) -> int:
 
 
 def train_defaults(out: Path, *, tasks: list[str] | None = None) -> int:
-    """Train each task's default runs (models.tasks.DefaultRun) into `out` (only `tasks`' when given);
+    """Train each task's default runs (training.jobs.DefaultRun) into `out` (only `tasks`' when given);
     a run whose data file is not there is skipped, and the log says which task stays without a model."""
     log = logging.getLogger("training")
     failed = 0
-    for task in TASKS.values():
-        if tasks and task.name not in tasks:
+    for row in JOBS.values():
+        if tasks and row.task not in tasks:
             continue
-        for run in task.defaults:
+        for run in row.defaults:
             config = ROOT / run.config
             data = os.environ.get(run.data_env)
             configured = read_raw(config, []).get("data", {}).get("path")
             path = Path(data) if data else (ROOT / configured if configured else None)
             if path is not None and not path.exists():
-                log.warning("%s not found (set %s): no %s model is trained", path, run.data_env, task.name)
+                log.warning("%s not found (set %s): no %s model is trained", path, run.data_env, row.task)
                 continue
             log.info("training %s", run.what or run.config)
             argv = ["train", "--config", str(config), "--out", str(out), *(["--data", str(path)] if path else [])]

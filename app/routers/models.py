@@ -183,7 +183,7 @@ async def list_models(services: ServicesDep) -> ModelsResponse:
                 name=name,
                 kind=m.kind,
                 task=m.task,
-                route=route_of.get(served.task.route.name) if served.task.route else None,
+                route=route_of.get(served.task.route) if served.task.route else None,
                 ranks=served.task.ranks,
                 exclude_seen_default=engine.exclude_seen_default if isinstance(engine, UserHistories) else None,
                 version=served.version,

@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.limits import Limits
-from app.routers.tasks import TaskRoute
+from app.routers.tasks import TaskRoute, register_route
 from app.schemas import Body, DateTime, RawId, Strict, queries_body
 from models.features import from_times
 from models.tasks.next_location import LocQuery, LocResult, LocStep
@@ -148,13 +148,15 @@ def result_json(r: LocResult) -> dict[str, object]:
     }
 
 
-ROUTE = TaskRoute(
-    name="next_location",
-    path="/next-location",
-    tag="next-location",
-    summary="Top-K next locations with probabilities; the unknown class is `location_id: null`.",
-    body=next_location_body,
-    response=NextLocationResponse,
-    queries=queries,
-    result=result_json,
+ROUTE = register_route(
+    TaskRoute(
+        name="next_location",
+        path="/next-location",
+        tag="next-location",
+        summary="Top-K next locations with probabilities; the unknown class is `location_id: null`.",
+        body=next_location_body,
+        response=NextLocationResponse,
+        queries=queries,
+        result=result_json,
+    )
 )

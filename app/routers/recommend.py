@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.limits import Limits
-from app.routers.tasks import TaskRoute
+from app.routers.tasks import TaskRoute, register_route
 from app.schemas import Body, FieldName, RawId, Strict, UnixTime, queries_body
 from models.engine import MAX_FIELDS
 from models.tasks.recommend import RecQuery, RecResult
@@ -165,14 +165,16 @@ def queries(body: RecommendRequest) -> list[RecQuery]:
     return [to_query(q) for q in body.queries]
 
 
-ROUTE = TaskRoute(
-    name="recommend",
-    path="/recommend",
-    tag="recommend",
-    summary="Top-K next items (or, from a social model, next users) for each query, in one forward pass.",
-    body=recommend_body,
-    response=RecommendResponse,
-    queries=queries,
-    result=result_json,
-    live_events=True,
+ROUTE = register_route(
+    TaskRoute(
+        name="recommend",
+        path="/recommend",
+        tag="recommend",
+        summary="Top-K next items (or, from a social model, next users) for each query, in one forward pass.",
+        body=recommend_body,
+        response=RecommendResponse,
+        queries=queries,
+        result=result_json,
+        live_events=True,
+    )
 )

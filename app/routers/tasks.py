@@ -1,10 +1,10 @@
-"""The routes of the task table: each served task's row (models.tasks) names the module of its
-route, which exports ROUTE, a TaskRoute; the endpoint, its request body, its OpenAPI entries, the
+"""The routes of the task table: each served task's row (models.tasks) names its route, and the
+module of that route registers a TaskRoute under the name (`register_route`; the project's own are
+imported by app/routers/__init__.py); the endpoint, its request body, its OpenAPI entries, the
 default model in /models and which route /events writes for are all derived from those."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,16 +39,27 @@ class TaskRoute:
     live_events: bool = False  # POST /events writes the histories of this route's models
 
 
+ROUTES: dict[str, TaskRoute] = {}
+
+
+def register_route(spec: TaskRoute) -> TaskRoute:
+    """Add a route the task table's rows may name."""
+    if spec.name in ROUTES:
+        raise ValueError(f"route {spec.name!r} is registered already")
+    ROUTES[spec.name] = spec
+    return spec
+
+
 def task_routes() -> list[TaskRoute]:
-    """Every route the task table serves, in the table's order."""
+    """Every route the task table serves, in the table's order; a served task whose route no module
+    registered fails here, at the app's start."""
     out: dict[str, TaskRoute] = {}
     for task in TASKS.values():
-        if task.route is None or task.route.name in out:
+        if task.route is None or task.route in out:
             continue
-        spec = importlib.import_module(task.route.module).ROUTE
-        if not isinstance(spec, TaskRoute) or spec.name != task.route.name:
-            raise TypeError(f"{task.route.module}.ROUTE is not the TaskRoute of route {task.route.name!r}")
-        out[spec.name] = spec
+        if task.route not in ROUTES:
+            raise LookupError(f"task {task.name!r} is served by route {task.route!r}, which no module registered")
+        out[task.route] = ROUTES[task.route]
     return list(out.values())
 
 

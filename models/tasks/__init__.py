@@ -1,17 +1,17 @@
-"""The task table: every kind of work the project trains and serves, and where its pieces are.
+"""The task table: every kind of work the project trains and serves, and what both sides share.
 
 A task is one registered row (`register`, docs/decisions/task-table.md): its model kinds, its
-artifact loader and served engine here in models/, its training job and the service's route named
-by module path (training/jobs/, app/routers/: models/ imports neither side), and the runs that train
-its default models. The model kinds (MODEL_KINDS), the training CLI, the service's routes, request bodies,
-OpenAPI document and defaults, and batch prediction are all derived from the rows; adding a task
-adds its pieces and one row.
+artifact loader and served engine, and the name of the route that serves it. Each side registers its
+own piece under the task's name, in the package that owns it: the training job (training/jobs/) and
+the route (app/routers/); models/ names neither. The model kinds (MODEL_KINDS), the training CLI, the
+service's routes, request bodies, OpenAPI document and defaults, and batch prediction are all derived
+from the rows; adding a task adds its pieces and one row on each side.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,35 +30,14 @@ from models.tasks import next_location, recommend, social
 
 
 @dataclass(frozen=True)
-class Route:
-    """An endpoint family of the service: its name, and the module that defines it (exporting ROUTE,
-    an app.routers.tasks.TaskRoute). Several tasks may be served by one route."""
-
-    name: str
-    module: str
-
-
-@dataclass(frozen=True)
-class DefaultRun:
-    """A model trained when the artifacts folder is empty (`python -m training defaults`)."""
-
-    config: str  # run config, relative to the repository
-    data_env: str  # environment variable naming the data; unset: the config's own data.path
-    overrides: tuple[str, ...] = ()  # SECTION.KEY=VALUE, as --set takes them
-    what: str = ""  # one line for the log
-
-
-@dataclass(frozen=True)
 class Task:
     name: str
     models: Mapping[str, tuple[type[Any], type[nn.Module]]]  # model kind -> (config dataclass, module)
-    job: str  # module path of its training job (exporting JOB)
-    route: Route | None = None  # the endpoint family that serves it; None = trained, not served
+    # The name of the endpoint family that serves it (the service registers each route under its name;
+    # several tasks may share one); None = trained, not served.
+    route: str | None = None
     load: Callable[[Path, str | torch.device], Any] | None = None  # version folder -> artifact
     engine: Callable[[Any, EngineOptions], Engine[Any, Any, Any]] | None = None  # artifact -> engine
-    command: str | None = None  # a CLI command of its own (`python -m training <command>`), run with `config`
-    config: str | None = None  # that command's default run config, relative to the repository
-    defaults: tuple[DefaultRun, ...] = field(default=())
     ranks: str = "items"  # what its models rank, in words (GET /models, the console's labels)
     # The artifact file of the id map of what its models rank, for a task whose job retrains warm (the
     # retrainer reads which ids live events name that a version does not know); None: no warm retrain.
@@ -100,76 +79,36 @@ def task_of_kind(kind: str) -> Task:
     raise ValueError(f"no task trains model kind {kind!r}; known kinds: {known}")
 
 
-RECOMMEND = Route("recommend", "app.routers.recommend")
-
 register(
     Task(
         "recommend",
         {"sasrec": (SASRecConfig, SASRec), "bert4rec": (BERT4RecConfig, BERT4Rec)},
-        "training.jobs.recommend",
-        route=RECOMMEND,
+        route="recommend",
         load=recommend.load_artifact,
         engine=recommend.RecEngine,
         warm_ids=artifact.ITEMS,
-        defaults=(
-            DefaultRun(
-                "training/configs/sasrec_ml100k.toml", "SEQSERVE_DATA", what="the default SASRec on MovieLens-100k"
-            ),
-        ),
     )
 )
 register(
     Task(
         "next_location",
         {"mhsa": (MHSAConfig, MHSA)},
-        "training.jobs.next_location",
-        route=Route("next_location", "app.routers.next_location"),
+        route="next_location",
         ranks="locations",
         load=next_location.load_artifact,
         engine=next_location.LocEngine,
-        defaults=(
-            DefaultRun(
-                "training/configs/mhsa_geolife.toml",
-                "SEQSERVE_GEOLIFE",
-                ("train.max_minutes=1.0",),
-                what="a quick next-location model on GeoLife (1-minute budget)",
-            ),
-        ),
     )
 )
 register(
     Task(
         "social",
         {"social": (SocialConfig, SocialModel)},
-        "training.jobs.social",
-        route=RECOMMEND,
+        route="recommend",
         load=social.load_artifact,
         engine=social.SocialEngine,
         ranks="users",
         warm_ids=artifact.USERS,
-        defaults=(
-            DefaultRun(
-                "training/configs/social_mathoverflow.toml",
-                "SEQSERVE_SOCIAL",
-                (
-                    "name='social-mathoverflow-quick'",
-                    "data.recent_examples=50000",
-                    "train.epochs=1",
-                    "train.refit_epochs=0",
-                    "eval.baselines=false",
-                ),
-                what="a quick social model on MathOverflow (about 2 minutes)",
-            ),
-        ),
     )
 )
 # Proves the attention blocks; trained, not served.
-register(
-    Task(
-        "copy",
-        {"seq2seq": (Seq2SeqConfig, Seq2Seq)},
-        "training.jobs.copy",
-        command="copy-task",
-        config="training/configs/copy_task.toml",
-    )
-)
+register(Task("copy", {"seq2seq": (Seq2SeqConfig, Seq2Seq)}))

@@ -4,8 +4,6 @@ else."""
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,11 +11,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
+from app.routers.tasks import ROUTES
 from app.settings import Settings
 from models.kinds import MODEL_KINDS
-from models.tasks import TASKS, DefaultRun, register
+from models.tasks import TASKS, register
 from tests.models import toy_task
 from training.__main__ import main
+from training.jobs import JOBS, DefaultRun, job_class
 
 CONFIG = """name = "toy-cycle"
 [model]
@@ -33,14 +33,20 @@ patience = 200
 
 
 @pytest.fixture
-def toy() -> Iterator[None]:
+def tables() -> Iterator[None]:
+    """The task table and model kinds as they were, after the test."""
     tasks, kinds = dict(TASKS), dict(MODEL_KINDS)
-    register(toy_task.TASK)
     yield
+    toy_task.unregister_all()
     TASKS.clear()
     TASKS.update(tasks)
     MODEL_KINDS.clear()
     MODEL_KINDS.update(kinds)
+
+
+@pytest.fixture
+def toy(tables: None) -> None:
+    toy_task.register_all()
 
 
 def test_a_registered_task_trains_from_the_cli_and_is_served(toy: None, tmp_path: Path) -> None:
@@ -61,7 +67,7 @@ def test_a_registered_task_trains_from_the_cli_and_is_served(toy: None, tmp_path
         assert client.post("/toy", json={"queries": []}).status_code == 422  # the route's body model
         assert client.post("/recommend", json={"queries": [{"user_id": "u"}]}).status_code == 503
         # Every route the rows declare has a default: the toy model for its own, none where nothing loaded.
-        paths = {importlib.import_module(t.route.module).ROUTE.path for t in TASKS.values() if t.route}
+        paths = {ROUTES[t.route].path for t in TASKS.values() if t.route}
         assert "/toy" in paths and len(paths) > 1
         expected = {path: ("toy-cycle" if path == "/toy" else None) for path in paths}
         assert client.get("/models").json()["defaults"] == expected
@@ -82,30 +88,33 @@ def test_without_its_row_the_task_is_nowhere(tmp_path: Path) -> None:
 def test_a_row_cannot_take_another_task_s_name_or_model_kind() -> None:
     with pytest.raises(ValueError, match="registered already"):
         register(TASKS["recommend"])
-    clash = toy_task.Task("toy", {"sasrec": (toy_task.ToyConfig, toy_task.ToyModel)}, job="x")
+    clash = toy_task.Task("toy", {"sasrec": (toy_task.ToyConfig, toy_task.ToyModel)})
     with pytest.raises(ValueError, match="another task"):
         register(clash)
     assert "toy" not in TASKS
 
 
+def test_a_piece_without_its_row_or_a_row_without_its_piece_fails_loudly(tables: None, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no task 'toy'"):
+        toy_task.register_job(toy_task.TaskJob(toy_task.ToyJob))
+    register(toy_task.TASK)  # the row alone: no job, no route
+    with pytest.raises(LookupError, match="no registered training job"):
+        job_class(toy_task.TASK)
+    with pytest.raises(LookupError, match="no module registered"):
+        create_app(Settings(artifacts_dir=tmp_path, device="cpu"))
+
+
 def test_defaults_trains_a_task_s_default_runs_whose_data_is_there(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tables: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = tmp_path / "toy.toml"
     config.write_text(CONFIG)
-    run = DefaultRun(str(config), "TOY_DATA", ("train.epochs=2",), what="the toy cycle")
-    tasks, kinds = dict(TASKS), dict(MODEL_KINDS)
-    register(dataclasses.replace(toy_task.TASK, defaults=(run,)))
-    try:
-        arts = tmp_path / "artifacts"
-        monkeypatch.setenv("TOY_DATA", str(tmp_path / "missing.csv"))
-        assert main(["defaults", "--out", str(arts), "--task", "toy"]) == 0
-        assert not arts.exists() and "TOY_DATA" in caplog.text  # skipped, and the log says how to point to it
-        monkeypatch.delenv("TOY_DATA")
-        assert main(["defaults", "--out", str(arts), "--task", "toy"]) == 0
-        assert [p.name for p in arts.iterdir()] == ["toy-cycle"]
-    finally:
-        TASKS.clear()
-        TASKS.update(tasks)
-        MODEL_KINDS.clear()
-        MODEL_KINDS.update(kinds)
+    toy_task.register_all(DefaultRun(str(config), "TOY_DATA", ("train.epochs=2",), what="the toy cycle"))
+    assert JOBS["toy"].defaults[0].data_env == "TOY_DATA"
+    arts = tmp_path / "artifacts"
+    monkeypatch.setenv("TOY_DATA", str(tmp_path / "missing.csv"))
+    assert main(["defaults", "--out", str(arts), "--task", "toy"]) == 0
+    assert not arts.exists() and "TOY_DATA" in caplog.text  # skipped, and the log says how to point to it
+    monkeypatch.delenv("TOY_DATA")
+    assert main(["defaults", "--out", str(arts), "--task", "toy"]) == 0
+    assert [p.name for p in arts.iterdir()] == ["toy-cycle"]

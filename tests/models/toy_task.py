@@ -1,6 +1,6 @@
 """A toy task with every piece a task has, in one module and nowhere else: a model kind, a training
 job, an artifact loader and served engine, and a route. Its model learns which token follows which
-in a cycle (token i -> i + 1 mod n). tests/models/test_task_table.py registers it."""
+in a cycle (token i -> i + 1 mod n). tests/models/test_task_table.py registers it (`register_all`)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,17 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from app.limits import Limits
-from app.routers.tasks import TaskRoute
+from app.routers.tasks import ROUTES, TaskRoute, register_route
 from app.schemas import Body
 from models import artifact
 from models.engine import Engine, EngineOptions
 from models.kinds import build
 from models.manifest import Manifest
 from models.queries import QueryError, Timeline
-from models.tasks import Route, Task
+from models.tasks import Task, register
 from training.config import LoopConfig
 from training.job import Export, Job
+from training.jobs import JOBS, DefaultRun, TaskJob, register_job
 
 NAME = "toy"
 
@@ -91,8 +92,6 @@ class ToyJob(Job[ToyData, LoopConfig, ToyEval]):
     def export(self, model: nn.Module) -> Export:
         return Export(files={}, data={"source": "generated", "sha256": "", "tokens": self.cfg.data.n_tokens})
 
-
-JOB = ToyJob
 
 
 # --- the artifact and the served engine -------------------------------------------------------------
@@ -175,12 +174,17 @@ ROUTE = TaskRoute(
     result=lambda r: {"next": r},
 )
 
-TASK = Task(
-    NAME,
-    {"toy": (ToyConfig, ToyModel)},
-    job=__name__,
-    route=Route(NAME, __name__),
-    load=load_artifact,
-    engine=ToyEngine,
-    command="toy-task",
-)
+TASK = Task(NAME, {"toy": (ToyConfig, ToyModel)}, route=NAME, load=load_artifact, engine=ToyEngine)
+
+
+def register_all(*defaults: DefaultRun) -> None:
+    """The toy task's three pieces, each registered with the package that owns its kind: the row in the
+    task table, the job with training, the route with the service."""
+    register(TASK)
+    register_job(TaskJob(ToyJob, command="toy-task", defaults=defaults))
+    register_route(ROUTE)
+
+
+def unregister_all() -> None:
+    JOBS.pop(NAME, None)
+    ROUTES.pop(NAME, None)

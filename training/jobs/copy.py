@@ -26,6 +26,7 @@ from models.kinds import build
 from models.seq2seq import BOS, EOS, FIRST_TOKEN, Seq2Seq, Seq2SeqBatch
 from training.config import LoopConfig
 from training.job import Export, Job
+from training.jobs import TaskJob, register_job
 from training.loop import length_buckets
 from training.preflight import preflight_seq2seq
 
@@ -200,4 +201,5 @@ class CopyJob(Job[CopyData, LoopConfig, CopyEval]):
         return Export(files={PREDICTIONS: predictions}, data=info, namespace="", run_config={"best_checkpoint": best})
 
 
-JOB = CopyJob
+# Proves the attention blocks; trained, not served.
+register_job(TaskJob(CopyJob, command="copy-task", config="training/configs/copy_task.toml"))

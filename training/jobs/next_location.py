@@ -19,6 +19,7 @@ from models.staypoints import StayBatch, collate_staypoints
 from training.config import Empty, LoopConfig
 from training.data.staypoints import ProtocolSplit, Sample, build_protocol, load_staypoints, split_by_day
 from training.job import Export, Job
+from training.jobs import DefaultRun, TaskJob, register_job
 from training.locations_eval import (
     fit_transitions,
     location_metrics,
@@ -207,4 +208,16 @@ class NextLocationJob(Job[LocData, LocTrain, Empty]):
         )
 
 
-JOB = NextLocationJob
+register_job(
+    TaskJob(
+        NextLocationJob,
+        defaults=(
+            DefaultRun(
+                "training/configs/mhsa_geolife.toml",
+                "SEQSERVE_GEOLIFE",
+                ("train.max_minutes=1.0",),
+                what="a quick next-location model on GeoLife (1-minute budget)",
+            ),
+        ),
+    )
+)

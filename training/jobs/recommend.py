@@ -40,6 +40,7 @@ from training.evaluate import (
 )
 from training.history_shares import HistoryShares
 from training.job import Export, Job, warm_record
+from training.jobs import DefaultRun, TaskJob, register_job
 from training.loop import History, train, window_batches
 from training.preflight import preflight
 from training.splits import EvalSet, Split, leave_one_out, pad_right, windows
@@ -726,4 +727,13 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         return Export(files=files, data=info, namespace=self.cfg.data.name or self.cfg.name)
 
 
-JOB = RecommendJob
+register_job(
+    TaskJob(
+        RecommendJob,
+        defaults=(
+            DefaultRun(
+                "training/configs/sasrec_ml100k.toml", "SEQSERVE_DATA", what="the default SASRec on MovieLens-100k"
+            ),
+        ),
+    )
+)

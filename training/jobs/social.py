@@ -32,6 +32,7 @@ from models.warm import Remap, carry_over
 from training.config import LoopConfig
 from training.data.social import Periods, Timelines, load_social, period_queries, two_way
 from training.job import Export, Job, warm_record
+from training.jobs import DefaultRun, TaskJob, register_job
 from training.loop import History, train
 from training.social_eval import Baselines, QuerySet, evaluate_scorer, evaluate_scorers
 
@@ -492,4 +493,22 @@ class SocialJob(Job[SocialData, SocialTrain, SocialEval]):
         )
 
 
-JOB = SocialJob
+register_job(
+    TaskJob(
+        SocialJob,
+        defaults=(
+            DefaultRun(
+                "training/configs/social_mathoverflow.toml",
+                "SEQSERVE_SOCIAL",
+                (
+                    "name='social-mathoverflow-quick'",
+                    "data.recent_examples=50000",
+                    "train.epochs=1",
+                    "train.refit_epochs=0",
+                    "eval.baselines=false",
+                ),
+                what="a quick social model on MathOverflow (about 2 minutes)",
+            ),
+        ),
+    )
+)
