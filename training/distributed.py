@@ -16,7 +16,9 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import logging
+import math
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -85,6 +87,26 @@ class Dist:
     def total(self, t: torch.Tensor) -> torch.Tensor:
         """Counts over the whole log: summed over the ranks when each holds its own users, else `t`."""
         return self.all_reduce(t) if self.own_data else t
+
+    def counted(self, *counts: int) -> list[int]:
+        """Counts of users (or rows) over the whole log (summed over the ranks that each hold their own)."""
+        return [int(n) for n in self.total(torch.tensor(counts, dtype=torch.int64)).tolist()]
+
+    # Where each rank holds its own users, the ranks evaluate together: each scores its share, rank 0
+    # pools the figures, and every decision taken on them must be rank 0's everywhere.
+    def share_of(self, n: int) -> int:
+        """A rank's part of `n` users to score (0 = all) where each rank scores its own, else `n`."""
+        return math.ceil(n / self.world) if self.own_data else n
+
+    def agreed(self, *values: float) -> list[float]:
+        """Rank 0's values on every rank where the ranks evaluate together, else the values themselves."""
+        return self.from_main(*values) if self.own_data else list(values)
+
+    def main_deadline(self, deadline: float | None) -> float | None:
+        """Rank 0's deadline (its time left) on every rank that evaluates with it: rank 0 priced the
+        scorers before training, and a rank that did not must not plan its phase as free."""
+        (left,) = self.agreed(math.inf if deadline is None else deadline - time.monotonic())
+        return None if math.isinf(left) else time.monotonic() + left
 
     def gather(self, t: torch.Tensor, *, everywhere: bool = False, to: int = 0) -> list[torch.Tensor]:
         """Every rank's 1-D `t` (lengths may differ), in rank order: on rank `to` only (others get [])

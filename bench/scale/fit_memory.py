@@ -46,8 +46,8 @@ def fit_once(data: Path, baseline: str, fraction: float = 1.0) -> dict[str, floa
     import torch
 
     from training.data import load_interactions
-    from training.evaluate import BASELINES
     from training.jobs.recommend import index_data
+    from training.jobs.recommend_eval import BASELINES
     from training.memory import reuse_freed_memory
     from training.splits import leave_one_out
 

@@ -6,7 +6,7 @@ a network-like scorer and each baseline, under the three protocols, each code tr
 
 Each run builds the same seeded synthetic log in its tree (--users histories of 3 to 39 items drawn
 from a Zipf-like popularity over --items items), fits the three baselines on it (popularity,
-transitions, item-kNN), and times `training.evaluate.evaluate_all` on the first --scored users,
+transitions, item-kNN), and times `training.jobs.recommend_eval.evaluate_all` on the first --scored users,
 one scorer at a time, under "full", "popularity" and "uniform" (100 negatives each): the network is
 stood in for by a seeded (items, 64) table scored by a dot product with the mean of the history's rows,
 which costs what SASRec's (B, V) scores do after its encoder. The report gives each run and, per
@@ -37,7 +37,7 @@ def one(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """In the tree under test (cwd): milliseconds a scored user, per scorer; seconds each baseline's fit."""
     import torch
 
-    from training.evaluate import BASELINES, Protocol, ScoreFn, evaluate_all, item_counts
+    from training.jobs.recommend_eval import BASELINES, Protocol, ScoreFn, evaluate_all, item_counts
     from training.memory import reuse_freed_memory
     from training.splits import EvalSet
 

@@ -28,8 +28,8 @@ def one(args: argparse.Namespace) -> dict[str, list[float]]:
     """In the tree under test (cwd): RSS (GB) and seconds after each round."""
     import torch
 
-    from training.evaluate import PROTOCOLS, Protocol, evaluate_all, item_counts
     from training.jobs.recommend import RecommendJob
+    from training.jobs.recommend_eval import PROTOCOLS, Protocol, evaluate_all, item_counts
     from training.memory import reuse_freed_memory
     from training.splits import EvalSet
 

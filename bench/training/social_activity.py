@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.training.social_activity --choose-on runs/soc_q/social-mathoverflow/<version> \
         --test runs/soc_ship/social-mathoverflow/<version>
 
-The social job's own split, queries and evaluation (training/jobs/social.py, training/social_eval.py).
+The social job's own split, queries and evaluation (training/jobs/social.py, training/jobs/social_eval.py).
 To the model's log-probabilities it adds c * log(1 + n) per candidate, n = the interactions the
 candidate received (or made) in a window before the query, events strictly earlier only. The
 coefficients are chosen greedily on the validation queries with the `--choose-on` model (one not
@@ -28,7 +28,7 @@ from models.activity import recent_activity
 from models.checkpoint import load_checkpoint
 from models.social import SocialModel
 from training.jobs.social import SocialJob
-from training.social_eval import QuerySet, evaluate_scorer
+from training.jobs.social_eval import QuerySet, evaluate_scorer
 
 HOUR = 3600.0
 WINDOWS = (HOUR, 6 * HOUR, 24 * HOUR, 7 * 24 * HOUR)

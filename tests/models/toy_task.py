@@ -93,7 +93,6 @@ class ToyJob(Job[ToyData, LoopConfig, ToyEval]):
         return Export(files={}, data={"source": "generated", "sha256": "", "tokens": self.cfg.data.n_tokens})
 
 
-
 # --- the artifact and the served engine -------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ import torch
 
 from models.ids import N_SPECIAL
 from models.ranking import index_mask, pack_histories, pad_rows
-from training.evaluate import (
+from training.jobs.recommend_eval import (
     REJECTION_FROM,
     Protocol,
     ScoreFn,

@@ -6,7 +6,7 @@ import torch
 
 from models.ids import N_SPECIAL
 from models.ranking import pack_histories
-from training.evaluate import item_knn_scorer, popularity_scorer, transitions_scorer
+from training.jobs.recommend_eval import item_knn_scorer, popularity_scorer, transitions_scorer
 
 V = 10  # items 2..9
 
@@ -57,7 +57,7 @@ def test_item_knn_built_in_blocks_matches_the_dense_definition(
 ) -> None:
     """Cosine over users, self excluded, top `neighbours` per item with ties to the lower id: the same
     neighbours however the items are split into blocks."""
-    from training import evaluate as ev
+    from training.jobs import recommend_eval as ev
 
     monkeypatch.setattr(ev, "KNN_BLOCK_PAIRS", block_pairs)
     gen = torch.Generator().manual_seed(0)
@@ -83,7 +83,7 @@ def test_item_knn_built_in_blocks_matches_the_dense_definition(
 
 
 def test_a_baseline_too_slow_for_its_seconds_is_fitted_on_a_seeded_sample_of_users() -> None:
-    from training.evaluate import FIT_SECONDS, fit_baseline, item_knn_scorer
+    from training.jobs.recommend_eval import FIT_SECONDS, fit_baseline, item_knn_scorer
 
     gen = torch.Generator().manual_seed(0)
     known = [

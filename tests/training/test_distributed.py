@@ -171,7 +171,7 @@ def test_explicit_cuda_with_too_few_gpus_says_so(monkeypatch: pytest.MonkeyPatch
 
 def test_pooled_figures_weigh_each_rank_by_the_users_it_scored() -> None:
     """Rank 0 turns every rank's means into the means over all their users; a rank without users adds none."""
-    from training.evaluate import Evaluated, pooled
+    from training.jobs.recommend_eval import Evaluated, pooled
 
     def ours(ndcg: float, users: int) -> Evaluated:
         figures = {"HR@10": min(2 * ndcg, 1.0), "NDCG@10": ndcg, "n": float(users)} if users else {"n": 0.0}
@@ -196,6 +196,22 @@ def test_pooled_figures_weigh_each_rank_by_the_users_it_scored() -> None:
     assert (got.users, got.of, got.seconds) == (40, 43, 0.8)
     assert figures["NDCG@10"] == pytest.approx((0.5 * 30 + 0.1 * 10) / 40) and figures["n"] == 40
     assert figures["HR@10"] == pytest.approx((1.0 * 30 + 0.2 * 10) / 40) and figures["MRR"] == 0.0
+    assert pooled(ranks[1], Gathered(1, 3)) is ranks[1]  # ranks holding everyone's data: nothing to pool
+
+
+def test_ranks_evaluating_their_own_users_take_a_share_and_rank_0_s_decisions() -> None:
+    class FromMain(Dist):
+        def from_main(self, *values: float) -> list[float]:
+            return [7.0, 100.0][: len(values)]  # what rank 0 sent
+
+    mine, copy = FromMain(1, 4, own_data=True), FromMain(1, 4)
+    assert (mine.share_of(10), copy.share_of(10), mine.share_of(0)) == (3, 10, 0)
+    assert (mine.agreed(1.0, 2.0), copy.agreed(1.0, 2.0)) == ([7.0, 100.0], [1.0, 2.0])
+    import time
+
+    deadline = mine.main_deadline(time.monotonic() + 1_000.0)  # rank 0 has 7 s left: so does this rank
+    assert deadline is not None and 6.0 < deadline - time.monotonic() <= 7.0
+    assert Dist().main_deadline(None) is None and Dist().counted(2, 3) == [2, 3]
 
 
 def test_a_rank_holding_its_own_data_alone_gives_the_plain_job_s_figures(synthetic_dir: Path, tmp_path: Path) -> None:
@@ -257,7 +273,7 @@ def _fit_on_a_share(rank: int, world: int, port: int, out: Path, seconds: float)
     """One rank of `world`: fits every baseline on its users (every world-th), as the job does."""
     import torch.distributed as tdist
 
-    from training import evaluate as ev
+    from training.jobs import recommend_eval as ev
 
     ev.KNN_BLOCK_PAIRS = 40  # many blocks: owned by the ranks in turn
     ev.PAIR_RANGE = 50  # the pair counts summed in many ranges of keys
@@ -288,7 +304,7 @@ def test_ranks_holding_their_own_users_fit_the_baselines_one_process_fits_on_all
     import numpy as np
 
     from bench.servers import free_port
-    from training.evaluate import BASELINES, FIT_SECONDS, fit_baseline
+    from training.jobs.recommend_eval import BASELINES, FIT_SECONDS, fit_baseline
 
     users = _users()
     half = float(FIT_SECONDS["item_knn"](np.array([len(u) for u in users])).sum()) / 2

@@ -85,11 +85,11 @@ def test_a_long_epoch_logs_its_progress_without_a_bar(
 
 
 def test_a_long_evaluation_logs_its_progress(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from training import evaluate as ev
+    from training.jobs import recommend_eval as ev
     from training.splits import EvalSet
 
     monkeypatch.setattr(ev, "LOG_EVERY_S", 0.05)
-    caplog.set_level(logging.INFO, logger="training.evaluate")
+    caplog.set_level(logging.INFO, logger="training.jobs.recommend_eval")
     data = EvalSet(users=list(range(40)), histories=[[3, 4]] * 40, targets=[5] * 40, interacted=[[3, 4, 5]] * 40)
 
     def slow_scores(seq: torch.Tensor) -> torch.Tensor:
@@ -104,11 +104,11 @@ def test_a_long_evaluation_logs_its_progress(monkeypatch: pytest.MonkeyPatch, ca
 def test_fitting_item_knn_over_many_blocks_logs_its_progress(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from training import evaluate as ev
+    from training.jobs import recommend_eval as ev
 
     monkeypatch.setattr(ev, "LOG_EVERY_S", 0.0)
     monkeypatch.setattr(ev, "KNN_BLOCK_PAIRS", 4)  # a block of a few items each
-    caplog.set_level(logging.INFO, logger="training.evaluate")
+    caplog.set_level(logging.INFO, logger="training.jobs.recommend_eval")
     ev.item_knn_scorer([[2, 3, 4], [3, 4, 5], [5, 6, 2]], 8)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fitting item_knn")]
     assert len(lines) >= 3 and all("% of 8 items" in line for line in lines), lines

@@ -9,7 +9,7 @@ from models.tasks.next_location import load_artifact as load_location_artifact
 from tests.conftest import SHARED_DATA
 from training.data import DataFormatError
 from training.data.staypoints import Staypoint, build_protocol, load_staypoints, samples, split_by_day
-from training.locations_eval import location_metrics, most_frequent_scores, most_recent_scores, weighted_f1
+from training.jobs.next_location_eval import location_metrics, most_frequent_scores, most_recent_scores, weighted_f1
 
 GEOLIFE = SHARED_DATA / "geolife-staypoints" / "dataSet_geolife.csv"
 

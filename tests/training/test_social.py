@@ -11,7 +11,7 @@ from models.tasks.social import load_artifact
 from tests.conftest import SHARED_DATA, stored, stored_users
 from training.data.social import Periods, Timelines, load_social, period_queries
 from training.data.tables import DataFormatError
-from training.social_eval import Baselines, QuerySet, evaluate_scorer, target_ranks
+from training.jobs.social_eval import Baselines, QuerySet, evaluate_scorer, target_ranks
 
 
 def _write(tmp_path: Path, text: str, name: str = "log.csv") -> Path:

@@ -6,7 +6,7 @@ import torch
 
 from tests.training.reference_eval import draw_negatives, target_ranks
 from tests.training.reference_eval import evaluate as reference_evaluate
-from training.evaluate import Protocol, evaluate, metrics_from_ranks
+from training.jobs.recommend_eval import Protocol, evaluate, metrics_from_ranks
 from training.splits import leave_one_out, windows
 
 
@@ -104,7 +104,7 @@ def test_negatives_drawn_batch_by_batch_are_the_whole_sets_draw() -> None:
 
 
 def test_a_training_run_draws_each_protocols_negatives_once(synthetic_dir, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import training.evaluate as ev
+    import training.jobs.recommend_eval as ev
     from tests.conftest import TINY_REC, run_job
 
     calls: list[int] = []
@@ -128,7 +128,7 @@ def test_negatives_by_rejection_follow_the_masking_draw() -> None:
     probabilities as the exact draw (successive sampling by weight without replacement)."""
     import torch
 
-    from training.evaluate import _draw_by_masking, _draw_by_rejection
+    from training.jobs.recommend_eval import _draw_by_masking, _draw_by_rejection
 
     weights = torch.tensor([0.0, 0.0] + [float(1 + i % 5) for i in range(20)], dtype=torch.float64)
     interacted = [[2, 3, 9], [], [21, 20, 4, 5, 6, 7, 8]] * 2000
@@ -149,7 +149,7 @@ def test_negatives_by_rejection_follow_the_masking_draw() -> None:
 def test_a_large_catalog_is_scored_in_smaller_batches_with_the_same_results(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from training import evaluate as ev
+    from training.jobs import recommend_eval as ev
     from training.splits import EvalSet
 
     g = torch.Generator().manual_seed(0)
@@ -172,7 +172,7 @@ def test_a_large_catalog_is_scored_in_smaller_batches_with_the_same_results(monk
 
 
 def test_evaluate_all_gives_each_scorers_figures_on_the_same_users_and_stops_at_its_deadline() -> None:
-    from training.evaluate import BASELINES, SparseScorer, evaluate_all
+    from training.jobs.recommend_eval import BASELINES, SparseScorer, evaluate_all
     from training.splits import EvalSet
 
     vocab, gen = 2 + 300, torch.Generator().manual_seed(0)

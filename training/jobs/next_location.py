@@ -20,7 +20,7 @@ from training.config import Empty, LoopConfig
 from training.data.staypoints import ProtocolSplit, Sample, build_protocol, load_staypoints, split_by_day
 from training.job import Export, Job
 from training.jobs import DefaultRun, TaskJob, register_job
-from training.locations_eval import (
+from training.jobs.next_location_eval import (
     fit_transitions,
     location_metrics,
     markov_scores,

@@ -25,7 +25,10 @@ from models.tasks.recommend import RecArtifact, load_artifact
 from models.warm import carry_over
 from training.config import LoopConfig, read_raw
 from training.data import Columns, Interactions, Share, load_interactions, locate_ml100k, with_items
-from training.evaluate import (
+from training.history_shares import HistoryShares
+from training.job import Export, Job, warm_record
+from training.jobs import DefaultRun, TaskJob, register_job
+from training.jobs.recommend_eval import (
     BASELINES,
     FIT_SECONDS,
     PROTOCOLS,
@@ -38,9 +41,6 @@ from training.evaluate import (
     pooled,
     summed_pair_counts,
 )
-from training.history_shares import HistoryShares
-from training.job import Export, Job, warm_record
-from training.jobs import DefaultRun, TaskJob, register_job
 from training.loop import History, train, window_batches
 from training.preflight import preflight
 from training.splits import EvalSet, Split, leave_one_out, pad_right, windows
@@ -261,7 +261,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         self.items, self.users, sequences = index_data(self.data)
         self.split = leave_one_out(sequences, full_data=c.full_data)
         self.popularity = self.dist.total(item_counts(sequences, len(self.items)))
-        self.val_set = subsample(self.split.valid, self._per_rank(self.cfg.eval.val_users), self.cfg.train.seed)
+        self.val_set = subsample(self.split.valid, self.dist.share_of(self.cfg.eval.val_users), self.cfg.train.seed)
         self.costs, self.plan, self.planned = Costs(), {}, {}
 
     def _carry_item_meta(self, old: RecArtifact) -> None:
@@ -324,9 +324,9 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         proto = self.cfg.eval.protocol
         fitted = self._fit_baselines(self.split.train)
         self.valid_baselines_fitted = dict(self.costs.fitted_users)
-        deadline = self._rank0_deadline(time.monotonic() + BASELINES_SHARE * self.clock.seconds)
+        deadline = self.dist.main_deadline(time.monotonic() + BASELINES_SHARE * self.clock.seconds)
         mine = self._evaluate_all(fitted, self.val_set, [proto], deadline=deadline, device="cpu")
-        got = self._pooled(mine)
+        got = pooled(mine, self.dist)
         if not self.dist.is_main:
             return
         for name in fitted:  # what one rank takes a user
@@ -422,26 +422,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         preflight(model, batch, len(self.items))
 
     def validates(self) -> bool:
-        return self._counted(len(self.val_set.targets))[0] > 0
-
-    def _per_rank(self, n: int) -> int:
-        """A rank's part of `n` users to score (0 = all) where each rank scores its own, else `n`."""
-        return math.ceil(n / self.dist.world) if self.dist.own_data else n
-
-    def _pooled(self, got: Evaluated) -> Evaluated:
-        """Every rank's evaluation of its own users as one, on rank 0, where each holds its own."""
-        return pooled(got, self.dist) if self.dist.own_data else got
-
-    def _agreed(self, *values: float) -> list[float]:
-        """Rank 0's values on every rank where the ranks evaluate together (each its own users): the
-        decisions taken on pooled figures must be the same everywhere."""
-        return self.dist.from_main(*values) if self.dist.own_data else list(values)
-
-    def _rank0_deadline(self, deadline: float | None) -> float | None:
-        """Rank 0's deadline (its time left) on every rank that evaluates with it: rank 0 priced the
-        scorers before training, and a rank that did not must not plan its phase as free."""
-        (left,) = self._agreed(math.inf if deadline is None else deadline - time.monotonic())
-        return None if math.isinf(left) else time.monotonic() + left
+        return self.dist.counted(len(self.val_set.targets))[0] > 0
 
     def _evaluate_all(
         self,
@@ -467,7 +448,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
     def validate(self, model: nn.Module) -> dict[str, float]:
         assert isinstance(model, SequentialRecommender)
         proto = self.cfg.eval.protocol
-        got = self._pooled(self._evaluate_all({"model": model.scores}, self.val_set, [proto]))
+        got = pooled(self._evaluate_all({"model": model.scores}, self.val_set, [proto]), self.dist)
         return got.metrics["model"][proto] if self.dist.is_main else {}  # the others' users are in rank 0's
 
     @staticmethod
@@ -502,34 +483,34 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         e = self.cfg.eval
         protocols = list(dict.fromkeys([e.protocol, *e.protocols]))
         after = ("refit", "transition_table", "test", "export")
-        deadline = self._rank0_deadline(self._evaluation_deadline("valid", *after))
+        deadline = self.dist.main_deadline(self._evaluation_deadline("valid", *after))
 
         def scored(scorers: dict[str, ScoreFn]) -> Evaluated:
-            return self._pooled(self._evaluate_all(scorers, valid, protocols, deadline=deadline))
+            return pooled(self._evaluate_all(scorers, valid, protocols, deadline=deadline), self.dist)
 
         if not getattr(model.config, "transition_width", 0):
             return scored({"model": model.scores})
         got = scored(self._prior_scorers(model, e.transition_weights))
         # Where each rank scores its own users, the figures are rank 0's pooled ones: it decides, and
-        # every rank follows (`_agreed`).
+        # every rank follows (`Dist.agreed`).
         tried = {w: got.metrics[f"{w:g}"][e.protocol]["NDCG@10"] for w in e.transition_weights}
         chosen = max(tried, key=lambda w: (tried[w], -w))
-        (n_valid,) = self._counted(len(valid.targets))
+        (n_valid,) = self.dist.counted(len(valid.targets))
         # The grid follows validation past its top: while the best weight is the largest tried, the next
         # weights up are scored on the same users (docs/decisions/transition-prior.md).
         for _ in range(PRIOR_GRID_ROUNDS):
-            go, chosen = self._agreed(float(chosen == max(tried) and chosen > 0 and got.users >= n_valid), chosen)
+            go, chosen = self.dist.agreed(float(chosen == max(tried) and chosen > 0 and got.users >= n_valid), chosen)
             if not go:
                 break
             more = [float(f"{chosen * PRIOR_GRID_STEP**k:.3g}") for k in (1, 2, 3)]
             ext = scored(self._prior_scorers(model, more))
             # cut by the deadline: not the same users, not comparable
-            if not self._agreed(float(ext.users >= got.users))[0]:
+            if not self.dist.agreed(float(ext.users >= got.users))[0]:
                 break
             got.metrics.update(ext.metrics)
             tried.update({w: ext.metrics[f"{w:g}"][e.protocol]["NDCG@10"] for w in more})
             chosen = max(tried, key=lambda w: (tried[w], -w))
-        (chosen,) = self._agreed(chosen)  # every rank's figures below are those of rank 0's weight
+        (chosen,) = self.dist.agreed(chosen)  # every rank's figures below are those of rank 0's weight
         model.config.transition_weight = chosen
         self.transition_weights_tried = tried
         if self.dist.is_main:
@@ -552,10 +533,10 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         self._set_transitions(model, self.split.train)  # what validation knows
         if self.dist.is_main or self.dist.own_data:  # where each rank holds its own users, each scores them
             with self.untimed():  # measured before a refit has seen the validation items
-                valid = subsample(self.split.valid, self._per_rank(self.cfg.eval.test_users), self.cfg.train.seed)
+                valid = subsample(self.split.valid, self.dist.share_of(self.cfg.eval.test_users), self.cfg.train.seed)
                 got = self._validation_metrics(model, valid)
                 self.valid_metrics = {p: m for p, m in got.metrics["model"].items() if p in self.cfg.eval.protocols}
-                self.valid_users = {"scored": got.users, "of": self._counted(len(self.split.valid.targets))[0]}
+                self.valid_users = {"scored": got.users, "of": self.dist.counted(len(self.split.valid.targets))[0]}
                 if self.dist.is_main:
                     log.info("validation: %d of %d users in %.1f s", got.users, got.of, got.seconds)
         t = self.cfg.train
@@ -605,7 +586,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         each of them under every protocol on a seeded sample of the test users, until the phase's
         deadline. -> (the sample, the baselines' names, what was scored, the users they knew)."""
         e = self.cfg.eval
-        test = subsample(self.split.test, self._per_rank(e.test_users), self.cfg.train.seed)
+        test = subsample(self.split.test, self.dist.share_of(e.test_users), self.cfg.train.seed)
         # What is known at test time: every interaction but the held-out test items (of every user,
         # sampled or not).
         known = self.split.test.histories + short_sequences(self.split)
@@ -615,13 +596,9 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
             weight = model.config.transition_weight
             both = self._prior_scorers(model, [weight, 0.0])
             scorers = {"model": both[f"{weight:g}"], NETWORK_ALONE: both["0"]}
-        deadline = self._rank0_deadline(self._evaluation_deadline("test", "export"))
+        deadline = self.dist.main_deadline(self._evaluation_deadline("test", "export"))
         got = self._evaluate_all({**scorers, **fitted}, test, e.protocols, deadline=deadline)
         return test, list(fitted), got, len(known)
-
-    def _counted(self, *counts: int) -> list[int]:
-        """Counts of users over the whole log (summed over the ranks that each hold their own)."""
-        return [int(n) for n in self.dist.total(torch.tensor(counts, dtype=torch.int64)).tolist()]
 
     def evaluate(self, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, SequentialRecommender)
@@ -643,8 +620,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         if self.cfg.data.full_data:
             return out
         test, fitted, got, known_users = self.test(model)
-        got = pooled(got, self.dist) if self.dist.own_data else got
-        n_test, n_sample, known_users, n_train = self._counted(
+        got = pooled(got, self.dist)
+        n_test, n_sample, known_users, n_train = self.dist.counted(
             len(self.split.test.targets), len(test.targets), known_users, len(self.split.train)
         )
         if not self.dist.is_main:  # its users are in rank 0's figures
@@ -703,7 +680,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         sent in rounds while rank 0 writes it (the other ranks send theirs here)."""
         d = self.data
         histories = HistoryShares(d.users, d.ends, items=d.items, times=d.times, item_offset=N_SPECIAL, dist=self.dist)
-        n_users, n_interactions = self._counted(len(d.users), d.n_interactions)
+        n_users, n_interactions = self.dist.counted(len(d.users), d.n_interactions)
         if not self.dist.is_main:
             histories.send()
             return Export(files={}, data={})

@@ -33,8 +33,8 @@ from training.config import LoopConfig
 from training.data.social import Periods, Timelines, load_social, period_queries, two_way
 from training.job import Export, Job, warm_record
 from training.jobs import DefaultRun, TaskJob, register_job
+from training.jobs.social_eval import Baselines, QuerySet, evaluate_scorer, evaluate_scorers
 from training.loop import History, train
-from training.social_eval import Baselines, QuerySet, evaluate_scorer, evaluate_scorers
 
 log = logging.getLogger(__name__)
 # The phases after the training loop (docs/decisions/job-budget.md): planned from what the model and the

@@ -316,9 +316,12 @@ def evaluate_all(
 
 
 def pooled(got: Evaluated, dist: Dist) -> Evaluated:
-    """Every rank's evaluation of its own users as one, on rank 0 (the others keep theirs): each figure
-    the mean over every rank's users, `users` and `of` summed, `seconds` the slowest rank's. Every rank
-    scores the same scorers under the same protocols; a rank without users adds nothing."""
+    """Every rank's evaluation of its own users as one, on rank 0 (the others keep theirs), where each
+    rank holds its own users (else `got`, already everyone's): each figure the mean over every rank's
+    users, `users` and `of` summed, `seconds` the slowest rank's. Every rank scores the same scorers
+    under the same protocols; a rank without users adds nothing."""
+    if not dist.own_data:
+        return got
     names = [*(f"{m}@{k}" for k in KS for m in ("HR", "NDCG")), "MRR"]
     cells = [(s, p, m) for s, by in got.metrics.items() for p in by for m in names]
     sums = [got.metrics[s][p].get(m, 0.0) * got.users for s, p, m in cells]
