@@ -1,13 +1,14 @@
 """The benches' server processes: the service from a checkout, started, paused, stopped, its output read.
 
-Shared by load.py, compare.py, gpu.py, hostile.py, replay.py, store_fill.py, warm_retrain.py and
-scale_serve.py; every server is started in its own process group (so its workers go with it) and
-logs to a file, never to a pipe nobody reads. Also a Redis Cluster on loopback, for the cluster
+Shared by the benches and the tests (tests/servers.py adds the tests' settings to `start_api`); every
+server is started in its own process group (so its workers go with it) and logs to a file, never to a
+pipe nobody reads. Also a Redis Cluster on loopback, for the cluster
 store's tests and bench.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import IO
@@ -185,8 +186,44 @@ def last_output(tail: int = 4000) -> str:
     return _LOGS[-1].read().decode(errors="replace")[-tail:]
 
 
-def wait_ready(proc: subprocess.Popen[bytes], url: str) -> subprocess.Popen[bytes]:
-    deadline = time.monotonic() + 120
+def start_api(
+    artifacts: Path, env: Mapping[str, str], *, port: int | None = None, timeout_s: float = 120
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The service's own process (`python -m app.server`, this interpreter, this checkout) on loopback, in a
+    process group of its own (its workers with it), once /readyz answers 200; its URL."""
+    port = port or free_port()
+    full = {
+        **os.environ,
+        "SEQSERVE_ARTIFACTS_DIR": str(artifacts),
+        "SEQSERVE_LOG_LEVEL": "WARNING",
+        "SEQSERVE_HOST": "127.0.0.1",
+        "SEQSERVE_PORT": str(port),
+        **env,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.server"],
+        cwd=ROOT,
+        env=full,
+        stdout=subprocess.DEVNULL,
+        stderr=log_file(),
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    return wait_ready(proc, f"{url}/readyz", timeout_s=timeout_s), url
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL, to the whole group where `proc` leads one (the service with its workers): a crash."""
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    proc.wait(timeout=10)
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str, *, timeout_s: float = 120) -> subprocess.Popen[bytes]:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             if httpx.get(url, timeout=1).status_code == 200:
@@ -197,7 +234,7 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str) -> subprocess.Popen[byte
             raise RuntimeError(f"server exited: {last_output()}")
         time.sleep(0.05)
     stop(proc)
-    raise RuntimeError("server did not become ready in 120 s")
+    raise RuntimeError(f"server did not become ready in {timeout_s:g} s: {last_output()}")
 
 
 def rss_mb(pid: int) -> float:

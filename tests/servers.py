@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import httpx2 as httpx
 import pytest
 
+from bench import servers
 from bench.servers import RedisClusterNodes, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,50 +54,13 @@ def workers_env(state: Path, *, workers: int = 2, admin_key: str = "admin-key") 
 def start_api(
     artifacts: Path, env: Mapping[str, str] | None = None, port: int | None = None, timeout_s: float = 60
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start the service's process (`python -m app.server`) and wait until /readyz answers 200."""
-    port = port or free_port()
-    full = {
-        **os.environ,
-        "SEQSERVE_ARTIFACTS_DIR": str(artifacts),
-        "SEQSERVE_LOG_LEVEL": "WARNING",
-        "SEQSERVE_TORCH_THREADS": "1",
-        "SEQSERVE_HOST": "127.0.0.1",
-        "SEQSERVE_PORT": str(port),
-        "SEQSERVE_DRAIN_S": "20",
-        **(env or {}),
-    }
-    # Its own process group: with several workers, stop() ends the supervisor and its workers together.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.server"],
-        cwd=ROOT,
-        env=full,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
-            raise AssertionError(f"server did not become ready: {err}")
-        time.sleep(0.05)
+    """The service's process (bench.servers.start_api) with the tests' settings: one torch thread each."""
+    full = {"SEQSERVE_TORCH_THREADS": "1", "SEQSERVE_DRAIN_S": "20", **(env or {})}
+    return servers.start_api(artifacts, full, port=port, timeout_s=timeout_s)
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL, to the whole group where `proc` leads one (the service with its workers)."""
-    with contextlib.suppress(ProcessLookupError):
-        if os.getpgid(proc.pid) == proc.pid:
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:
-            proc.kill()
-    proc.wait(timeout=10)
+# A crash: SIGKILL to the service and its workers (bench.servers.stop is the polite stop).
+stop = servers.kill
 
 
 def installed(command: str, package: str) -> str:

@@ -31,7 +31,7 @@ def through_service(args: argparse.Namespace) -> None:
     """RSS of a real server before and after it answered `args.users` fresh users once each at `args.k`."""
     import httpx2 as httpx
 
-    from bench.serving.load import rss_mb, start_server, stop
+    from bench.servers import rss_mb, start_server, stop
     from models.artifact import latest_versions
     from models.ids import IdMap
 

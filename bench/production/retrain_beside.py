@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.servers import ROOT, free_port, start_server, stop
-from bench.serving.load import bodies_for, drive, group_cpu_seconds
+from bench.serving.loadgen import bodies_for, drive, group_cpu_seconds
 from models.artifact import latest_versions
 
 CONDITIONS = ("alone", "retrainer", "unbounded")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from app.store import Event, HistoryStore, RedisStore, SQLiteStore
 from bench.servers import ROOT, free_port, start_server, stop
-from bench.serving.load import drive
+from bench.serving.loadgen import drive
 from models.artifact import latest_versions, read_manifest
 from models.histories import HistoryTable
 from models.ids import IdMap

@@ -14,7 +14,7 @@ recorded with its error while the others still run):
          items, on each of --devices: the median of --repeats calls
   profile  torch.profiler over one-query model calls on the first device: where the time goes
   serve  the service (app.server) on each device with both catalogs loaded, /recommend by user_id at
-         each --concurrency, the devices' servers alternated in windows (bench/serving/load.py's `alternate`)
+         each --concurrency, the devices' servers alternated in windows (bench/serving/loadgen.py's `alternate`)
   train  `python -m training train` of --train-config on --data for a --train-minutes budget on the
          first device: epochs, training windows a second (the loop's own per-epoch figure), validation
          and test NDCG@10, beside the CPU figures this repository's docs give (--cpu-windows-per-s,
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from bench.servers import ROOT, pause, start_server, stop
-from bench.serving.load import alternate, bodies_for
+from bench.serving.loadgen import alternate, bodies_for
 from models.artifact import latest_versions
 from models.checkpoint import save_checkpoint
 from models.engine import EngineOptions

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from bench.servers import ROOT, free_port, pause, start_server, stop
-from bench.serving.load import alternate, bodies_for
+from bench.serving.loadgen import alternate, bodies_for
 
 
 def parse_variant(spec: str) -> tuple[str, Path, int, str, dict[str, str]]:

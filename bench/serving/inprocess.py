@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 async def run(args: argparse.Namespace) -> None:
     from app.settings import Settings
-    from bench.serving.load import bodies_for
+    from bench.serving.loadgen import bodies_for
     from bench.serving.noop import create_with
 
     app = create_with(Settings())  # the service, with the benches' no-op
