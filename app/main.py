@@ -26,7 +26,7 @@ from app.routers import admin, console, events, health, history, metrics, models
 from app.routers.plain import PlainRouter
 from app.routers.tasks import TaskRoute, live_route, plain_router, task_routes
 from app.schemas import bounded, components
-from app.settings import Settings, get_settings
+from app.settings import LoopPolicy, Settings, get_settings
 from app.store import RedisStore, SQLiteStore, StoreError, distinct, open_store
 from app.workers import Coordinator, WorkerSync
 from models.engine import EngineOptions
@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.histories = services.state = _open_store(settings)  # one backend serves both
         services.loaded = _loaded_models(settings, services)
-        await _start_production(settings, services)
+        await _start_production(settings.loop, services)
         services.loaded.load_all(settings.artifacts_dir)
         if not services.loaded.names:
             log.warning("no model loaded from %s; /readyz answers 503", settings.artifacts_dir)
@@ -129,18 +129,20 @@ def _loaded_models(settings: Settings, services: Services) -> LoadedModels:
         histories=services.histories,
         on_batch=services.metrics.on_batch,
         load_timeout_s=settings.load_timeout_s,
-        choices=VersionChoices(probation=settings.probation_s > 0, holdback_share=settings.probation_holdback),
+        choices=VersionChoices(
+            probation=settings.probation.probation_s > 0, holdback_share=settings.probation.probation_holdback
+        ),
     )
 
 
-async def _start_production(settings: Settings, services: Services) -> None:
+async def _start_production(policy: LoopPolicy, services: Services) -> None:
     """Online evaluation, shadow work and the production loop, with the pins and candidates the store
     holds applied before the first load."""
-    if settings.online_eval:
-        services.lists = ServedLists(window_s=settings.online_window_s, max_lists=settings.online_max_lists)
-    services.shadows = ShadowWork(settings.shadow_max_in_flight)
+    if policy.online_eval:
+        services.lists = ServedLists(window_s=policy.online_window_s, max_lists=policy.online_max_lists)
+    services.shadows = ShadowWork(policy.shadow_max_in_flight)
     services.production = ProductionLoop(
-        settings=settings,
+        policy=policy,
         loaded=services.loaded,
         state=services.state,
         metrics=services.metrics,

@@ -260,27 +260,31 @@ def main(app: str = "app.main:app_from_env") -> None:
         s = get_settings()
     except SettingsError as exc:  # its text names each variable and never a value
         raise SystemExit(f"seqserve: {exc}") from None
-    if s.workers > 1:
+    server = s.server
+    if server.workers > 1:
         # Every worker counts into this folder and /metrics sums them (prometheus-client's multiprocess
         # mode); emptied at each start, so a previous run's counts never add in.
         metrics_dir = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(s.shared_dir / "metrics")))
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
     limits = ConnectionLimits(
-        s.max_header_bytes, s.request_read_timeout_s, s.max_connections, s.max_connections_per_client
+        server.max_header_bytes,
+        server.request_read_timeout_s,
+        server.max_connections,
+        server.max_connections_per_client,
     )
     uvicorn.run(
         app,
         factory=True,
-        host=s.host,
-        port=s.port,
-        workers=s.workers,
+        host=server.host,
+        port=server.port,
+        workers=server.workers,
         http=partial(GuardedHttpTools, limits=limits),  # type: ignore[arg-type]
-        timeout_keep_alive=int(s.keep_alive_s),
-        timeout_graceful_shutdown=int(s.drain_s),
-        forwarded_allow_ips=s.forwarded_allow_ips,
+        timeout_keep_alive=int(server.keep_alive_s),
+        timeout_graceful_shutdown=int(server.drain_s),
+        forwarded_allow_ips=server.forwarded_allow_ips,
         access_log=False,  # the service writes its own access log, with request ids (app/middleware.py)
-        log_level=s.log_level.lower(),
+        log_level=server.log_level.lower(),
     )
 
 

@@ -1,10 +1,17 @@
-"""The one settings class; every value can be set by a SEQSERVE_* environment variable."""
+"""The settings of the deployment's processes; every value can be set by a SEQSERVE_* environment variable.
+
+`DeploymentSettings`: what every process reads alike; `Settings`: the api's. The api's fields stay flat
+(each is its variable's name), and each part of the api reads its own group, never the whole object:
+`server` (the process and its connections), `limits` (request bounds), `store_args()`, `loop` (the
+production loop, with its `probation`). docs/settings.md lists every variable.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import os
 import sys
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +27,59 @@ _BATCH = BatchPolicy()
 _LIMITS = Limits()  # the request bounds' defaults live in Limits
 # Settings that may also come from a file named by SEQSERVE_<NAME>_FILE.
 SECRETS = ("admin_api_key", "events_api_key", "read_api_key", "redis_url", "redis_password")
+
+
+@dataclass(frozen=True)
+class ServerPolicy:
+    """What `python -m app.server` reads: where it listens, its workers, what a connection may do."""
+
+    host: str
+    port: int
+    workers: int
+    drain_s: float
+    keep_alive_s: float
+    max_header_bytes: int
+    request_read_timeout_s: float
+    max_connections: int
+    max_connections_per_client: int
+    forwarded_allow_ips: str
+    log_level: str
+
+
+@dataclass(frozen=True)
+class ProbationPolicy:
+    """What probation reads (app/production/promotion.py): its span, its bounds and its evidence."""
+
+    probation_s: float
+    probation_max_s: float
+    probation_min_lists: int
+    probation_min_users: int
+    probation_holdback: float
+    probation_min_requests: int
+    probation_max_5xx_rise: float
+    probation_max_p99_ratio: float
+
+
+@dataclass(frozen=True)
+class LoopPolicy:
+    """What the production loop reads (app/production/): online evaluation, trials, the promotion rule,
+    probation. `scored`: whether events need a key, so that online figures may decide anything."""
+
+    online_eval: bool
+    online_window_s: float
+    online_max_lists: int
+    online_score_s: float
+    new_versions: Literal["serve", "canary", "shadow", "interleave"]
+    canary_share: float
+    promote_min_lists: int
+    shadow_max_in_flight: int
+    scored: bool
+    probation: ProbationPolicy
+
+
+def _group(cls: type[Any], settings: object, **values: Any) -> Any:
+    """A group built from the settings' fields of the same names (and `values`)."""
+    return cls(**{f.name: getattr(settings, f.name) for f in fields(cls) if f.name not in values}, **values)
 
 
 class SettingsError(ValueError):
@@ -48,9 +108,9 @@ class DeploymentSettings(BaseSettings):
     # key must never switch admin on (an empty X-API-Key header would match it) nor lock /events.
     model_config = SettingsConfigDict(env_prefix="SEQSERVE_", env_file=None, env_ignore_empty=True)
 
-    artifacts_dir: Path = Path("artifacts")
-    log_level: str = "INFO"
-    json_logs: bool = True
+    artifacts_dir: Path = Path("artifacts")  # the artifacts folder: <name>/<version>/ per model (docs/artifacts.md)
+    log_level: str = "INFO"  # the log's level (DEBUG, INFO, WARNING, ERROR)
+    json_logs: bool = True  # one JSON object per log line; false: plain text
     admin_api_key: SecretStr | None = None  # admin endpoints answer 403 while unset
     events_api_key: SecretStr | None = None  # when set, POST /events and GET /history need it (X-API-Key)
     # Stored histories are private once either key is set: GET /history and a /recommend query by
@@ -69,13 +129,14 @@ class DeploymentSettings(BaseSettings):
     # 503, and the client's retry is a duplicate). 0: once the primary has it; a primary killed before its
     # replica read the newest events loses them in a failover (docs/decisions/redis-cluster.md).
     redis_wait_replicas: int = Field(default=0, ge=0)
-    redis_wait_ms: int = Field(default=1000, ge=1)
+    redis_wait_ms: int = Field(default=1000, ge=1)  # how long an event waits for redis_wait_replicas
     redis_buckets: int = Field(default=64, ge=1, le=16384)  # the cluster store's user buckets (hash tags)
     # How far back the Redis store keeps every user's events for recent activity (a social model's
     # windows, which follow its network's clock, must fit; SQLite reads its events table instead).
     recent_keep_s: float = Field(default=RECENT_KEEP_S, gt=0)
-    live_events: int = Field(default=LIVE_EVENTS, ge=1)  # newest live events kept and read per user, and apart
-    # from them the newest steps received from others (a social model's targets): neither pushes out the other
+    # Newest live events kept and read per user, and apart from them the newest steps received from others (a
+    # social model's targets): neither pushes out the other.
+    live_events: int = Field(default=LIVE_EVENTS, ge=1)
 
     def __init__(self, **values: Any) -> None:
         error = None
@@ -136,7 +197,9 @@ class DeploymentSettings(BaseSettings):
 class Settings(DeploymentSettings):
     """The api's settings (python -m app.server and its workers)."""
 
-    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    device: str = Field(
+        default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$"
+    )  # auto: the first CUDA device if any, else the CPU
     half_precision: bool = False  # float16 weights on a CUDA device; ignored on the CPU
     # scores() as one traced graph (models/traced.py); a model that does not trace exactly stays eager
     trace_models: bool = True
@@ -149,7 +212,7 @@ class Settings(DeploymentSettings):
     torch_threads: int = Field(default=0, ge=0)
     # Request bounds: the OpenAPI document states these, and validation enforces exactly these.
     max_queries: int = Field(default=_LIMITS.max_queries, ge=1)  # queries per request
-    max_k: int = Field(default=_LIMITS.max_k, ge=1)
+    max_k: int = Field(default=_LIMITS.max_k, ge=1)  # items (k) per query
     max_history: int = Field(
         default=_LIMITS.max_history, ge=1
     )  # history events per query (the model reads its most recent)
@@ -159,7 +222,7 @@ class Settings(DeploymentSettings):
         default=_LIMITS.max_total_items, ge=1
     )  # history events + excluded items over a request
     max_events: int = Field(default=_LIMITS.max_events, ge=1)  # events per POST /events
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)  # a request body's bytes; 413 above
     # Bytes of request bodies over 64 KiB one worker holds at once (being received or served); a large
     # body that would pass it gets 503 with Retry-After. A body costs about twice its size while parsed.
     max_body_bytes_in_flight: int = Field(default=256 * 1024 * 1024, ge=1024)
@@ -167,13 +230,13 @@ class Settings(DeploymentSettings):
     # Dynamic micro-batching of concurrent requests (per model); defaults in BatchPolicy.
     batching: bool = _BATCH.enabled
     max_batch_size: int | None = Field(default=None, ge=1)  # queries per model call; None: 32 on the CPU, 256 on CUDA
-    max_wait_ms: float = Field(default=_BATCH.max_wait_ms, ge=0)
+    max_wait_ms: float = Field(default=_BATCH.max_wait_ms, ge=0)  # how long a batch waits for more queries
     max_queue: int = Field(default=_BATCH.max_queue, ge=1)  # waiting requests per model before 503
     request_timeout_s: float = Field(default=10.0, gt=0)  # 504 after this
     event_skew_s: float = Field(default=300.0, ge=0)  # events later than now + this are rejected
     # The process (python -m app.server): where it listens, how many workers, what a connection may do.
     host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: int = Field(default=8000, ge=1, le=65535)  # the port it listens on
     workers: int = Field(default=1, ge=1)  # processes on one port, each with its own models and batchers
     drain_s: float = Field(default=20.0, ge=0)  # on SIGTERM, answer what is in flight for up to this long
     keep_alive_s: float = Field(default=5.0, ge=1)  # an idle kept-alive connection is closed after this
@@ -198,13 +261,15 @@ class Settings(DeploymentSettings):
     # Online evaluation: each list served by user is scored against that user's next stored event within
     # the window (docs/decisions/online-evaluation.md). Lists kept per worker, at most (the oldest go first).
     online_eval: bool = True
-    online_window_s: float = Field(default=3600.0, gt=0, le=86400.0)
-    online_max_lists: int = Field(default=200_000, ge=1)
+    online_window_s: float = Field(
+        default=3600.0, gt=0, le=86400.0
+    )  # how long a served list waits for its user's next event
+    online_max_lists: int = Field(default=200_000, ge=1)  # lists kept per worker, at most (the oldest go first)
     online_score_s: float = Field(default=0.25, gt=0)  # how often a worker scores its lists against new events
     # What a reload does with a version newer than the live one: serve it ("serve"), or try it beside the
     # live one as a "canary" (SEQSERVE_CANARY_SHARE of the users), a "shadow" or an "interleave" candidate.
     new_versions: Literal["serve", "canary", "shadow", "interleave"] = "serve"
-    canary_share: float = Field(default=0.1, gt=0, le=1)
+    canary_share: float = Field(default=0.1, gt=0, le=1)  # the users a canary answers
     # The promotion rule: a candidate is retired as soon as its online NDCG@10 is proved below the live
     # version's (an anytime-valid test, users as the unit), and promoted once it and the live version each have
     # this many scored lists since the trial began without that proof; 0 = only by the admin calls. It counts
@@ -225,9 +290,9 @@ class Settings(DeploymentSettings):
     # first. 0 = no probation; without SEQSERVE_EVENTS_API_KEY no NDCG@10 is read (anyone could post the
     # events that decide it).
     probation_s: float = Field(default=3600.0, ge=0)
-    probation_max_s: float = Field(default=21600.0, ge=0)
-    probation_min_lists: int = Field(default=200, ge=1)
-    probation_min_users: int = Field(default=5, ge=1)
+    probation_max_s: float = Field(default=21600.0, ge=0)  # rolled back when undecided after this
+    probation_min_lists: int = Field(default=200, ge=1)  # scored lists each side needs before confirming
+    probation_min_users: int = Field(default=5, ge=1)  # users those lists come from, at least
     # The replaced version's side: this share of the users keeps it during probation (the holdback, while no
     # trial runs), so both versions are measured over the same time; 0 = none: probation then reads the new
     # version's floor alone.
@@ -237,8 +302,8 @@ class Settings(DeploymentSettings):
     # proved higher by more than probation_max_5xx_rise, or its p99 latency is above probation_max_p99_ratio
     # times the holdback's over the same time.
     probation_min_requests: int = Field(default=1000, ge=1)
-    probation_max_5xx_rise: float = Field(default=0.01, ge=0, le=1)
-    probation_max_p99_ratio: float = Field(default=1.5, gt=1)
+    probation_max_5xx_rise: float = Field(default=0.01, ge=0, le=1)  # the 5xx share's rise that rolls back
+    probation_max_p99_ratio: float = Field(default=1.5, gt=1)  # the p99 latency ratio that rolls back
 
     @model_validator(mode="after")
     def _in_flight_holds_a_body(self) -> Settings:
@@ -292,6 +357,18 @@ class Settings(DeploymentSettings):
         """The batchers' policy for models on `device_type` ("cpu", "cuda")."""
         size = self.max_batch_size or (CPU_MAX_BATCH if device_type == "cpu" else _BATCH.max_batch_size)
         return BatchPolicy(self.batching, size, self.max_wait_ms, self.max_queue)
+
+    @property
+    def server(self) -> ServerPolicy:
+        return _group(ServerPolicy, self)
+
+    @property
+    def probation(self) -> ProbationPolicy:
+        return _group(ProbationPolicy, self)
+
+    @property
+    def loop(self) -> LoopPolicy:
+        return _group(LoopPolicy, self, scored=self.events_api_key is not None, probation=self.probation)
 
     @property
     def limits(self) -> Limits:

@@ -17,7 +17,7 @@ class RetrainerSettings(DeploymentSettings):
     retrain_models: str = ""  # comma-separated names; "" = every served model whose task retrains warm
     retrain_minutes: float = Field(default=0.5, gt=0)  # one warm retrain's training budget
     retrain_model: str = "sasrec-ml100k"  # what `python -m retrainer.retrain` retrains when no name is given
-    retrain_check_s: float = Field(default=60.0, gt=0)
+    retrain_check_s: float = Field(default=60.0, gt=0)  # how often the triggers are read
     retrain_min_events: int = Field(default=5000, ge=0)  # new own events no served version was trained on
     retrain_unknown_share: float = Field(default=0.05, ge=0, le=1)  # of the window's events, naming unknown items
     retrain_window_s: float = Field(default=3600.0, gt=0)  # the recent window of the unknown share and the sag
@@ -31,6 +31,6 @@ class RetrainerSettings(DeploymentSettings):
     # cooldown (at least one training budget) doubled per run, up to this.
     retrain_backoff_max_s: float = Field(default=86400.0, ge=0)
     retrain_threads: int = Field(default=1, ge=0)  # the training job's threads (0: torch's default, every core)
-    retrain_nice: int = Field(default=10, ge=0, le=19)
+    retrain_nice: int = Field(default=10, ge=0, le=19)  # the training job's nice level (the api keeps the CPU first)
     retrain_lease_s: float = Field(default=120.0, gt=0)  # a dead retrainer's lease is taken over after this
     retrainer_metrics_port: int = Field(default=9101, ge=0, le=65535)  # its Prometheus counters; 0 = none

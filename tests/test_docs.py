@@ -48,3 +48,22 @@ def test_no_page_cites_a_run_folder_as_evidence() -> None:
         if cited := runs_citations(doc.read_text()):
             found[str(doc.relative_to(ROOT))] = cited
     assert found == {}, "cite the command that writes it, not the folder"
+
+
+def test_the_settings_page_is_written_from_the_settings_and_says_what_each_one_does() -> None:
+    """docs/settings.md is what scripts/settings_doc.py writes (rerun it after changing a setting), and every
+    setting has a comment in the code to say what it does."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("settings_doc", ROOT / "scripts" / "settings_doc.py")
+    assert spec is not None and spec.loader is not None
+    doc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc)
+    page = doc.render()
+    assert (ROOT / "docs" / "settings.md").read_text() == page, "run: python scripts/settings_doc.py"
+    rows = [line for line in page.splitlines() if line.startswith("| `SEQSERVE_")]
+    from app.settings import Settings
+    from retrainer.settings import RetrainerSettings
+
+    assert len(rows) == len(set(Settings.model_fields) | set(RetrainerSettings.model_fields))
+    assert [r for r in rows if r.endswith("|  |")] == []

@@ -24,7 +24,7 @@ from app.observability import Metrics
 from app.production.online import ExposureFigures, ServedList, ServedLists, exposure_of
 from app.production.promotion import Verdict, live_and_floor, probation, probation_sides, sagged, verdict
 from app.production.traffic import MINUTE_S, VersionTraffic
-from app.settings import Settings
+from app.settings import LoopPolicy
 from app.store import (
     EXPOSURE_BUCKET_S,
     Candidate,
@@ -52,14 +52,14 @@ class ProductionLoop:
     def __init__(
         self,
         *,
-        settings: Settings,
+        policy: LoopPolicy,
         loaded: LoadedModels,
         state: ProductionState | None,
         metrics: Metrics,
         lists: ServedLists | None,
         traffic: VersionTraffic | None = None,
     ) -> None:
-        self.settings, self.loaded, self.state, self.metrics, self.lists = settings, loaded, state, metrics, lists
+        self.policy, self.loaded, self.state, self.metrics, self.lists = policy, loaded, state, metrics, lists
         self.traffic = traffic  # this worker's answers per version, added to the shared ones every tick
         self._unsent_traffic: dict[TrafficKey, Traffic] = {}
         self.cursor: str | None = None
@@ -200,7 +200,7 @@ class ProductionLoop:
             self._coverage_read = time.time()
             self.floors()
             for name in names:
-                shown = await self.exposure(name, since=time.time() - self.settings.online_window_s)
+                shown = await self.exposure(name, since=time.time() - self.policy.online_window_s)
                 self.metrics.set_coverage(name, {key: f.coverage for key, f in shown.items()})
 
     async def exposure(self, name: str, *, since: float) -> dict[tuple[str, str], ExposureFigures]:
@@ -241,7 +241,7 @@ class ProductionLoop:
     async def judge(self) -> None:
         """The promotion rule (SEQSERVE_PROMOTE_MIN_LISTS; 0: off) on each candidate, from the shared figures;
         what it reads is kept in `trials` either way (GET /models/{name}/online shows it)."""
-        need = self.settings.promote_min_lists
+        need = self.policy.promote_min_lists
         if self.state is None:
             return
         self.trials = {n: t for n, t in self.trials.items() if n in self.choices.candidates}
@@ -265,7 +265,7 @@ class ProductionLoop:
         (app.promotion.probation: anytime-valid tests of its online NDCG@10 against its holdback's and its own
         reference lists', read only with SEQSERVE_EVENTS_API_KEY set, as for the rule; its answers against the
         holdback's); what it reads is kept in `probations` either way (GET /models/{name}/online shows it)."""
-        s = self.settings
+        s = self.policy.probation
         if not s.probation_s or self.state is None:
             return
         now = time.time()
@@ -288,7 +288,7 @@ class ProductionLoop:
                 cand,
                 stats,
                 traffic,
-                scored=s.events_api_key is not None and self._engine(name, cand.version) is not None,
+                scored=self.policy.scored and self._engine(name, cand.version) is not None,
                 held=self.choices.holdback_share > 0,
             )
             found = probation(cand, sides, now=now, settings=s)
@@ -306,10 +306,10 @@ class ProductionLoop:
         """Each live version's online NDCG@10 against its floor (its reference lists on the same events) over
         the online window, lists as the unit, on the gauges an alert rule reads: after probation, nothing
         rolls a version back by itself, so a version below its floor must page someone."""
-        since = time.time() - self.settings.online_window_s
+        since = time.time() - self.policy.online_window_s
         for name, served in self.loaded.models.items():
             live, floor = live_and_floor(self.online.get(name, {}), served.version, since=since)
-            if min(live.n, floor.n) < self.settings.probation_min_lists:
+            if min(live.n, floor.n) < self.policy.probation.probation_min_lists:
                 self.metrics.set_floor(name, None)
                 continue
             drop, half = sagged(floor, live)
@@ -323,7 +323,7 @@ class ProductionLoop:
                     live.mean,
                     floor.mean,
                     int(live.n),
-                    self.settings.online_window_s,
+                    self.policy.online_window_s,
                     half,
                 )
             self._below_floor[name] = below
@@ -360,7 +360,7 @@ class ProductionLoop:
         published after the last trial began (so neither a retired version nor one an admin passed
         over comes back), becomes the candidate instead of replacing the live one; while a promotion's
         holdback runs it waits for the next reload after it."""
-        mode = self.settings.new_versions
+        mode = self.policy.new_versions
         if mode == "serve" or self.state is None:
             return
         for name, folders in (await asyncio.to_thread(artifact_names, root)).items():
@@ -380,7 +380,7 @@ class ProductionLoop:
                 log.error("new version %s/%s does not load: not started as %s", name, newest.name, mode)
                 self.metrics.count_trial_change(name, "refused_broken")
                 continue  # recorded broken: not tried again
-            cand = Candidate(newest.name, mode, self.settings.canary_share if mode == "canary" else 1.0, time.time())
+            cand = Candidate(newest.name, mode, self.policy.canary_share if mode == "canary" else 1.0, time.time())
             await self.start(name, cand, live_version=live.version, reason="new version")
             self.choices.pins[name] = live.version
             self.choices.candidates[name] = self.choices.last[name] = cand
@@ -424,7 +424,7 @@ class ProductionLoop:
         (quicker than housekeeping, so a user's quick succession of answers and events is scored before
         the per-user bound drops any)."""
         while True:
-            await asyncio.sleep(self.settings.online_score_s)
+            await asyncio.sleep(self.policy.online_score_s)
             try:
                 await self.score()
             except Exception:  # never ends the loop

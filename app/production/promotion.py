@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from app.production.sequential import ALPHA, NONE, Z95, Evidence, one_sided, signs, two_sided
 from app.production.traffic import MINUTE_S
-from app.settings import Settings
+from app.settings import ProbationPolicy
 from app.store import Candidate, OnlineKey, Sums, Traffic, TrafficKey, UserStats
 
 # Users a side before anything is decided on it: the test is valid with few users, but its variance from
@@ -222,7 +222,7 @@ def probation_sides(
     )
 
 
-def probation(cand: Candidate, sides: Sides, *, now: float, settings: Settings) -> Verdict:
+def probation(cand: Candidate, sides: Sides, *, now: float, settings: ProbationPolicy) -> Verdict:
     """Probation's decision on the promotion `cand` (SEQSERVE_PROBATION_*): rolled back as soon as one of its
     figures is proved worse (its NDCG@10 against its holdback's, users as the unit; its NDCG@10 against its
     own reference lists'; its answers' 5xx share against the holdback's) or its p99 latency is past its bound
@@ -277,7 +277,7 @@ def probation(cand: Candidate, sides: Sides, *, now: float, settings: Settings) 
     return Verdict("wait", "; ".join(wait), figures)
 
 
-def _evidence_missing(sides: Sides, s: Settings) -> list[str]:
+def _evidence_missing(sides: Sides, s: ProbationPolicy) -> list[str]:
     """What each NDCG@10 figure read still lacks before probation may confirm a version (empty: all there)."""
     out = []
     named = [("its lists", sides.live), ("its reference lists", sides.floor), ("the holdback's lists", sides.holdback)]
@@ -290,7 +290,7 @@ def _evidence_missing(sides: Sides, s: Settings) -> list[str]:
     return out
 
 
-def _answers(sides: Sides, s: Settings) -> list[str]:
+def _answers(sides: Sides, s: ProbationPolicy) -> list[str]:
     """The new version's answers against its holdback's over the same time: a 5xx share proved higher by
     more than its bound, or a p99 past its ratio; [] without a holdback or while a side has too few."""
     new, old = sides.served_live, sides.served_holdback

@@ -54,3 +54,15 @@ def test_the_promotion_rule_s_count_is_named_for_lists_and_its_first_name_still_
     monkeypatch.setenv("SEQSERVE_PROMOTE_MIN_LISTS", "3")
     with pytest.raises(SettingsError, match="SEQSERVE_PROMOTE_MIN_LISTS needs SEQSERVE_EVENTS_API_KEY"):
         Settings()
+
+
+def test_each_part_reads_its_own_group_of_the_same_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEQSERVE_PORT", "9001")
+    monkeypatch.setenv("SEQSERVE_PROBATION_MIN_USERS", "9")
+    monkeypatch.setenv("SEQSERVE_NEW_VERSIONS", "canary")
+    s = Settings()
+    assert (s.server.port, s.server.workers) == (9001, 1)
+    assert s.loop.new_versions == "canary" and s.loop.probation == s.probation
+    assert s.loop.probation.probation_min_users == 9 and not s.loop.scored  # no events key: nothing scored
+    monkeypatch.setenv("SEQSERVE_EVENTS_API_KEY", "k")
+    assert Settings().loop.scored

@@ -7,7 +7,7 @@ import pytest
 
 from app.production.promotion import Sides, probation, probation_sides
 from app.production.traffic import VersionTraffic
-from app.settings import Settings
+from app.settings import ProbationPolicy, Settings
 from app.store import Candidate, Traffic, UserStats
 from app.store.state import LATENCY_EDGES_S
 
@@ -36,9 +36,9 @@ def test_a_quantile_is_the_upper_edge_of_its_bucket() -> None:
     assert Traffic(1, 0, {len(LATENCY_EDGES_S): 1.0}).quantile(0.99) == LATENCY_EDGES_S[-1]
 
 
-def _settings(**kw: float) -> Settings:
+def _settings(**kw: float) -> ProbationPolicy:
     values = {"probation_s": 3600.0, "probation_max_s": 7200.0, "probation_min_requests": 200}
-    return Settings(**(values | kw))
+    return Settings(**(values | kw)).probation
 
 
 def _users(pairs: list[tuple[float, float]]) -> UserStats:

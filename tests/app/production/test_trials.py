@@ -486,10 +486,10 @@ def test_probation_reads_the_floor_rolls_a_version_below_it_back_and_confirms_on
         per_user(first, ended, "floor", 10.0, -0.3)  # 40 users' lists, 0.3 under their reference lists each
         spread = {("sasrec-tiny", ended, first, "floor", f"w{n}"): (1.0, 0.05 * (n % 3)) for n in range(40)}
         store.add_user_sums(spread)
-        production.settings = settings.model_copy(update={"events_api_key": None})
+        production.policy = settings.model_copy(update={"events_api_key": None}).loop
         tick()  # /events open: anyone could have posted these figures, so nothing is read
         assert served() == (first, "promoted")
-        production.settings = settings
+        production.policy = settings.loop
         tick()  # judged: rolled back in the store
         tick()  # followed
         assert served() == (NEWER, "rolled_back")
@@ -506,7 +506,7 @@ def test_probation_reads_the_floor_rolls_a_version_below_it_back_and_confirms_on
         online = c.get("/models/sasrec-tiny/online").json()["probation"]
         assert (online["version"], online["replaced"], online["verdict"]) == (third, NEWER, "wait")
         assert "SEQSERVE_PROBATION_S left" in online["reason"]
-        production.settings = settings.model_copy(update={"probation_s": 0.001})
+        production.policy = settings.model_copy(update={"probation_s": 0.001}).loop
         tick()  # its span over with its evidence in: confirmed
         confirmed = store.candidates()["sasrec-tiny"]
         assert (confirmed.version, confirmed.outcome) == (third, "promoted") and confirmed.confirmed is not None
@@ -531,7 +531,7 @@ def test_a_promotion_undecided_by_its_bound_is_rolled_back(root: Path, tmp_path:
         store.add_user_sums({("sasrec-tiny", ended, NEWER, "holdback", f"h{n}"): (10.0, 2.0) for n in range(3)})
         c.portal.call(production.tick, root, None)  # type: ignore[union-attr]
         assert store.candidates()["sasrec-tiny"].outcome == "promoted"
-        production.settings = settings.model_copy(update={"probation_s": 0.001, "probation_max_s": 0.002})
+        production.policy = settings.model_copy(update={"probation_s": 0.001, "probation_max_s": 0.002}).loop
         c.portal.call(production.tick, root, None)  # type: ignore[union-attr]
         assert store.candidates()["sasrec-tiny"].outcome == "rolled_back"
         c.portal.call(production.tick, root, None)  # type: ignore[union-attr]  # followed
