@@ -12,8 +12,29 @@ the same time (docs/decisions/online-evaluation.md).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from app.store import Candidate
+
+
+@dataclass(frozen=True)
+class Holdback:
+    """The version a promotion replaced, answering `share` of the users (app.production.trials.in_holdback)
+    while probation watches the promotion and no trial runs; derived from the promoted candidate, never
+    stored. `since`: the promotion's time (its lists are compared with the new version's from then on)."""
+
+    version: str
+    share: float
+    since: float
+
+    @property
+    def variant(self) -> Literal["holdback"]:
+        """The online side its lists are scored as."""
+        return "holdback"
+
+
+# What serves beside the live version of a model: a trial's candidate, or a promotion's holdback.
+Beside = Candidate | Holdback
 
 
 @dataclass
@@ -24,7 +45,7 @@ class VersionChoices:
     last: dict[str, Candidate] = field(default_factory=dict)
     # Model name -> the version its promotion replaced, as a "holdback" beside it while probation watches
     # the promotion and no trial runs (derived from `last`, never stored).
-    holdbacks: dict[str, Candidate] = field(default_factory=dict)
+    holdbacks: dict[str, Holdback] = field(default_factory=dict)
     probation: bool = False  # SEQSERVE_PROBATION_S above 0: a promotion is watched until kept or rolled back
     holdback_share: float = 0.0  # SEQSERVE_PROBATION_HOLDBACK: 0, no holdback
 
@@ -35,7 +56,7 @@ class VersionChoices:
         self.pins, self.last = pins, last
         self.candidates = {n: c for n, c in last.items() if c.running}
         self.holdbacks = {
-            name: Candidate(c.replaced, "holdback", self.holdback_share, ended)
+            name: Holdback(c.replaced, self.holdback_share, ended)
             for name, c in last.items()
             if self.holdback_share > 0
             and c.replaced is not None
@@ -44,7 +65,7 @@ class VersionChoices:
         }
         return before != (self.pins, self.candidates, self.holdbacks)
 
-    def beside(self, name: str) -> Candidate | None:
+    def beside(self, name: str) -> Beside | None:
         """The version served beside the live one of `name`: its running trial's candidate, else its holdback."""
         return self.candidates.get(name) or self.holdbacks.get(name)
 

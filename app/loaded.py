@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 import torch
 
 from app.batcher import MicroBatcher
-from app.choices import VersionChoices
+from app.choices import Beside, VersionChoices
 from app.errors import ModelUnavailable, UnknownModel
 from app.limits import BatchPolicy
-from app.store import Candidate, HistoryStore, StoreError
+from app.store import HistoryStore, StoreError
 from models.artifact import ArtifactError, artifact_names, check_regular_tree, read_manifest, version_key
 from models.engine import Engine, EngineOptions, RecentActivity, UserHistories
 from models.tasks import TASKS, Task
@@ -77,7 +77,8 @@ class Served:
     holders: int = 0
     retired: bool = False
     drained: asyncio.Event | None = None  # set once retired with no holder left
-    candidate: Candidate | None = None  # set when this entry is the version tried beside the live one
+    # Set when this entry serves beside the live version: as a trial's candidate, or as a promotion's holdback.
+    role: Beside | None = None
 
     version: str = field(init=False)  # the folder's name (kept: Path.name is computed on every call)
 
@@ -250,19 +251,19 @@ class LoadedModels:
             self.candidate_models.pop(name, None)
             return
         if current is not None and current.version == wanted.version:
-            current.candidate = wanted  # the share or mode may have changed
+            current.role = wanted  # the share or mode may have changed
             return
         folder = [f for f in folders if f.name == wanted.version]
         loaded = None
         if folder:
             loaded = self._first_loadable(name, folder, batcher_name=f"{name}:candidate", drop_trained=False)
         if loaded is None:
-            log.error("%s %s/%s not loaded: none runs beside the live version", wanted.mode, name, wanted.version)
+            log.error("%s %s/%s not loaded: none runs beside the live version", wanted.variant, name, wanted.version)
             self.candidate_models.pop(name, None)
             return
-        loaded.candidate = wanted
+        loaded.role = wanted
         self.candidate_models[name] = loaded
-        log.info("trying %s version %s as %s", name, wanted.version, wanted.mode)
+        log.info("trying %s version %s as %s", name, wanted.version, wanted.variant)
 
     def prune(self, root: Path, keep: int, *, in_use: AbstractSet[str] = frozenset()) -> list[str]:
         """Delete the version folders of each name but its newest `keep` good ones (broken ones do not count),
@@ -332,7 +333,7 @@ class LoadedModels:
         if pin is None or entry is None or entry.version != pin:
             return None
         del self.candidate_models[name]
-        entry.candidate = None
+        entry.role = None
         entry.batcher.on_batch = self.on_batch(name) if self.on_batch else None  # counted as the live model's
         await asyncio.to_thread(self._drop_trained_events, entry.engine)  # as a live load does
         return entry
@@ -345,7 +346,7 @@ class LoadedModels:
         if hold is None or hold.version != old.version:
             return False
         previous = self.candidate_models.get(old.name)
-        old.candidate = hold
+        old.role = hold
         self.candidate_models[old.name] = old
         if previous is not None:
             await self._retire(previous)

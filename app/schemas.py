@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from fastapi import Path
 from pydantic import (
@@ -28,12 +28,11 @@ from pydantic.json_schema import WithJsonSchema
 
 from app.bodies import token_budget
 from app.limits import Limits
-from app.store.state import Side
 from models.engine import FIELD_NAME
 from models.ids import encodable, trainable
 
 if TYPE_CHECKING:
-    from app.store import Candidate
+    from app.choices import Beside
 
 
 def _utf8(s: str) -> str:
@@ -145,15 +144,17 @@ class ErrorDetail(BaseModel):
     type: str
 
 
+# A version beside the live one, as the API shows it: a trial's candidate, or a promotion's holdback (no
+# docstring: it would become the schema's description in the OpenAPI document).
 class CandidateInfo(BaseModel):
     version: str
-    mode: Side
+    mode: Literal["canary", "shadow", "interleave", "holdback"]
     share: float
     since: float = Field(description="unix seconds it became the candidate")
 
     @classmethod
-    def of(cls, c: Candidate | None) -> CandidateInfo | None:
-        return None if c is None else cls(version=c.version, mode=c.mode, share=c.share, since=c.since)
+    def of(cls, c: Beside | None) -> CandidateInfo | None:
+        return None if c is None else cls(version=c.version, mode=c.variant, share=c.share, since=c.since)
 
 
 class ErrorBody(BaseModel):

@@ -97,7 +97,7 @@ class ShadowWork:
             with held(beside):
                 results = await answer(beside, queries, store=store, timeout_s=timeout_s)
             if lists is not None:
-                since = beside.candidate.since if beside.candidate is not None else None
+                since = beside.role.since if beside.role is not None else None
                 record(lists, beside, queries, results, variant="shadow", now=time.time(), trial_start=since, ids=ids)
         except Exception as exc:  # a shadow's failure is its own: counted, never seen by a client
             self.failed[beside.name] = self.failed.get(beside.name, 0) + 1
@@ -181,9 +181,10 @@ async def answer_with_candidate(
     answer is ready."""
     store, timeout_s, abandoned, lists = ctx.store, ctx.timeout_s, ctx.abandoned, ctx.lists
     shadows, metrics, probation, traffic = ctx.shadows, ctx.metrics, ctx.probation, ctx.traffic
-    if beside is not None and (beside.candidate is None or beside.version == served.version):
+    if beside is not None and (beside.role is None or beside.version == served.version):
         beside = None  # promoted a moment ago: it is dropped once this reload ends
-    mode = beside.candidate.mode if beside is not None and beside.candidate is not None else None
+    role = beside.role if beside is not None else None
+    mode = role.variant if role is not None else None
     users = [subject(served, q) for q in queries]
     ids = [new_id() if u is not None else None for u in users]
     if mode == "interleave" and any(u is not None for u in users):
@@ -202,9 +203,9 @@ async def answer_with_candidate(
         )
     picks = [False] * len(queries)
     if mode in ("canary", "holdback"):
-        assert beside is not None and beside.candidate is not None
-        share, split = beside.candidate.share, in_canary if mode == "canary" else in_holdback
-        picks = [u is not None and split(served.name, u, share) for u in users]
+        assert role is not None
+        split = in_canary if mode == "canary" else in_holdback
+        picks = [u is not None and split(served.name, u, role.share) for u in users]
     # Only a request holding a by-user query counts a version's answers (the holdback answers by-user queries
     # alone, so both sides see the same kind); the router passes `traffic` for a key holder's requests only.
     counted = traffic if any(u is not None for u in users) else None
@@ -233,7 +234,7 @@ async def answer_with_candidate(
         parts = [(served, live_q, live_r, live_ids, "live"), (beside, cand_q, cand_r, cand_ids, mode)]
     if lists is not None:
         now = time.time()
-        since = beside.candidate.since if beside is not None and beside.candidate is not None else probation
+        since = role.since if role is not None else probation
         for entry, qs, rs, its, variant in parts:
             record(lists, entry, qs, rs, variant=variant, now=now, ids=its, trial_start=since)
     if beside is not None and mode == "shadow" and shadows is not None:
@@ -267,7 +268,7 @@ async def _interleaved(
     """Every query answered by the live version, and each by-user one by the candidate too, its answer
     then a Team-Draft interleaving of the two seeded by the model, user and recommendation_id; when the
     candidate's call fails, the live answers alone (counted)."""
-    assert beside.candidate is not None and isinstance(served.engine, UserHistories)
+    assert beside.role is not None and isinstance(served.engine, UserHistories)
     engine = served.engine
     by_user = [n for n, u in enumerate(users) if u is not None]
     cand_q = [queries[n] for n in by_user]
@@ -307,7 +308,7 @@ async def _interleaved(
             variant="interleave",
             now=time.time(),
             ids=[ids[n] for n in by_user],
-            trial_start=beside.candidate.since,
+            trial_start=beside.role.since,
             teams=teams,
         )
     return results, versions, list(ids)

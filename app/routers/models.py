@@ -6,6 +6,7 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
+from app.choices import Holdback
 from app.deps import Services, ServicesDep
 from app.errors import UnknownModel
 from app.production.online import BUCKET_S, by_segment, figures, totals
@@ -316,8 +317,8 @@ async def list_versions(services: ServicesDep, name: ModelNamePath) -> VersionsR
         state: Literal["serving", "candidate", "holdback", "kept", "broken"] = "kept"
         if served is not None and served.version == folder.name:
             state = "serving"
-        elif beside is not None and beside.candidate is not None and beside.version == folder.name:
-            state = "holdback" if beside.candidate.mode == "holdback" else "candidate"
+        elif beside is not None and beside.role is not None and beside.version == folder.name:
+            state = "holdback" if isinstance(beside.role, Holdback) else "candidate"
         elif key in reg.broken:
             state = "broken"
         out.append(

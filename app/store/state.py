@@ -25,9 +25,6 @@ ONLINE_KEEP_S = 30 * 24 * 3600.0
 EXPOSURE_BUCKET_S = 600.0
 EXPOSURE_KEEP_S = 24 * 3600.0 + EXPOSURE_BUCKET_S
 Mode = Literal["canary", "shadow", "interleave"]  # a trial's: what an admin or a new version starts
-# What a version beside the live one does: a trial's mode, or "holdback", the version a promotion replaced
-# answering a share of the users while probation watches the promotion (app/choices.py; never stored).
-Side = Literal["canary", "shadow", "interleave", "holdback"]
 # "floor": the live version's reference lists (its own popularity, with the same exclusions) scored on the
 # same events as its answers: the figure probation and the floor alert compare it with (app/production/online.py).
 Variant = Literal["live", "canary", "shadow", "interleave", "holdback", "floor"]
@@ -56,15 +53,15 @@ def segment_groups(segment: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A version of a model tried beside the live one: `canary` answers `share` of the users (sticky
+    """A version of a model on trial beside the live one: `canary` answers `share` of the users (sticky
     by user id); `shadow` scores the same by-user queries off the response path; `interleave` mixes its
-    list with the live one in every by-user answer (app/production/interleave.py); `holdback`, the version a
-    promotion replaced, answers `share` of the users while probation watches it (never stored). `since`:
-    when it became the candidate (its online figures are compared with the live version's from then on).
-    A promoted candidate is on probation until it is confirmed (`confirmed` set) or rolled back."""
+    list with the live one in every by-user answer (app/production/interleave.py). `since`: when it became
+    the candidate (its online figures are compared with the live version's from then on). A promoted
+    candidate is on probation until it is confirmed (`confirmed` set) or rolled back. (The version a
+    promotion replaced, answering beside it during probation, is not a candidate: app.choices.Holdback.)"""
 
     version: str
-    mode: Side
+    mode: Mode
     share: float
     since: float
     outcome: str | None = None  # "promoted", "retired" or "rolled_back" once the trial ended; None while it runs
@@ -75,6 +72,11 @@ class Candidate:
     @property
     def running(self) -> bool:
         return self.outcome is None
+
+    @property
+    def variant(self) -> Mode:
+        """The online side its lists are scored as: its mode."""
+        return self.mode
 
     @property
     def on_probation(self) -> bool:

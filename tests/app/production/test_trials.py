@@ -560,7 +560,7 @@ def test_a_promotion_on_probation_holds_a_share_of_the_users_back_on_the_version
         assert c.post("/admin/models/sasrec-tiny/promote", headers=ADMIN).status_code == 200
         ended = store.candidates()["sasrec-tiny"].ended
         # Both entries go on as they were: the candidate's serves as the live one, the live one's as the holdback.
-        assert loaded.models["sasrec-tiny"] is promoted and promoted.candidate is None
+        assert loaded.models["sasrec-tiny"] is promoted and promoted.role is None
         assert loaded.candidate_models["sasrec-tiny"] is replaced and not replaced.retired
         held = {u for u in USERS if in_holdback("sasrec-tiny", u, 0.25)}
         assert 0 < len(held) < len(USERS) and not any(in_canary("sasrec-tiny", u, 0.5) for u in held)
