@@ -67,8 +67,8 @@ def future_mask(release: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
 @dataclass
 class Ranked:
     indices: torch.Tensor  # (B, k) item indices, best first
-    scores: torch.Tensor  # (B, k); -inf where fewer than k candidates were left
-    n_seen: torch.Tensor  # (B,) candidates removed as already seen
+    scores: torch.Tensor  # (B, k); -inf where fewer than k items were left
+    n_seen: torch.Tensor  # (B,) items removed as already seen
     n_future: torch.Tensor  # (B,) removed as not yet released (and not seen)
     n_requested: torch.Tensor  # (B,) removed on request (and neither seen nor future)
     floor: torch.Tensor | None = None  # (B, FLOOR_K) each row's reference list (Popular.top), PAD where short
@@ -122,7 +122,7 @@ def _drop(scores: torch.Tensor, indices: torch.Tensor) -> None:
 
 @dataclass
 class Excluded:
-    scores: torch.Tensor  # (B, V): the scores with every excluded candidate at -inf
+    scores: torch.Tensor  # (B, V): the scores with every excluded item at -inf
     n_seen: torch.Tensor  # (B,)
     n_future: torch.Tensor  # (B,)
     n_requested: torch.Tensor  # (B,)
@@ -136,13 +136,13 @@ def exclude(
     requested: torch.Tensor | None,
     in_place: bool = False,
 ) -> Excluded:
-    """`scores` (B, V) with the seen, future and requested candidates at -inf, and how many each removed;
+    """`scores` (B, V) with the seen, future and requested items at -inf, and how many each removed;
     in_place: write into `scores` itself instead of a copy.
 
     seen, requested: (B, S) long, padded with PAD (whose score is already -inf), or None when no
-    row lists any (see index_rows); future: (B, V) bool or None. Candidates already at -inf
+    row lists any (see index_rows); future: (B, V) bool or None. Items already at -inf
     (padding, unknown, [MASK]) are never returned as items; each exclusion is counted only where it
-    removed a candidate the earlier ones had not. Index lists, not (B, V) masks: a few small ops in
+    removed an item the earlier ones had not. Index lists, not (B, V) masks: a few small ops in
     place of a dozen passes over (B, V), for a 54k-item catalog 1.5 ms instead of 5.8 ms for 16
     queries on one thread.
     """
@@ -171,7 +171,7 @@ def rank_sparse(
     requested: torch.Tensor | None,
     floor: Popular | None = None,
 ) -> Ranked:
-    """Top-k of `scores` (B, V) after removing the seen, future and requested candidates (exclude); with
+    """Top-k of `scores` (B, V) after removing the seen, future and requested items (exclude); with
     `floor`, each row's reference list under the same exclusions (Ranked.floor)."""
     ex = exclude(scores, seen=seen, future=future, requested=requested)
     values, indices = top_k(ex.scores, k)
@@ -195,7 +195,7 @@ class SeqRanker(Protocol):
     ) -> Ranked: ...
 
 
-# Rows at least this wide find their top-k through the maxima of blocks of BLOCK candidates.
+# Rows at least this wide find their top-k through the maxima of blocks of BLOCK items.
 BLOCKED_FROM = 65_536
 BLOCK = 256
 
