@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.histories import HistoryTableError, map_column
+from models.history_table import HistoryTableError, map_column
 from models.ids import N_SPECIAL
 
 FOLDER = "events"

@@ -23,8 +23,7 @@ from typing import Any, TypeVar
 import torch
 from pydantic import TypeAdapter, ValidationError
 
-from models import activity
-from models import histories as history_table
+from models import activity, history_table
 from models.checkpoint import CheckpointError, load_checkpoint
 from models.ids import IdMap
 from models.manifest import Manifest, ManifestError
@@ -38,7 +37,7 @@ ACTIONS = "actions.json"
 ITEM_META = "item_meta.json"
 ITEM_FIELDS = "item_fields.json"  # optional display fields: {"fields": {name: {raw item id: value}}}
 USER_META = "user_meta.json"  # social: each user's first activity (the "future" exclusion)
-HISTORIES = history_table.FOLDER  # users' final histories, memory-mapped columns (models/histories.py)
+HISTORIES = history_table.FOLDER  # users' final histories, memory-mapped columns (models/history_table.py)
 EVENTS = activity.FOLDER  # social, with recent activity: the log in time order (models/activity.py)
 OLD_HISTORIES = "histories.json"  # the earlier layout: one JSON object, parsed into every worker
 METRICS = "metrics.json"

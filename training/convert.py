@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from models import artifact
-from models.histories import HistoryColumns
+from models.history_table import HistoryColumns
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from torch import nn
 from models import artifact
 from models.activity import EventLog
 from models.checkpoint import save_checkpoint
-from models.histories import HistoryColumns
+from models.history_table import HistoryColumns
 from models.ids import IdMap
 from models.manifest import Manifest
 from training.history_shares import HistoryShares

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.histories import check_rows, hash_order, open_column, step_positions, write_extra_ids, write_values
+from models.history_table import check_rows, hash_order, open_column, step_positions, write_extra_ids, write_values
 from training.distributed import ONE_PROCESS, Dist
 
 ROUND_STEPS = 4_000_000  # steps of the table a round: rank 0 holds about this many of each step column

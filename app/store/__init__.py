@@ -1,6 +1,6 @@
 """Where live user events live: what POST /events appends after an artifact's final histories.
 
-The artifacts' own histories stay in their memory-mapped tables (models/histories.py); the store holds
+The artifacts' own histories stay in their memory-mapped tables (models/history_table.py); the store holds
 live events only, so a service start copies nothing into it. Two interfaces: `HistoryStore`
 (app/store/histories.py: the events, read by user and by span, and the users that have any) and
 `ProductionState` (app/store/state.py: pins, candidates and trials, the arrivals log, online sums),

@@ -33,7 +33,7 @@ from app.store import Event, HistoryStore, RedisStore, SQLiteStore
 from bench.servers import ROOT, free_port, start_server, stop
 from bench.serving.loadgen import drive
 from models.artifact import latest_versions, read_manifest
-from models.histories import HistoryTable
+from models.history_table import HistoryTable
 from models.ids import IdMap
 from models.queries import LIVE_EVENTS
 

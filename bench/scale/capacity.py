@@ -36,7 +36,7 @@ PER_STEP = ("items.npy", "times.npy", "actions.npy")
 
 def table_costs(artifact: Path) -> dict[str, float]:
     """Bytes per user and per step of an artifact's history table (its memory-mapped columns)."""
-    from models.histories import HistoryTable
+    from models.history_table import HistoryTable
 
     folder = artifact / "histories"
     table = HistoryTable(folder)

@@ -50,7 +50,7 @@ from bench.serving.loadgen import alternate, bodies_for
 from models.artifact import latest_versions
 from models.checkpoint import save_checkpoint
 from models.engine import EngineOptions
-from models.histories import write_table
+from models.history_table import write_table
 from models.ids import N_SPECIAL, IdMap
 from models.sasrec import SASRec, SASRecConfig
 from models.tasks import TASKS

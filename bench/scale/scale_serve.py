@@ -36,7 +36,7 @@ import numpy as np
 
 from bench.servers import free_port
 from models.artifact import latest_versions
-from models.histories import HistoryTable, write_table
+from models.history_table import HistoryTable, write_table
 from models.ids import N_SPECIAL, IdMap
 
 ROOT = Path(__file__).resolve().parents[2]

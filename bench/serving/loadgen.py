@@ -333,7 +333,7 @@ def group_cpu_seconds(pid: int) -> float:
 
 def bodies_for(artifacts: Path, model: str, n: int = 2000) -> list[dict]:
     from models.artifact import latest_versions
-    from models.histories import HistoryTable
+    from models.history_table import HistoryTable
 
     table = HistoryTable(latest_versions(artifacts)[model] / "histories")
     rng = random.Random(0)

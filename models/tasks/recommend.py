@@ -26,7 +26,7 @@ from models.engine import (
     optional_time,
     unknown_field,
 )
-from models.histories import HistoryTable
+from models.history_table import HistoryTable
 from models.ids import N_SPECIAL, PAD, IdMap
 from models.manifest import Manifest
 from models.queries import QueryError, Timeline, UnknownUserError

@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 from models import artifact
 from models.activity import Activity, EventLog, as_tensors, merge, recent_activity, stack
 from models.engine import Actions, EngineOptions, RecentActivity, optional_time
-from models.histories import HistoryTable
+from models.history_table import HistoryTable
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.manifest import Manifest
 from models.queries import QueryError, RecentEvent, Timeline, UnknownUserError

@@ -7,7 +7,7 @@ import pytest
 
 from models import activity
 from models.activity import Activity, EventLog, merge, recent_activity, stack
-from models.histories import HistoryTableError
+from models.history_table import HistoryTableError
 
 
 def _counts(a: Activity) -> dict[tuple[int, int], list[float]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.histories import HistoryTable, write_table
+from models.history_table import HistoryTable, write_table
 from tests.training.ranks import spawn_ranks
 from training import history_shares
 from training.distributed import Dist

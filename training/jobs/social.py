@@ -23,7 +23,7 @@ from torch import nn
 
 from models import artifact
 from models.activity import EventLog, as_tensors, recent_activity
-from models.histories import HistoryColumns
+from models.history_table import HistoryColumns
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.kinds import build
 from models.social import SocialBatch, SocialModel, incoming, time_buckets

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models import histories as H
+from models import history_table as H
 from models.ids import IdMap
 
 IDS = ["u1", "", "ünï €", "a,b", 'say "hi"', "two\nlines", "x" * 300, "0", "00", "u10"]
