@@ -33,7 +33,7 @@ class Manifest:
     version: str  # UTC time of the run, e.g. 20261122T111403Z
     created_at: str = ""
     format_version: int = FORMAT_VERSION
-    # The history store's namespace: the data set's name, shared by every model trained on it.
+    # The store's namespace: the data set's name, shared by every model trained on it.
     namespace: str = ""
     data: dict[str, Any] = field(default_factory=dict)  # source, sha256 and counts
     config: dict[str, Any] = field(default_factory=dict)  # the full run config

@@ -5,7 +5,7 @@ imports torch (models/engine.py is the protocol that uses them)."""
 
 from __future__ import annotations
 
-# A user's live events from the history store: (raw id, unix time or NaN, action or None), oldest first.
+# A user's live events from the store: (raw id, unix time or NaN, action or None), oldest first.
 LiveEvent = tuple[str, float, str | None]
 Timeline = list[LiveEvent]
 # Any user's live event in a namespace: (actor's raw id, target's raw id, unix time, action or None).

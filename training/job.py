@@ -50,7 +50,7 @@ class Export:
 
     files: dict[str, Any]  # file name -> IdMap or a JSON-able object
     data: dict[str, Any]  # the manifest's data section: source, sha256, counts
-    namespace: str = ""  # the history store's namespace (the data set's name)
+    namespace: str = ""  # the store's namespace (the data set's name)
     extra: dict[str, Any] = field(default_factory=dict)  # more manifest fields
     run_config: dict[str, Any] = field(default_factory=dict)  # more run_config.json fields
 

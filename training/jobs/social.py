@@ -54,7 +54,7 @@ EXPORT_BYTES_PER_EVENT_S = 16 / 50e6  # histories and the event log, at a slow d
 @dataclass
 class SocialData:
     path: str = ""  # CSV (optionally gzipped) or Parquet: src, dst, action, timestamp
-    name: str = ""  # the data set's name (the history store's namespace)
+    name: str = ""  # the data set's name (the store's namespace)
     drop_self_loops: bool = True
     valid_share: float = 0.1
     test_share: float = 0.1
