@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, SecretStr
 
 from app import bodies
+from app.catalog import CatalogView
 from app.errors import Forbidden, Unauthorized
 from app.loaded import LoadedModels, Served
 from app.observability import Metrics
@@ -54,6 +55,7 @@ class Services:
     shadows: ShadowWork | None = None  # shadow candidates' work off the response path
     production: ProductionLoop | None = None  # online scoring, shared figures, the promotion rule
     traffic: VersionTraffic = field(default_factory=VersionTraffic)  # this worker's answers per version
+    catalog: CatalogView | None = None  # hidden items and recent takes, given to every loaded engine
 
     def __post_init__(self) -> None:
         self.schemas = bounded(self.settings.limits)

@@ -84,3 +84,9 @@ class BrokenVersion(DomainError):
     """A version asked to serve (pin, rollback, candidate) does not load: nothing was changed."""
 
     status, code = 409, "broken_version"
+
+
+class TooManyHidden(DomainError):
+    """Hiding these items would take a model past the hidden items it may hold (MAX_HIDDEN)."""
+
+    status, code = 409, "too_many_hidden"

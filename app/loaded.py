@@ -108,6 +108,8 @@ class LoadedModels:
     policy: BatchPolicy = field(default_factory=BatchPolicy)
     histories: HistoryStore | None = None  # live events; dropped when an artifact trained on them loads
     on_batch: Callable[[str], Callable[[int, float], None]] | None = None  # model name -> batch observer
+    # Model name, its newly opened engine: called before the engine serves (the catalog's rules, app/catalog.py).
+    on_open: Callable[[str, Engine[Any, Any, Any]], None] | None = None
     models: dict[str, Served] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)  # "name/version" (or "name") -> public reason
     loadable: set[str] = field(default_factory=set)  # "name/version" that loaded here
@@ -448,6 +450,8 @@ class LoadedModels:
         """Load and warm one version and drop the live events it was trained on (touches no shared state:
         safe in a thread)."""
         task, engine = self._open(name, folder)
+        if self.on_open is not None:
+            self.on_open(name, engine)
         horizon = self.histories.recent_horizon_s if self.histories is not None else None
         if isinstance(engine, RecentActivity) and horizon is not None and engine.recent_reach_s > horizon:
             log.warning(

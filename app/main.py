@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
 
+from app.catalog import CatalogView
 from app.choices import VersionChoices
 from app.deps import Services
 from app.handlers import install_error_handlers
@@ -22,7 +23,7 @@ from app.observability import AccessLog, Metrics, configure_logging
 from app.production.loop import ProductionLoop
 from app.production.online import ServedLists
 from app.production.trials import ShadowWork
-from app.routers import admin, console, events, health, history, metrics, models
+from app.routers import admin, catalog, console, events, health, history, metrics, models
 from app.routers.plain import PlainRouter
 from app.routers.tasks import TaskRoute, live_route, plain_router, task_routes
 from app.schemas import bounded, components
@@ -33,6 +34,10 @@ from models.engine import EngineOptions
 
 log = logging.getLogger("app")
 DOCS_ASSETS = "/docs-assets"
+
+
+# Request bodies a route's dependency parses: their schemas are added to the document (app.schemas.components).
+BODIES = (admin.PinRequest, admin.CandidateRequest, catalog.HideRequest, catalog.UnhideRequest)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -47,6 +52,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.histories = services.state = _open_store(settings)  # one backend serves both
+        services.catalog = CatalogView(window_s=settings.fallback_window_s, min_takes=settings.fallback_min_takes)
+        services.catalog.begin(services.state)
         services.loaded = _loaded_models(settings, services)
         await _start_production(settings.loop, services)
         services.loaded.load_all(settings.artifacts_dir)
@@ -92,7 +99,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             documented = [route for hot in plain for route in hot.documented.routes]
             doc = get_openapi(title=app.title, version=app.version, routes=[*documented, *app.routes])
             doc.setdefault("components", {}).setdefault("schemas", {}).update(
-                components(services.schemas, admin.PinRequest, admin.CandidateRequest)
+                components(
+                    services.schemas,
+                    admin.PinRequest,
+                    admin.CandidateRequest,
+                    catalog.HideRequest,
+                    catalog.UnhideRequest,
+                )
             )
             app.openapi_schema = doc
         return app.openapi_schema
@@ -128,6 +141,7 @@ def _loaded_models(settings: Settings, services: Services) -> LoadedModels:
         policy=settings.batch_policy(device.type),
         histories=services.histories,
         on_batch=services.metrics.on_batch,
+        on_open=services.catalog.apply if services.catalog is not None else None,
         load_timeout_s=settings.load_timeout_s,
         choices=VersionChoices(
             probation=settings.probation.probation_s > 0, holdback_share=settings.probation.probation_holdback
@@ -185,7 +199,15 @@ def _mount_routes(app: FastAPI, settings: Settings, services: Services, routes: 
     plain = [plain_router(r, body_name=services.schemas.requests[r.name].model.__name__) for r in routes]
     for hot in plain:
         app.router.routes.extend(hot.routes)
-    for r in (events.router, history.router, models.router, health.router, metrics.router, admin.router):
+    for r in (
+        events.router,
+        history.router,
+        models.router,
+        health.router,
+        metrics.router,
+        admin.router,
+        catalog.router,
+    ):
         app.include_router(r)
     if settings.console:
         app.include_router(console.router)
@@ -217,6 +239,8 @@ async def _housekeeping(services: Services) -> None:
             if services.shadows is not None:
                 services.metrics.count_shadow(*services.shadows.take())
             await production.tick(services.settings.artifacts_dir, services.coordinator)
+            if services.catalog is not None:
+                await services.catalog.tick(services.state, services.loaded)
         except Exception:  # a bad file or a failed reload must not end the loop
             log.exception("housekeeping failed; trying again in %.1f s", services.settings.housekeeping_s)
 

@@ -266,6 +266,11 @@ class Settings(DeploymentSettings):
     )  # how long a served list waits for its user's next event
     online_max_lists: int = Field(default=200_000, ge=1)  # lists kept per worker, at most (the oldest go first)
     online_score_s: float = Field(default=0.25, gt=0)  # how often a worker scores its lists against new events
+    # A user_id a version does not know, with no live events, is answered by the fallback: the items users took
+    # over this recent window (counted by every worker from the store's arrivals), once at least
+    # fallback_min_takes were taken in it; else the artifact's most popular (a result's `source` says which).
+    fallback_window_s: float = Field(default=3600.0, gt=0, le=86400.0)
+    fallback_min_takes: int = Field(default=20, ge=0)  # takes the window needs before the fallback ranks by them
     # What a reload does with a version newer than the live one: serve it ("serve"), or try it beside the
     # live one as a "canary" (SEQSERVE_CANARY_SHARE of the users), a "shadow" or an "interleave" candidate.
     new_versions: Literal["serve", "canary", "shadow", "interleave"] = "serve"

@@ -81,10 +81,13 @@ class CoarseRanker:
         seen: torch.Tensor | None,
         future: torch.Tensor | None,
         requested: torch.Tensor | None,
+        blocked: torch.Tensor | None = None,
         floor: Popular | None = None,
     ) -> Ranked:
         q = self._queries(seq)  # (B, D')
-        ex = exclude(self.coarse_scores(q), seen=seen, future=future, requested=requested, in_place=True)
+        ex = exclude(
+            self.coarse_scores(q), seen=seen, future=future, requested=requested, blocked=blocked, in_place=True
+        )
         reference = floor.among(ex.scores) if floor is not None else None  # its -inf are the exclusions
         m = min(max(k, self.candidates), self.table.size(0))
         coarse, cand = top_k(ex.scores, m)  # (B, m), best first
@@ -119,10 +122,11 @@ class CoarseRanker:
                 seen=None if seen is None else seen[redo],
                 future=None if future is None else future[redo],
                 requested=None if requested is None else requested[redo],
+                blocked=None if blocked is None else (blocked if blocked.dim() == 1 else blocked[redo]),
             )
             values[redo], indices[redo] = again.scores, again.indices
             self.fallbacks += len(redo)
-        return Ranked(indices, values, ex.n_seen, ex.n_future, ex.n_requested, reference)
+        return Ranked(indices, values, ex.n_seen, ex.n_future, ex.n_requested, reference, ex.n_blocked)
 
 
 def _best_of(fn: Callable[[torch.Tensor], object], seq: torch.Tensor, repeats: int = 3) -> float:

@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from models.catalog import CatalogRules
 from models.manifest import Manifest
 from models.queries import COARSE_FROM, LIVE_EVENTS, RecentEvent, Timeline
 
@@ -135,6 +136,11 @@ class UserHistories(ABC, Generic[Q, R]):
         exclusions leave, models.ranking.Popular), best first: what online evaluation scores beside the
         answer as its floor."""
 
+    def source(self, result: R) -> str:
+        """Where an answer's list came from: "model", or the fallback's source for a user it does not know
+        (online evaluation scores those lists as their own segment)."""
+        return "model"
+
     @abstractmethod
     def interleaved(self, first: R, second: R, picks: Sequence[tuple[int, int]]) -> R:
         """One answer made of two answers to the same query: its i-th item is `picks[i]` = (0: `first`'s,
@@ -173,6 +179,14 @@ class UserHistories(ABC, Generic[Q, R]):
     @abstractmethod
     def fresh_items(self) -> frozenset[str]:
         """The raw ids this version knows only because a warm retrain met them in live events."""
+
+
+class Catalog(ABC):
+    """Business rules over what the engine ranks (models/catalog.py): hidden items and each query's filter
+    come out in the ranking pass, and a user the version does not know is answered from what users take
+    now. The service sets `rules`' hidden items and recent takes; the engine reads them per batch."""
+
+    rules: CatalogRules
 
 
 class ItemDisplay(ABC):

@@ -228,11 +228,15 @@ class HistoryTable:
         holds), most frequent first: the popular head a served list's items are measured against."""
         return self.by_count(n_ids, math.ceil(share * (n_ids - N_SPECIAL)))
 
+    def counts(self, n_ids: int) -> np.ndarray:
+        """(n_ids,) int64: how many steps hold each entity of the map (specials and extra ids: 0)."""
+        x = self.items[(self.items >= N_SPECIAL) & (self.items < n_ids)]
+        return np.bincount(x, minlength=n_ids)
+
     def by_count(self, n_ids: int, limit: int) -> list[int]:
         """The `limit` most frequent entities of the map's steps, most frequent first (ties by index; never
         one no step holds)."""
-        x = self.items[(self.items >= N_SPECIAL) & (self.items < n_ids)]
-        counts = np.bincount(x, minlength=n_ids)[N_SPECIAL:]
+        counts = self.counts(n_ids)[N_SPECIAL:]
         order = np.argsort(-counts, kind="stable")[:limit]
         return [int(i) + N_SPECIAL for i in order if counts[i] > 0]
 

@@ -72,6 +72,7 @@ class Ranked:
     n_future: torch.Tensor  # (B,) removed as not yet released (and not seen)
     n_requested: torch.Tensor  # (B,) removed on request (and neither seen nor future)
     floor: torch.Tensor | None = None  # (B, FLOOR_K) each row's reference list (Popular.top), PAD where short
+    n_blocked: torch.Tensor | None = None  # (B,) removed by a business rule (hidden, filtered), after the others
 
 
 FLOOR_K = 10  # a reference list's length: the online figures' K
@@ -126,6 +127,7 @@ class Excluded:
     n_seen: torch.Tensor  # (B,)
     n_future: torch.Tensor  # (B,)
     n_requested: torch.Tensor  # (B,)
+    n_blocked: torch.Tensor | None = None  # (B,); None when no rule applied
 
 
 def exclude(
@@ -134,13 +136,15 @@ def exclude(
     seen: torch.Tensor | None,
     future: torch.Tensor | None,
     requested: torch.Tensor | None,
+    blocked: torch.Tensor | None = None,
     in_place: bool = False,
 ) -> Excluded:
     """`scores` (B, V) with the seen, future and requested items at -inf, and how many each removed;
     in_place: write into `scores` itself instead of a copy.
 
     seen, requested: (B, S) long, padded with PAD (whose score is already -inf), or None when no
-    row lists any (see index_rows); future: (B, V) bool or None. Items already at -inf
+    row lists any (see index_rows); future: (B, V) bool or None; blocked: what business rules take
+    out (hidden items, a query's filter: models/catalog.py), (B, V) or (V,) bool, or None. Items already at -inf
     (padding, unknown, [MASK]) are never returned as items; each exclusion is counted only where it
     removed an item the earlier ones had not. Index lists, not (B, V) masks: a few small ops in
     place of a dozen passes over (B, V), for a 54k-item catalog 1.5 ms instead of 5.8 ms for 16
@@ -159,7 +163,12 @@ def exclude(
     if requested is not None:
         n_requested = _distinct_live(requested, masked)
         _drop(masked, requested)
-    return Excluded(masked, n_seen, n_future, n_requested)
+    n_blocked = None
+    if blocked is not None:
+        new = blocked & torch.isfinite(masked)  # (B, V), a (V,) mask broadcast over the rows
+        n_blocked = new.sum(1)
+        masked.masked_fill_(new, float("-inf"))
+    return Excluded(masked, n_seen, n_future, n_requested, n_blocked)
 
 
 def rank_sparse(
@@ -169,14 +178,15 @@ def rank_sparse(
     seen: torch.Tensor | None,
     future: torch.Tensor | None,
     requested: torch.Tensor | None,
+    blocked: torch.Tensor | None = None,
     floor: Popular | None = None,
 ) -> Ranked:
-    """Top-k of `scores` (B, V) after removing the seen, future and requested items (exclude); with
-    `floor`, each row's reference list under the same exclusions (Ranked.floor)."""
-    ex = exclude(scores, seen=seen, future=future, requested=requested)
+    """Top-k of `scores` (B, V) after removing the seen, future, requested and blocked items (exclude);
+    with `floor`, each row's reference list under the same exclusions (Ranked.floor)."""
+    ex = exclude(scores, seen=seen, future=future, requested=requested, blocked=blocked)
     values, indices = top_k(ex.scores, k)
     reference = floor.among(ex.scores) if floor is not None else None
-    return Ranked(indices, values, ex.n_seen, ex.n_future, ex.n_requested, reference)
+    return Ranked(indices, values, ex.n_seen, ex.n_future, ex.n_requested, reference, ex.n_blocked)
 
 
 class SeqRanker(Protocol):
@@ -191,6 +201,7 @@ class SeqRanker(Protocol):
         seen: torch.Tensor | None,
         future: torch.Tensor | None,
         requested: torch.Tensor | None,
+        blocked: torch.Tensor | None = None,
         floor: Popular | None = None,
     ) -> Ranked: ...
 
@@ -260,6 +271,7 @@ def recommend(
     scores: Callable[[torch.Tensor], torch.Tensor] | None = None,
     rank: SeqRanker | None = None,
     floor: Popular | None = None,
+    blocked: torch.Tensor | None = None,
 ) -> Ranked:
     """One forward pass for a batch of histories, then exclusions and top-k.
 
@@ -268,6 +280,7 @@ def recommend(
     scores: what computes model.scores (a served engine's trace, models/traced.py); None = the model.
     rank: what scores and ranks instead (models/coarse.py for wide catalogs); None = scores, then
     rank_sparse. floor: each row's reference list is added (Ranked.floor), with the same exclusions.
+    blocked: (B, V) or (V,) bool, what business rules take out (models/catalog.py).
     """
     seq = pack_histories(histories, model.max_history).to(device)
     # Rows that keep their seen items list nothing (PAD only).
@@ -278,5 +291,7 @@ def recommend(
         ref = torch.tensor([float("inf") if r is None else r for r in reference], device=device)
         fut = future_mask(release.to(device), ref)
     if rank is not None:
-        return rank(seq, k, seen=seen, future=fut, requested=req, floor=floor)
-    return rank_sparse((scores or model.scores)(seq).float(), k, seen=seen, future=fut, requested=req, floor=floor)
+        return rank(seq, k, seen=seen, future=fut, requested=req, blocked=blocked, floor=floor)
+    return rank_sparse(
+        (scores or model.scores)(seq).float(), k, seen=seen, future=fut, requested=req, blocked=blocked, floor=floor
+    )

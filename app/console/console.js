@@ -140,7 +140,7 @@ function drawOnline(data) {
 }
 
 // Per version/variant: NDCG@10 (and lists scored) by segment, and what its lists showed over the window.
-const SEGMENTS = ["users_known", "users_new", "lists_fresh", "lists_catalog"];
+const SEGMENTS = ["users_known", "users_new", "users_fallback", "lists_fresh", "lists_catalog"];
 
 function drawBreakdown(data) {
   const body = $("online-breakdown").tBodies[0];

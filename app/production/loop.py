@@ -228,7 +228,11 @@ class ProductionLoop:
         if engine is None:
             return ""
         fresh = engine.fresh_items
-        return segment_of(known_user=engine.has_history(user), fresh=bool(fresh) and not fresh.isdisjoint(served.items))
+        return segment_of(
+            known_user=engine.has_history(user),
+            fresh=bool(fresh) and not fresh.isdisjoint(served.items),
+            fallback=served.fallback,
+        )
 
     def _catalog_size(self, name: str, version: str) -> int:
         """The catalog of `version` of model `name` when it is loaded here, else the live version's."""

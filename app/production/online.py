@@ -42,6 +42,7 @@ class ServedList(NamedTuple):
     teams: str = ""  # an interleaved list's: each position's team (app/production/interleave.py)
     recommendation_id: str = ""  # an event naming it scores this list (attribution)
     floor: tuple[str, ...] = ()  # a live list's reference list (its version's popularity, the same exclusions)
+    fallback: bool = False  # a list answering a user the version does not know (not the model's): its own segment
 
 
 def score(items: Sequence[str], target: str) -> Sums:

@@ -148,8 +148,11 @@ def record(
             top = tuple(engine.ranked(r))[:CUT]
             team = teams[n][:CUT] if teams is not None else ""
             floor = tuple(engine.floor(r))[:CUT] if variant == "live" else ()
+            fallback = engine.source(r) != "model"
             lists.record(
-                namespace, user, (served.name, served.version, variant, top, now, trial_start, team, rid or "", floor)
+                namespace,
+                user,
+                (served.name, served.version, variant, top, now, trial_start, team, rid or "", floor, fallback),
             )
 
 

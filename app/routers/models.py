@@ -89,7 +89,8 @@ class OnlineResponse(BaseModel):
     totals: dict[str, OnlineFigures] = Field(description="'version/variant' -> figures over every bucket kept")
     segments: dict[str, dict[str, OnlineFigures]] = Field(
         description="'version/variant' -> segment -> figures over every bucket kept; users_known: users the "
-        "serving version's artifact held, users_new: users known from live events only; lists_fresh: lists "
+        "serving version's artifact held, users_new: users known from live events only, users_fallback: users "
+        "it did not know, answered by the fallback (a result's source); lists_fresh: lists "
         "holding an item first seen live (added by a warm retrain), lists_catalog: the others"
     )
     window_s: float = Field(description="the span `exposure` covers, up to now (SEQSERVE_ONLINE_WINDOW_S)")

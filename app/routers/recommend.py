@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.limits import Limits
 from app.routers.tasks import TaskRoute, register_route
 from app.schemas import Body, FieldName, RawId, Strict, UnixTime, queries_body
+from models.catalog import MAX_FILTER_DEPTH, MAX_FILTER_NODES, MAX_FILTER_VALUES
 from models.engine import MAX_FIELDS
 from models.tasks.recommend import RecQuery, RecResult
 
@@ -53,6 +54,25 @@ class RecommendQuery(Strict):
             "none by default; an unknown one is a 422"
         ),
     )
+    filter: dict[str, Any] | None = Field(
+        None,
+        description=(
+            "a business rule over the item fields GET /models lists and item_id: a condition "
+            '{"field": f, "any_of": [...]} (a list field: one of its values among them), '
+            '{"field": f, "none_of": [...]}, '
+            '{"field": f, "between": [low, high]} (numbers; null: open), composed with {"all": [...]}, {"any": [...]} '
+            f'and {{"not": ...}}; at most {MAX_FILTER_NODES} conditions, {MAX_FILTER_VALUES} values, nested '
+            f"{MAX_FILTER_DEPTH} deep; an unknown field or a value of the wrong type is a 422 naming it "
+            "(docs/API.md)"
+        ),
+    )
+    on_unknown: Literal["fallback", "error"] = Field(
+        "fallback",
+        description=(
+            "a user_id the model does not know, with no live events and no history: 'fallback' answers with what "
+            "users take now (else the catalog's most popular), its result's source says which; 'error' answers 404"
+        ),
+    )
 
     @model_validator(mode="after")
     def _user_or_history(self) -> RecommendQuery:
@@ -89,10 +109,16 @@ class Excluded(BaseModel):
     seen: int
     future: int
     requested: int
+    filtered: int = Field(0, description="taken out by the query's filter or because the item is hidden")
 
 
 class RecommendResult(BaseModel):
     user_id: str | None
+    source: Literal["model", "popular_recent", "popular"] = Field(
+        "model",
+        description="where the list came from: the model, or for a user it does not know what users took over "
+        "the recent window (popular_recent) or the catalog's most popular (popular)",
+    )
     items: list[ScoredItem]
     unknown_items: list[str]
     excluded: Excluded
@@ -144,6 +170,8 @@ def to_query(q: RecommendQuery) -> RecQuery:
         exclude_items=q.exclude_items,
         as_of=q.as_of,
         fields=list(q.fields),  # as sent: an error's index is the request's (answers list each field once)
+        filter=q.filter,
+        on_unknown=q.on_unknown,
     )
 
 
@@ -154,6 +182,7 @@ def result_json(r: RecResult) -> dict[str, object]:
             item["fields"] = values
     return {
         "user_id": r.user_id,
+        "source": r.source,
         "items": items,
         "unknown_items": r.unknown_items,
         "excluded": r.excluded,

@@ -33,10 +33,12 @@ from app.store.redis_store import RedisStore
 from app.store.sqlite_store import SQLiteStore
 from app.store.state import (
     EXPOSURE_BUCKET_S,
+    MAX_HIDDEN,
     Arrival,
     Candidate,
     Exposure,
     ExposureKey,
+    HiddenItem,
     Mode,
     OnlineKey,
     ProductionState,
@@ -52,12 +54,14 @@ from models.queries import LIVE_EVENTS
 
 __all__ = [
     "EXPOSURE_BUCKET_S",
+    "MAX_HIDDEN",
     "RECENT_KEEP_S",
     "Arrival",
     "Candidate",
     "Event",
     "Exposure",
     "ExposureKey",
+    "HiddenItem",
     "HistoryStore",
     "Mode",
     "OnlineKey",

@@ -34,6 +34,7 @@ from app.store.state import (
     Candidate,
     Exposure,
     ExposureKey,
+    HiddenItem,
     OnlineKey,
     ProductionState,
     RetrainRecord,
@@ -468,6 +469,25 @@ class RedisStore(HistoryStore, ProductionState):
     def set_pin(self, name: str, version: str | None) -> None:
         key = self._shared("pins")
         self._call(lambda: self.r.hdel(key, name) if version is None else self.r.hset(key, name, version))
+
+    def hide(self, name: str, items: Mapping[str, HiddenItem]) -> int:
+        key = self._of_model(name, "hidden")
+
+        def do() -> int:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.hset(key, mapping={item: h.to_json() for item, h in items.items()})
+            pipe.hlen(key)
+            return int(pipe.execute()[-1])
+
+        return int(self._call(do))
+
+    def unhide(self, name: str, items: Sequence[str]) -> int:
+        key = self._of_model(name, "hidden")
+        return int(self._call(lambda: self.r.hdel(key, *items))) if items else 0
+
+    def hidden(self, name: str) -> dict[str, HiddenItem]:
+        found = self._call(lambda: self.r.hgetall(self._of_model(name, "hidden")))
+        return {str(item): HiddenItem.from_json(spec) for item, spec in found.items()}
 
     def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:
         key = self._shared("arrivals")

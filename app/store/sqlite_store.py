@@ -35,6 +35,7 @@ from app.store.state import (
     Candidate,
     Exposure,
     ExposureKey,
+    HiddenItem,
     OnlineKey,
     ProductionState,
     RetrainRecord,
@@ -87,6 +88,8 @@ class SQLiteStore(HistoryStore, ProductionState):
         PRIMARY KEY (ns, event_id)) WITHOUT ROWID;
     -- The version an admin pinned per model name (absent: the newest that loads).
     CREATE TABLE IF NOT EXISTS pins (name TEXT PRIMARY KEY, version TEXT NOT NULL, at REAL NOT NULL);
+    CREATE TABLE IF NOT EXISTS hidden (name TEXT NOT NULL, item TEXT NOT NULL, spec TEXT NOT NULL,
+        PRIMARY KEY (name, item));
     -- Own events in the order they were stored, for online evaluation (kept ARRIVALS_KEEP_S).
     CREATE TABLE IF NOT EXISTS arrivals (seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,
         user TEXT NOT NULL, item TEXT NOT NULL, at REAL NOT NULL, recommendation_id TEXT);
@@ -406,6 +409,32 @@ class SQLiteStore(HistoryStore, ProductionState):
                 _write_pin(conn, name, version)
 
         self._write(do)
+
+    def hide(self, name: str, items: Mapping[str, HiddenItem]) -> int:
+        def do(conn: sqlite3.Connection) -> int:
+            conn.executemany(
+                "INSERT INTO hidden (name, item, spec) VALUES (?, ?, ?) ON CONFLICT (name, item) DO UPDATE SET"
+                " spec = excluded.spec",
+                ((name, item, h.to_json()) for item, h in items.items()),
+            )
+            return int(conn.execute("SELECT COUNT(*) FROM hidden WHERE name = ?", (name,)).fetchone()[0])
+
+        return self._write(do)
+
+    def unhide(self, name: str, items: Sequence[str]) -> int:
+        def do(conn: sqlite3.Connection) -> int:
+            before = conn.total_changes
+            conn.executemany("DELETE FROM hidden WHERE name = ? AND item = ?", ((name, i) for i in items))
+            return conn.total_changes - before
+
+        return self._write(do)
+
+    def hidden(self, name: str) -> dict[str, HiddenItem]:
+        def do(conn: sqlite3.Connection) -> dict[str, HiddenItem]:
+            rows = conn.execute("SELECT item, spec FROM hidden WHERE name = ?", (name,)).fetchall()
+            return {item: HiddenItem.from_json(spec) for item, spec in rows}
+
+        return self._read(do)
 
     def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:
         if cursor is None:

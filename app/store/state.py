@@ -30,10 +30,12 @@ Mode = Literal["canary", "shadow", "interleave"]  # a trial's: what an admin or 
 Variant = Literal["live", "canary", "shadow", "interleave", "holdback", "floor"]
 
 
-def segment_of(*, known_user: bool, fresh: bool) -> str:
-    """A served list's segment: whether the serving version's artifact held its user ("known") or the user
-    is known from live events only ("new"), and whether it holds an item first seen live ("+fresh")."""
-    return ("known" if known_user else "new") + ("+fresh" if fresh else "")
+def segment_of(*, known_user: bool, fresh: bool, fallback: bool = False) -> str:
+    """A served list's segment: whether the serving version's artifact held its user ("known"), the user
+    is known from live events only ("new"), or the version did not know the user and a fallback answered
+    ("fallback"); and whether it holds an item first seen live ("+fresh")."""
+    users = "fallback" if fallback else "known" if known_user else "new"
+    return users + ("+fresh" if fresh else "")
 
 
 def segment_parts(segment: str) -> tuple[str, str] | None:
@@ -45,8 +47,8 @@ def segment_parts(segment: str) -> tuple[str, str] | None:
 
 
 def segment_groups(segment: str) -> tuple[str, str] | None:
-    """The groups a segment's lists are shown in, one of users and one of lists: users_known or users_new,
-    lists_fresh or lists_catalog."""
+    """The groups a segment's lists are shown in, one of users and one of lists: users_known, users_new or
+    users_fallback, lists_fresh or lists_catalog."""
     parts = segment_parts(segment)
     return None if parts is None else (f"users_{parts[0]}", f"lists_{parts[1]}")
 
@@ -150,6 +152,29 @@ def probation_key(spec: str | None) -> float:
         return -1.0
     cand = Candidate.from_json(spec)
     return cand.ended if cand.outcome == "promoted" and cand.ended is not None else -1.0
+
+
+@dataclass(frozen=True)
+class HiddenItem:
+    """An item taken out of every answer of a model (POST /admin/models/{name}/items/hide) until it is unhidden
+    or `until` passes (None: until unhidden)."""
+
+    until: float | None
+    reason: str
+    at: float  # when it was hidden
+
+    def to_json(self) -> str:
+        return json.dumps({"until": self.until, "reason": self.reason, "at": self.at})
+
+    @classmethod
+    def from_json(cls, text: str) -> HiddenItem:
+        raw = json.loads(text)
+        until = raw.get("until")
+        return cls(None if until is None else float(until), str(raw.get("reason", "")), float(raw["at"]))
+
+
+# Items one model may hold hidden at once: each worker reads them every housekeeping tick.
+MAX_HIDDEN = 100_000
 
 
 @dataclass(frozen=True)
@@ -317,6 +342,19 @@ class ProductionState(Store):
     @abstractmethod
     def set_pin(self, name: str, version: str | None) -> None:
         """Pin `name` to `version`, durably; None removes the pin (back to the newest that loads)."""
+
+    @abstractmethod
+    def hide(self, name: str, items: Mapping[str, HiddenItem]) -> int:
+        """Hide these items of model `name` (a hidden one is updated), durably; every worker and host sharing
+        the store reads them; -> how many `name` holds hidden now."""
+
+    @abstractmethod
+    def unhide(self, name: str, items: Sequence[str]) -> int:
+        """Show these items again; -> how many were hidden."""
+
+    @abstractmethod
+    def hidden(self, name: str) -> dict[str, HiddenItem]:
+        """Model `name`'s hidden items, those whose `until` passed included (readers skip them)."""
 
     @abstractmethod
     def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -14,11 +15,13 @@ from pydantic import TypeAdapter
 
 from models import artifact
 from models.base import SequentialRecommender
+from models.catalog import CatalogRules, FieldValue, FilterError, ItemFields, Node
 from models.coarse import wide_ranker
 from models.engine import (
     FIELD_NAME,
     HEAD_SHARE,
     MAX_FIELDS,
+    Catalog,
     Engine,
     EngineOptions,
     ItemDisplay,
@@ -36,7 +39,10 @@ from models.ranking import (
     Popular,
     Ranked,
     SeqRanker,
+    future_mask,
+    index_rows,
     pack_histories,
+    rank_sparse,
     recommend,
     reference_value,
     release_tensor,
@@ -48,8 +54,6 @@ from models.warm import first_seen_live
 Step = tuple[str, float | None, str | None]
 
 _ITEM_META: TypeAdapter[dict[str, object]] = TypeAdapter(dict[str, object])
-FieldValue = str | float | list[str]
-ItemFields = dict[str, dict[str, FieldValue]]  # field name -> raw item id -> value
 _ITEM_FIELDS: TypeAdapter[dict[str, ItemFields]] = TypeAdapter(dict[str, ItemFields])
 _RELEASE: TypeAdapter[dict[str, float]] = TypeAdapter(dict[str, float])
 
@@ -130,6 +134,16 @@ class RecQuery:
     exclude_items: list[str] = field(default_factory=list)
     as_of: float | None = None
     fields: list[str] = field(default_factory=list)  # display fields to return with each item
+    filter: object = None  # a business rule over the item fields (models/catalog.py), as the query sent it
+    # A user_id the version does not know, with no live events and no history given: "fallback" answers
+    # from what users take now (or the catalog's popularity), "error" raises UnknownUserError.
+    on_unknown: str = "fallback"
+
+
+WARM_UP_USER = "\x00warm-up"  # a user no table holds: warm_up runs the fallback with it
+
+# Where an answer's list came from: the model, or a fallback for a user it does not know.
+SOURCES = ("model", "popular_recent", "popular")
 
 
 @dataclass
@@ -143,6 +157,8 @@ class Prepared:
     unknown: list[str]
     reference: float | None  # in the release unit; None = no future exclusion
     extra: object = None  # task-specific tensors' inputs (e.g. actions and times)
+    filter: Node | None = None  # the query's filter, checked against the model's fields
+    fallback: bool = False  # an unknown user: ranked by the fallback, not the model
 
 
 @dataclass
@@ -154,18 +170,45 @@ class RecResult:
     history_truncated: bool = False  # longer than the model reads: the most recent items were used
     fields: list[dict[str, FieldValue]] | None = None  # per item, when the query asked for fields
     floor: list[str] = field(default_factory=list)  # its reference list (models.ranking.Popular): never shown
+    source: str = "model"  # one of SOURCES
 
 
-def check_query(q: RecQuery, position: int, *, fields: ItemFields) -> None:
-    """What the schema cannot know: k, and the field names this model's artifact has."""
+def check_query(q: RecQuery, position: int, *, fields: ItemFields, rules: CatalogRules) -> Node | None:
+    """What the schema cannot know: k, the field names this model's artifact has, and the filter over
+    them (-> the filter, parsed)."""
     if q.k < 1:
         raise QueryError("k must be at least 1", position=position, field=("k",))
     bad = unknown_field(q.fields, fields)
     if bad is not None:
         raise QueryError(bad[1], position=position, field=("fields", bad[0]))
+    if q.filter is None:
+        return None
+    try:
+        return rules.parse(q.filter)
+    except FilterError as exc:
+        raise QueryError(str(exc), position=position, field=("filter", *exc.path)) from None
 
 
-class UserQueryEngine(Engine[RecQuery, Prepared, RecResult], UserHistories[RecQuery, RecResult]):
+def unknown_user(
+    q: RecQuery, position: int, *, requested: list[int], reference: float | None, rule: Node | None
+) -> Prepared:
+    """An unknown user's query with nothing to read: the fallback's (its own exclusions and filter kept),
+    or UnknownUserError where the query asked for it."""
+    if q.on_unknown == "error":
+        raise UnknownUserError(q.user_id or "", position)
+    return Prepared(
+        query=q,
+        history=[],
+        exclude_seen=False,
+        requested=requested,
+        unknown=[],
+        reference=reference,
+        filter=rule,
+        fallback=True,
+    )
+
+
+class UserQueryEngine(Engine[RecQuery, Prepared, RecResult], UserHistories[RecQuery, RecResult], Catalog):
     """An engine of the /recommend route: per-user live histories in the manifest's namespace."""
 
     live_events: int
@@ -193,10 +236,53 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult], UserHistories[RecQu
     def floor(self, result: RecResult) -> list[str]:
         return result.floor
 
+    def source(self, result: RecResult) -> str:
+        return result.source
+
     @cached_property
     def popular(self) -> Popular:
         """The reference lists' head (computed at load, by warm_up: a pass over the table's steps)."""
         return Popular.of(self.histories.by_count(len(self.entity_ids), FLOOR_HEAD), self.device)
+
+    @cached_property
+    def popular_scores(self) -> torch.Tensor:
+        """(V,) float: how often each entity appears in the artifact's histories, specials at -inf: the
+        fallback's ranking when no recent takes are counted (computed at load, by warm_up)."""
+        counts = torch.from_numpy(self.histories.counts(len(self.entity_ids))).float()
+        counts[:N_SPECIAL] = float("-inf")
+        return counts.to(self.device)
+
+    def future(self, batch: Sequence[Prepared]) -> torch.Tensor | None:
+        """(B, V) bool: what is not released yet at each row's reference time; None: nothing to exclude."""
+        return None
+
+    def infer(self, batch: list[Prepared]) -> list[RecResult]:
+        """The model's rows in one forward pass, an unknown user's rows ranked by the fallback (no model call)."""
+        with torch.inference_mode():
+            if not any(p.fallback for p in batch):
+                return self.results(batch, self.run(batch))
+            own = [p for p in batch if not p.fallback]
+            mine = iter(self.results(own, self.run(own)) if own else [])
+            others = [p for p in batch if p.fallback]
+            ranked, source = self.fallback_ranked(others)
+            theirs = iter([replace(r, source=source) for r in self.results(others, ranked)])
+            return [next(theirs) if p.fallback else next(mine) for p in batch]
+
+    def fallback_ranked(self, batch: list[Prepared]) -> tuple[Ranked, str]:
+        """Rows ranked by what users take now (when enough was taken recently) or by the artifact's
+        popularity, with their exclusions, filters and hidden items; -> the ranking and its source."""
+        recent = self.rules.recent
+        scores = recent if recent is not None else self.popular_scores
+        out = rank_sparse(
+            scores.expand(len(batch), -1),
+            max(p.query.k for p in batch),
+            seen=None,
+            future=self.future(batch),
+            requested=index_rows([p.requested for p in batch], self.device),
+            blocked=self.rules.blocked([p.filter for p in batch]),
+            floor=self.popular,
+        )
+        return out, "popular" if recent is None else "popular_recent"
 
     def interleaved(self, first: RecResult, second: RecResult, picks: Sequence[tuple[int, int]]) -> RecResult:
         both = (first, second)
@@ -251,6 +337,7 @@ class RecEngine(UserQueryEngine, ItemDisplay):
             if self.rank is not None:
                 self.scoring = f"{how} query, {ranking}"
         self.release = release_tensor(art.items.raws(), art.release).to(self.device) if art.release_unit else None
+        self.rules = CatalogRules(art.items, art.fields, self.device)
 
     @property
     def catalog_size(self) -> int:
@@ -296,13 +383,25 @@ class RecEngine(UserQueryEngine, ItemDisplay):
         """Map raw ids to indices; raises UnknownUserError naming the query. Cheap: no model call."""
         return [self._prepare(q, n, live.get(q.user_id, []) if q.user_id else []) for n, q in enumerate(queries)]
 
+    def _reference(self, q: RecQuery, when: float | None) -> float | None:
+        """The row's reference time in the release unit, from `when` (the query's as_of wins); None: no
+        future exclusion."""
+        if not q.exclude_future or not self.art.release_unit:
+            return None
+        when = q.as_of if q.as_of is not None else when
+        return reference_value(when, self.art.release_unit) if when is not None else None
+
     def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
-        check_query(q, position, fields=self.art.fields)
+        rule = check_query(q, position, fields=self.art.fields, rules=self.rules)
+        requested = [x for x in self.art.items.indices(q.exclude_items) if x >= N_SPECIAL]
         stored: tuple[list[int], float | None, tuple[int, int]] = ([], None, (0, 0))
         if q.user_id is not None:
             found = self._stored(q.user_id)
             if found is None and not q.history and not live:
-                raise UnknownUserError(q.user_id, position)
+                # Nothing to read: a visitor is released-for as of now.
+                return unknown_user(
+                    q, position, requested=requested, reference=self._reference(q, time.time()), rule=rule
+                )
             stored = found or stored
         if live and stored[1] is not None:
             live = self._unheld(live, stored[1], stored[2])
@@ -310,19 +409,22 @@ class RecEngine(UserQueryEngine, ItemDisplay):
         given = self.art.items.indices([i for i, _ in events])
         # Only the query's own ids: stored and live steps are never echoed (docs/decisions/private-histories.md).
         unknown = [i for (i, _, _), x in zip(q.history, given[len(live) :], strict=True) if x < N_SPECIAL]
-        ref = None
-        if q.exclude_future and self.art.release_unit:
-            times = [t for _, t in events if t is not None] + ([stored[1]] if stored[1] is not None else [])
-            when = q.as_of if q.as_of is not None else (max(times) if times else None)
-            ref = reference_value(when, self.art.release_unit) if when is not None else None
+        times = [t for _, t in events if t is not None] + ([stored[1]] if stored[1] is not None else [])
         return Prepared(
             query=q,
             history=stored[0] + [x for x in given if x >= N_SPECIAL],
             exclude_seen=self.exclude_seen_default if q.exclude_seen is None else q.exclude_seen,
-            requested=[x for x in self.art.items.indices(q.exclude_items) if x >= N_SPECIAL],
+            requested=requested,
             unknown=list(dict.fromkeys(unknown)),
-            reference=ref,
+            reference=self._reference(q, max(times) if times else None),
+            filter=rule,
         )
+
+    def future(self, batch: Sequence[Prepared]) -> torch.Tensor | None:
+        if self.release is None or all(p.reference is None for p in batch):
+            return None
+        ref = torch.tensor([math.inf if p.reference is None else p.reference for p in batch], device=self.device)
+        return future_mask(self.release, ref)
 
     def _examples(self) -> list[torch.Tensor]:
         rows = example_rows(N_SPECIAL, N_SPECIAL + self.art.items.n_entities, max_len=self.model.max_history)
@@ -342,6 +444,7 @@ class RecEngine(UserQueryEngine, ItemDisplay):
             scores=self.scores,
             rank=self.rank,
             floor=self.popular,
+            blocked=self.rules.blocked([p.filter for p in batch]),
         )
 
     def results(self, batch: list[Prepared], output: Ranked) -> list[RecResult]:
@@ -350,7 +453,8 @@ class RecEngine(UserQueryEngine, ItemDisplay):
         )
 
     def warm_up(self) -> None:
-        self.answer([RecQuery(None, [(self.art.items.raw(N_SPECIAL) or "", None, None)], k=1)])
+        # A history, and a visitor the table does not hold (the fallback's counts are taken at load too).
+        self.answer([RecQuery(None, [(self.art.items.raw(N_SPECIAL) or "", None, None)], k=1), RecQuery(WARM_UP_USER)])
 
 
 def ranked_results(
@@ -364,20 +468,21 @@ def ranked_results(
     """Ranked indices and counts -> raw ids and scores per query (a query's own k of the batch's top-k)."""
     idx = output.indices.cpu().tolist()
     scores = output.scores.float().cpu().tolist()
-    counts = torch.stack([output.n_seen, output.n_future, output.n_requested], 1).cpu().tolist()
+    blocked = output.n_blocked if output.n_blocked is not None else torch.zeros_like(output.n_seen)
+    counts = torch.stack([output.n_seen, output.n_future, output.n_requested, blocked], 1).cpu().tolist()
     floors = output.floor.cpu().tolist() if output.floor is not None else [[] for _ in batch]
     out = []
     for row, p in enumerate(batch):
         kq = p.query.k
         items = [(str(raw(i)), s) for i, s in zip(idx[row][:kq], scores[row][:kq], strict=True) if s != -math.inf]
-        seen, fut, req = counts[row]
+        seen, fut, req, rules = counts[row]
         asked = p.query.fields
         out.append(
             RecResult(
                 p.query.user_id,
                 items,
                 p.unknown,
-                {"seen": seen, "future": fut, "requested": req},
+                {"seen": seen, "future": fut, "requested": req, "filtered": rules},
                 len(p.history) > max_history,
                 fields=describe([i for i, _ in items], asked, fields or {}) if asked else None,
                 floor=[r for i in floors[row] if i != PAD and (r := raw(i)) is not None],

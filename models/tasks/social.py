@@ -13,6 +13,7 @@ its incoming step to the target's timeline too (`received_step`).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,14 +24,24 @@ from pydantic import TypeAdapter
 
 from models import artifact
 from models.activity import Activity, EventLog, as_tensors, merge, recent_activity, stack
+from models.catalog import CatalogRules
 from models.engine import Actions, EngineOptions, RecentActivity, optional_time
 from models.history_table import HistoryTable
 from models.ids import N_SPECIAL, UNK, IdMap
 from models.manifest import Manifest
-from models.queries import QueryError, RecentEvent, Timeline, UnknownUserError
+from models.queries import QueryError, RecentEvent, Timeline
 from models.ranking import Ranked, future_mask, index_rows, rank_sparse, release_tensor
 from models.social import SocialBatch, SocialModel, incoming, is_incoming, pack_steps
-from models.tasks.recommend import Prepared, RecQuery, RecResult, UserQueryEngine, check_query, ranked_results
+from models.tasks.recommend import (
+    WARM_UP_USER,
+    Prepared,
+    RecQuery,
+    RecResult,
+    UserQueryEngine,
+    check_query,
+    ranked_results,
+    unknown_user,
+)
 from models.traced import example_rows, serving_scores
 
 _FIRST: TypeAdapter[dict[str, float]] = TypeAdapter(dict[str, float])
@@ -100,6 +111,7 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
         self.two_way = any(is_incoming(a) for a in art.actions.raws())
         # Per action index: whether it is an incoming step (never a user the actor interacted with).
         self.incoming = np.array([False] * N_SPECIAL + [is_incoming(a) for a in art.actions.raws()], dtype=bool)
+        self.rules = CatalogRules(art.users, {}, self.device)  # no fields: the ids themselves may be filtered
 
     @property
     def catalog_size(self) -> int:
@@ -153,16 +165,21 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
         return [self._prepare(q, n, live.get(q.user_id, []) if q.user_id else []) for n, q in enumerate(queries)]
 
     def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
-        check_query(q, position, fields={})  # no item fields: users are what it ranks
+        rule = check_query(q, position, fields={}, rules=self.rules)  # no item fields: users are what it ranks
         for j, (_, _, action) in enumerate(q.history):
             problem = self.check_step(action)
             if problem:
                 raise QueryError(problem, position=position, field=("history", j, "action"))
         stored: tuple[list[tuple[int, int, float]], list[int]] = ([], [])
+        requested = [x for x in self.art.users.indices(q.exclude_items) if x >= N_SPECIAL]
         if q.user_id is not None:
             found = self._stored(q.user_id)
             if found is None and not q.history and not live:
-                raise UnknownUserError(q.user_id, position)
+                # The users most contacted recently; not yet active ones stay out as of now.
+                now = q.as_of if q.as_of is not None else time.time()
+                return unknown_user(
+                    q, position, requested=requested, reference=now if q.exclude_future else None, rule=rule
+                )
             stored = found or stored
         stored_last = stored[0][-1][2] if stored[0] else None
         events = [(i, optional_time(t), a) for i, t, a in live] + list(q.history)
@@ -181,7 +198,6 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
             | {x for x, (_, _, a) in zip(given, events, strict=True) if x >= N_SPECIAL and not is_incoming(a)}
         )
         actor = self.art.users.index(q.user_id) if q.user_id is not None else UNK
-        requested = [x for x in self.art.users.indices(q.exclude_items) if x >= N_SPECIAL]
         return Prepared(
             query=q,
             history=seen,
@@ -193,13 +209,20 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
             ),
             reference=when if q.exclude_future else None,
             extra=SocialExtra(steps, query_time),
+            filter=rule,
         )
+
+    def future(self, batch: Sequence[Prepared]) -> torch.Tensor | None:
+        ref = torch.tensor([math.inf if p.reference is None else p.reference for p in batch], device=self.device)
+        return future_mask(self.first, ref)
 
     def recent_span(self, prepared: Sequence[Prepared]) -> tuple[float, float] | None:
         windows = self.model.config.activity
         if not windows or not prepared:
             return None
         times = [p.extra.query_time for p in prepared if isinstance(p.extra, SocialExtra)]
+        if not times:  # unknown users alone: the fallback reads no activity
+            return None
         return min(times) - max(windows), max(times)
 
     @property
@@ -301,13 +324,13 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
         b = b.to(self.device)
         scores = self.scores(b).float()
         seen = index_rows([p.history if p.exclude_seen else [] for p in batch], self.device)
-        ref = torch.tensor([math.inf if p.reference is None else p.reference for p in batch], device=self.device)
         return rank_sparse(
             scores,
             max(p.query.k for p in batch),
             seen=seen,
-            future=future_mask(self.first, ref),
+            future=self.future(batch),
             requested=index_rows([p.requested for p in batch], self.device),
+            blocked=self.rules.blocked([p.filter for p in batch]),
             floor=self.popular,
         )
 
@@ -316,4 +339,4 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
 
     def warm_up(self) -> None:
         some = self.art.users.raw(N_SPECIAL) or ""
-        self.answer([RecQuery(None, [(some, None, self.art.actions.raw(N_SPECIAL))], k=1)])
+        self.answer([RecQuery(None, [(some, None, self.art.actions.raw(N_SPECIAL))], k=1), RecQuery(WARM_UP_USER)])

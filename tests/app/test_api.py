@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,7 +110,7 @@ def test_flags_history_requested_and_unknown_items(client: TestClient) -> None:
     items = {i["item_id"] for i in res["items"]}
     assert res["user_id"] is None and res["unknown_items"] == ["nope"]
     assert items == {str(i) for i in range(10, 40)} - {"12", "13", "14", "15"}  # k beyond candidates
-    assert res["excluded"] == {"seen": 2, "future": 0, "requested": 2}
+    assert res["excluded"] == {"seen": 2, "future": 0, "requested": 2, "filtered": 0}
     q2 = {**q, "exclude_seen": False, "exclude_items": []}
     res2 = _post(client, {"queries": [q2]})[1]["results"][0]
     assert {"12", "13"} <= {i["item_id"] for i in res2["items"]}
@@ -138,8 +139,28 @@ def test_many_queries_one_request_keep_order(client: TestClient) -> None:
     assert [i["score"] for i in single["items"]] == pytest.approx([i["score"] for i in batched["items"]], abs=1e-5)
 
 
-def test_unknown_user_is_404_naming_it(client: TestClient) -> None:
-    status, body = _post(client, {"queries": [{"user_id": "u1"}, {"user_id": "ghost"}]})
+def test_a_visitor_in_a_batch_of_known_users_gets_the_popular_items(client: TestClient, tiny_artifacts: Path) -> None:
+    """The fallback: the artifact's most frequent items (counted here from its users' timelines), with the
+    visitor's own exclusions, while the known user beside it is answered by the model."""
+    art = load_rec_artifact(latest_versions(tiny_artifacts)["sasrec-tiny"])
+    counts = Counter(i for u in art.histories.users() for i, _, _ in art.histories.timeline(u, art.items))
+    top = max(counts, key=lambda i: counts[i])
+    queries = [{"user_id": "u1", "k": 3}, {"user_id": "ghost", "k": 5, "exclude_future": False, "exclude_items": [top]}]
+    status, body = _post(client, {"queries": queries})
+    assert status == 200, body
+    known, ghost = body["results"]
+    assert known["source"] == "model" and ghost["source"] == "popular" and ghost["user_id"] == "ghost"
+    assert top not in {i["item_id"] for i in ghost["items"]} and ghost["excluded"]["requested"] == 1
+    assert all(i["score"] == counts[i["item_id"]] for i in ghost["items"])
+    rest = sorted((n for i, n in counts.items() if i != top), reverse=True)
+    assert [i["score"] for i in ghost["items"]] == rest[:5]
+    # A future item is not offered to a visitor either: they are "as of now" unless as_of says otherwise.
+    then = _post(client, {"queries": [{"user_id": "ghost", "k": 30, "as_of": 631152000}]})[1]["results"][0]
+    assert then["excluded"]["future"] > 0 and then["source"] == "popular"
+
+
+def test_a_query_may_ask_for_the_404_of_an_unknown_user(client: TestClient) -> None:
+    status, body = _post(client, {"queries": [{"user_id": "u1"}, {"user_id": "ghost", "on_unknown": "error"}]})
     assert status == 404
     assert body["error"]["code"] == "unknown_user" and "ghost" in body["error"]["message"]
     assert body["error"]["details"][0]["loc"] == ["body", "queries", 1, "user_id"]

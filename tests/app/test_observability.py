@@ -67,7 +67,10 @@ def test_metrics_show_batches_above_one_under_concurrency(tiny_artifacts: Path) 
                 rs = await asyncio.gather(*[c.post("/recommend", json=b) for b in bodies])
                 assert all(r.status_code == 200 for r in rs)
                 await c.post("/recommend", json={"queries": []})
-                unknown = await c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "nobody"}]})
+                unknown = await c.post(
+                    "/recommend",
+                    json={"model": "sasrec-tiny", "queries": [{"user_id": "nobody", "on_unknown": "error"}]},
+                )
                 assert unknown.status_code == 404
                 return (await c.get("/metrics")).text
 

@@ -1,0 +1,136 @@
+"""A catalog's items taken out of every answer: hide and unhide (admin), and the list of what is hidden."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, Field
+
+from app.deps import AdminKey, Services, ServicesDep, parse_body
+from app.errors import StoreUnavailable, TooManyHidden, UnknownModel
+from app.routers.docs import body_doc, errors
+from app.schemas import ModelNamePath, RawId, Strict, UnixTime
+from app.store import MAX_HIDDEN, HiddenItem, ProductionState, StoreError
+
+MAX_HIDE = 1000  # ids per call
+
+
+class HideRequest(Strict):
+    item_ids: list[RawId] = Field(min_length=1, max_length=MAX_HIDE)
+    until: UnixTime | None = Field(None, description="shown again after this; default: until unhidden")
+    reason: str = Field("", max_length=200, description="kept with the items, for whoever lists them")
+
+
+class UnhideRequest(Strict):
+    item_ids: list[RawId] = Field(min_length=1, max_length=MAX_HIDE)
+
+
+class HiddenInfo(BaseModel):
+    item_id: str
+    until: float | None
+    reason: str
+    hidden_at: float
+
+
+class HiddenChange(BaseModel):
+    name: str
+    changed: int = Field(description="items hidden (or updated) by this call; for unhide, shown again")
+    hidden: int = Field(description="items of the model hidden now")
+
+
+class HiddenList(BaseModel):
+    name: str
+    items: list[HiddenInfo] = Field(description="hidden now, newest first (those whose `until` passed are left out)")
+
+
+async def hide_body(request: Request) -> HideRequest:
+    return await parse_body(request, HideRequest)
+
+
+async def unhide_body(request: Request) -> UnhideRequest:
+    return await parse_body(request, UnhideRequest)
+
+
+router = APIRouter(tags=["catalog"])
+
+
+@router.post(
+    "/admin/models/{name}/items/hide",
+    response_model=HiddenChange,
+    openapi_extra=body_doc("HideRequest"),
+    responses=errors(401, 403, 404, 409, 422, 503),
+    dependencies=[AdminKey],
+)
+async def hide(
+    services: ServicesDep, name: ModelNamePath, body: Annotated[HideRequest, Depends(hide_body)]
+) -> HiddenChange:
+    """Take items out of every answer of `name` (every version, candidate, shadow and interleaved list, and
+    /similar-items), on every worker and host sharing the store within one housekeeping tick. Retraining
+    keeps them in the data; they stay hidden until unhidden (or `until`)."""
+    state = _state(services, name)
+    now = time.time()
+    items = {i: HiddenItem(body.until, body.reason, now) for i in dict.fromkeys(body.item_ids)}
+    try:
+        held = await asyncio.to_thread(state.hidden, name)
+        if len(set(held) | set(items)) > MAX_HIDDEN:
+            raise TooManyHidden(f"model {name!r} would hold more than {MAX_HIDDEN} hidden items", ["body", "item_ids"])
+        total = await asyncio.to_thread(state.hide, name, items)
+    except StoreError:
+        raise StoreUnavailable("store unavailable: the items could not be hidden; retry shortly") from None
+    await _refresh(services, name)
+    return HiddenChange(name=name, changed=len(items), hidden=total)
+
+
+@router.post(
+    "/admin/models/{name}/items/unhide",
+    response_model=HiddenChange,
+    openapi_extra=body_doc("UnhideRequest"),
+    responses=errors(401, 403, 404, 422, 503),
+    dependencies=[AdminKey],
+)
+async def unhide(
+    services: ServicesDep, name: ModelNamePath, body: Annotated[UnhideRequest, Depends(unhide_body)]
+) -> HiddenChange:
+    """Show items of `name` again."""
+    state = _state(services, name)
+    try:
+        gone = await asyncio.to_thread(state.unhide, name, list(dict.fromkeys(body.item_ids)))
+        left = len(await asyncio.to_thread(state.hidden, name))
+    except StoreError:
+        raise StoreUnavailable("store unavailable: the items could not be shown again; retry shortly") from None
+    await _refresh(services, name)
+    return HiddenChange(name=name, changed=gone, hidden=left)
+
+
+@router.get("/models/{name}/items/hidden", response_model=HiddenList, responses=errors(404, 422, 503))
+async def hidden(services: ServicesDep, name: ModelNamePath) -> HiddenList:
+    """The items of `name` taken out of its answers now."""
+    state = _state(services, name)
+    try:
+        found = await asyncio.to_thread(state.hidden, name)
+    except StoreError:
+        raise StoreUnavailable("store unavailable; retry shortly") from None
+    now = time.time()
+    shown = [
+        HiddenInfo(item_id=i, until=h.until, reason=h.reason, hidden_at=h.at)
+        for i, h in found.items()
+        if h.until is None or h.until > now
+    ]
+    return HiddenList(name=name, items=sorted(shown, key=lambda h: (-h.hidden_at, h.item_id)))
+
+
+def _state(services: Services, name: str) -> ProductionState:
+    if name not in services.loaded.models:
+        raise UnknownModel(f"no model {name!r} is served", ["path", "name"])
+    if services.state is None:
+        raise StoreUnavailable("store unavailable; retry shortly")
+    return services.state
+
+
+async def _refresh(services: Services, name: str) -> None:
+    """This worker at once (the others at their next housekeeping tick)."""
+    if services.catalog is not None:
+        await services.catalog.refresh_hidden(services.state, services.loaded, name)

@@ -1,0 +1,308 @@
+"""A catalog's business rules over one engine's entities, as masks the ranking pass applies
+(models.ranking.exclude's `blocked`): the items hidden by an admin call, each query's filter over the
+item fields the artifact holds, and what users take now, which ranks the fallback for a visitor the
+model does not know. Pure tensor work per request: a filter is compiled once into a (V,) mask and kept
+(bounded by bytes); nothing loops over items or users per request (docs/decisions/catalog-rules.md).
+
+A filter, as a query carries it (JSON):
+  {"field": "genres", "any_of": ["Comedy", "Drama"]}   keep items with one of these values (a list
+                                                       field: one of its values among them)
+  {"field": "brand", "none_of": ["X"]}                 keep items with none of them (no value: kept)
+  {"field": "year", "between": [1990, null]}           keep items whose number lies in [low, high]
+  {"field": "item_id", "none_of": ["42"]}              the ids themselves
+  {"all": [f, ...]}  {"any": [f, ...]}  {"not": f}     composed
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models.ids import N_SPECIAL, IdMap
+
+FieldValue = str | float | list[str]
+ItemFields = dict[str, dict[str, FieldValue]]  # field name -> raw item id -> value
+
+MAX_FILTER_DEPTH = 6  # nesting of all / any / not
+MAX_FILTER_NODES = 64  # conditions and compositions in one filter
+MAX_FILTER_VALUES = 1000  # values over every condition of one filter
+FILTER_CACHE_BYTES = 64 << 20  # compiled masks kept per engine: one byte per catalog entry each
+ITEM_ID = "item_id"  # the filter field naming the entities' own ids
+OPS = ("any_of", "none_of", "between")
+
+
+class FilterError(ValueError):
+    """A filter that does not parse or does not fit the model's fields: `path` is where, inside it."""
+
+    def __init__(self, message: str, path: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+@dataclass(frozen=True)
+class Condition:
+    field: str
+    op: str  # one of OPS
+    values: tuple[str | float | None, ...]
+
+
+@dataclass(frozen=True)
+class Composed:
+    op: str  # "all", "any", "not"
+    parts: tuple[Node, ...]
+
+
+Node = Condition | Composed
+
+
+def parse_filter(raw: object, *, fields: Mapping[str, Mapping[str, FieldValue]]) -> Node:
+    """A filter checked against the fields a model holds (ITEM_ID always): FilterError names the place."""
+    counts = [0, 0]  # nodes, values
+    node = _parse(raw, fields, (), counts)
+    return node
+
+
+def _parse(
+    raw: object, fields: Mapping[str, Mapping[str, FieldValue]], path: tuple[str | int, ...], counts: list[int]
+) -> Node:
+    counts[0] += 1
+    if counts[0] > MAX_FILTER_NODES:
+        raise FilterError(f"more than {MAX_FILTER_NODES} conditions", path)
+    if len([p for p in path if isinstance(p, str) and p in ("all", "any", "not")]) > MAX_FILTER_DEPTH:
+        raise FilterError(f"nested deeper than {MAX_FILTER_DEPTH}", path)
+    if not isinstance(raw, dict) or not raw:
+        raise FilterError("a filter is an object: a condition, or all / any / not", path)
+    composed = [k for k in ("all", "any", "not") if k in raw]
+    if composed:
+        if len(raw) != 1:
+            raise FilterError(f"{composed[0]!r} stands alone in its object", path)
+        op = composed[0]
+        if op == "not":
+            return Composed("not", (_parse(raw["not"], fields, (*path, "not"), counts),))
+        parts = raw[op]
+        if not isinstance(parts, list) or not parts:
+            raise FilterError(f"{op!r} takes a non-empty list of filters", (*path, op))
+        return Composed(op, tuple(_parse(p, fields, (*path, op, n), counts) for n, p in enumerate(parts)))
+    name = raw.get("field")
+    if not isinstance(name, str):
+        raise FilterError("a condition names its 'field'", (*path, "field"))
+    if name != ITEM_ID and name not in fields:
+        has = sorted([ITEM_ID, *fields])
+        raise FilterError(f"unknown field {name!r}; this model has {has}", (*path, "field"))
+    ops = [k for k in raw if k != "field"]
+    if len(ops) != 1 or ops[0] not in OPS:
+        raise FilterError(f"a condition has 'field' and one of {list(OPS)}", path)
+    op = ops[0]
+    values = raw[op]
+    where = (*path, op)
+    if not isinstance(values, list):
+        raise FilterError(f"{op!r} takes a list", where)
+    counts[1] += len(values)
+    if counts[1] > MAX_FILTER_VALUES:
+        raise FilterError(f"more than {MAX_FILTER_VALUES} values in one filter", where)
+    numeric = name != ITEM_ID and _is_numeric(fields[name])
+    if op == "between":
+        if name == ITEM_ID or not numeric:
+            raise FilterError(f"field {name!r} holds text: 'between' needs a number field", where)
+        ok = len(values) == 2 and all(v is None or _number(v) for v in values) and values != [None, None]
+        if not ok:
+            raise FilterError("'between' takes [low, high]: numbers, one of them may be null", where)
+        return Condition(name, op, (values[0], values[1]))
+    if not values:
+        raise FilterError(f"{op!r} takes at least one value", where)
+    for n, v in enumerate(values):
+        if numeric and not _number(v):
+            raise FilterError(f"field {name!r} holds numbers: {v!r} is not one", (*where, n))
+        if not numeric and not isinstance(v, str):
+            raise FilterError(f"field {name!r} holds text: {v!r} is not a string", (*where, n))
+    return Condition(name, op, tuple(values))
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_numeric(column: Mapping[str, FieldValue]) -> bool:
+    """A field is numeric when every value it holds is a number."""
+    return bool(column) and all(_number(v) for v in column.values())
+
+
+def canonical(node: Node) -> str:
+    """The filter's key: equal filters, equal keys (the cache's)."""
+    return json.dumps(_plain(node), sort_keys=True, separators=(",", ":"))
+
+
+def _plain(node: Node) -> object:
+    if isinstance(node, Condition):
+        return [node.field, node.op, list(node.values)]
+    return [node.op, [_plain(p) for p in node.parts]]
+
+
+class CatalogRules:
+    """One engine's rules over its V entities (indices of `ids`; N_SPECIAL first slots never ranked)."""
+
+    def __init__(
+        self,
+        ids: IdMap,
+        fields: ItemFields,
+        device: torch.device,
+        *,
+        cache_bytes: int = FILTER_CACHE_BYTES,
+    ) -> None:
+        self.ids, self.fields, self.device = ids, fields, device
+        self.size = len(ids)
+        self.hidden: torch.Tensor | None = None  # (V,) bool, None: nothing hidden
+        self.hidden_ids: frozenset[str] = frozenset()
+        self.taken_now: torch.Tensor | None = None  # (V,) float32: what users took over the recent window
+        self.taken_now_total = 0.0
+        self.min_takes = 20.0  # fewer recent takes than this: the fallback ranks by the artifact's popularity
+        self.cache_bytes = cache_bytes
+        self._masks: OrderedDict[str, torch.Tensor] = OrderedDict()  # filter key -> (V,) bool, blocked
+        self._columns: dict[str, object] = {}  # field -> its compiled column (value index or numbers)
+
+    # --- hidden items: what the service keeps in the production state, set here each housekeeping tick
+
+    def hide(self, raw_ids: Iterable[str]) -> bool:
+        """Hide exactly these ids (raw; those the model does not know are kept aside); -> whether it changed."""
+        wanted = frozenset(raw_ids)
+        if wanted == self.hidden_ids:
+            return False
+        idx = [i for i in self.ids.indices(sorted(wanted)) if i >= N_SPECIAL]
+        mask = None
+        if idx:
+            mask = torch.zeros(self.size, dtype=torch.bool)
+            mask[torch.tensor(idx, dtype=torch.long)] = True
+            mask = mask.to(self.device)
+        self.hidden, self.hidden_ids = mask, wanted  # one reference each: a request reads one or the other
+        return True
+
+    # --- what users take now: counted by the service from the store's arrivals
+
+    def take_counts(self, counts: Mapping[str, float], *, min_takes: float | None = None) -> None:
+        """What users took over the recent window, per raw id (ids the model does not know count nowhere)."""
+        if min_takes is not None:
+            self.min_takes = min_takes
+        raws = list(counts)
+        idx = self.ids.indices(raws)
+        keep = [(i, counts[r]) for i, r in zip(idx, raws, strict=True) if i >= N_SPECIAL]
+        if not keep:
+            self.taken_now, self.taken_now_total = None, 0.0
+            return
+        vec = torch.zeros(self.size, dtype=torch.float32)
+        at = torch.tensor([i for i, _ in keep], dtype=torch.long)
+        vec[at] = torch.tensor([c for _, c in keep], dtype=torch.float32)
+        vec[:N_SPECIAL] = float("-inf")
+        self.taken_now, self.taken_now_total = vec.to(self.device), float(sum(c for _, c in keep))
+
+    # --- filters
+
+    @property
+    def recent(self) -> torch.Tensor | None:
+        """The recent takes when there are enough of them to rank by, else None."""
+        return self.taken_now if self.taken_now_total >= self.min_takes else None
+
+    def parse(self, raw: object) -> Node:
+        return parse_filter(raw, fields=self.fields)
+
+    def blocked(self, filters: Sequence[Node | None]) -> torch.Tensor | None:
+        """What a batch's rules take out: None (nothing), (V,) (hidden items alone, every row alike) or
+        (B, V) bool (rows with a filter)."""
+        hidden = self.hidden
+        if all(f is None for f in filters):
+            return hidden
+        rows = [self.mask(f) if f is not None else None for f in filters]
+        none = hidden if hidden is not None else torch.zeros(self.size, dtype=torch.bool, device=self.device)
+        stacked = torch.stack([r if r is not None else none for r in rows])
+        return stacked | hidden if hidden is not None else stacked
+
+    def mask(self, node: Node) -> torch.Tensor:
+        """The (V,) bool mask of the items `node` takes out, compiled once and kept (least recently used first
+        out, within cache_bytes)."""
+        key = canonical(node)
+        found = self._masks.get(key)
+        if found is not None:
+            self._masks.move_to_end(key)
+            return found
+        keep = torch.from_numpy(self._keep(node))
+        blocked = (~keep).to(self.device)
+        self._masks[key] = blocked
+        while len(self._masks) * self.size > self.cache_bytes and len(self._masks) > 1:
+            self._masks.popitem(last=False)
+        return blocked
+
+    @property
+    def cached_bytes(self) -> int:
+        return len(self._masks) * self.size
+
+    def _keep(self, node: Node) -> np.ndarray:
+        """(V,) bool: the entities the filter keeps."""
+        if isinstance(node, Composed):
+            parts = [self._keep(p) for p in node.parts]
+            if node.op == "not":
+                return ~parts[0]
+            out = parts[0].copy()
+            for p in parts[1:]:
+                out = (out & p) if node.op == "all" else (out | p)
+            return out
+        if node.op == "between":
+            values = self._numbers(node.field)
+            low, high = node.values
+            keep = ~np.isnan(values)
+            if low is not None:
+                keep &= values >= float(low)
+            if high is not None:
+                keep &= values <= float(high)
+            return keep
+        hit = np.zeros(self.size, dtype=bool)
+        if node.field == ITEM_ID:
+            idx = [i for i in self.ids.indices([str(v) for v in node.values]) if i >= N_SPECIAL]
+            hit[idx] = True
+        elif _is_numeric(self.fields[node.field]):
+            values = self._numbers(node.field)
+            hit = np.isin(values, np.array([float(v) for v in node.values if v is not None]))
+        else:
+            index = self._value_index(node.field)
+            for v in node.values:
+                at = index.get(str(v))
+                if at is not None:
+                    hit[at] = True
+        return hit if node.op == "any_of" else ~hit
+
+    def _numbers(self, name: str) -> np.ndarray:
+        """(V,) float64 of a numeric field, NaN where an entity has no value."""
+        col = self._columns.get(name)
+        if col is None:
+            column = self.fields[name]
+            raws = list(column)
+            out = np.full(self.size, np.nan)
+            idx = np.array(self.ids.indices(raws), dtype=np.int64)
+            vals = np.array([float(column[r]) for r in raws], dtype=np.float64)  # type: ignore[arg-type]
+            ok = idx >= N_SPECIAL
+            out[idx[ok]] = vals[ok]
+            self._columns[name] = col = out
+        assert isinstance(col, np.ndarray)
+        return col
+
+    def _value_index(self, name: str) -> dict[str, np.ndarray]:
+        """A text field's inverted index: value -> the entities holding it (a list field: any of its values)."""
+        col = self._columns.get(name)
+        if col is None:
+            by_value: dict[str, list[int]] = {}
+            column = self.fields[name]
+            raws = list(column)
+            for i, r in zip(self.ids.indices(raws), raws, strict=True):
+                if i < N_SPECIAL:
+                    continue
+                value = column[r]
+                for v in value if isinstance(value, list) else [value]:
+                    by_value.setdefault(str(v), []).append(i)
+            col = {v: np.array(ix, dtype=np.int64) for v, ix in by_value.items()}
+            self._columns[name] = col
+        assert isinstance(col, dict)
+        return col
