@@ -1,0 +1,123 @@
+"""Catalog rules: each filter operator against a hand computation, the checks that name the place of a
+bad filter, the cache's bound, hidden items and recent takes as the masks the ranking pass reads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.catalog import CatalogRules, FilterError, canonical, parse_filter
+from models.ids import N_SPECIAL, IdMap
+from models.ranking import rank_sparse
+
+IDS = IdMap(["a", "b", "c", "d", "e"])  # indices 2..6
+FIELDS = {
+    "genres": {"a": ["X", "Y"], "b": ["Y"], "c": ["Z"], "d": []},  # e: no value
+    "year": {"a": 1990, "b": 1995.0, "c": 2000, "e": 1985},  # d: no value
+    "brand": {"a": "acme", "b": "other", "c": "acme", "d": "none"},
+}
+
+
+def kept(rules: CatalogRules, raw: object) -> set[str]:
+    """The raw ids a filter keeps (its mask's False entries, specials aside)."""
+    blocked = rules.mask(rules.parse(raw))
+    return {IDS.raw(i) or "" for i in range(N_SPECIAL, len(IDS)) if not blocked[i]}
+
+
+@pytest.fixture
+def rules() -> CatalogRules:
+    return CatalogRules(IDS, FIELDS, torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        ({"field": "genres", "any_of": ["Y"]}, {"a", "b"}),  # a list field: one of its values
+        ({"field": "genres", "any_of": ["X", "Z"]}, {"a", "c"}),
+        ({"field": "genres", "none_of": ["Y"]}, {"c", "d", "e"}),  # no value: kept by none_of
+        ({"field": "brand", "any_of": ["acme"]}, {"a", "c"}),
+        ({"field": "year", "between": [1990, 1995]}, {"a", "b"}),  # bounds included
+        ({"field": "year", "between": [1995, None]}, {"b", "c"}),
+        ({"field": "year", "between": [None, 1989]}, {"e"}),  # no value: never between
+        ({"field": "year", "any_of": [2000]}, {"c"}),
+        ({"field": "item_id", "none_of": ["a", "zz"]}, {"b", "c", "d", "e"}),  # an unknown id changes nothing
+        ({"not": {"field": "brand", "any_of": ["acme"]}}, {"b", "d", "e"}),
+        ({"all": [{"field": "genres", "any_of": ["Y", "Z"]}, {"field": "year", "between": [1991, None]}]}, {"b", "c"}),
+        ({"any": [{"field": "item_id", "any_of": ["e"]}, {"field": "genres", "any_of": ["Z"]}]}, {"c", "e"}),
+    ],
+)
+def test_each_operator_keeps_what_a_hand_computation_keeps(rules: CatalogRules, raw: object, want: set[str]) -> None:
+    assert kept(rules, raw) == want
+
+
+@pytest.mark.parametrize(
+    ("raw", "path", "says"),
+    [
+        ({"field": "colour", "any_of": ["x"]}, ("field",), "unknown field 'colour'"),
+        ({"field": "genres", "between": [1, 2]}, ("between",), "holds text"),
+        ({"field": "year", "any_of": ["1990"]}, ("any_of", 0), "holds numbers"),
+        ({"field": "brand", "any_of": [3]}, ("any_of", 0), "holds text"),
+        ({"field": "year", "between": [None, None]}, ("between",), "[low, high]"),
+        ({"all": [{"field": "brand"}]}, ("all", 0), "one of"),
+        ({"all": []}, ("all",), "non-empty"),
+        ({"not": {"field": "brand", "any_of": ["acme"]}, "all": []}, (), "stands alone"),
+        ("genres", (), "an object"),
+    ],
+)
+def test_a_bad_filter_says_where(raw: object, path: tuple[object, ...], says: str) -> None:
+    with pytest.raises(FilterError, match=None) as got:
+        parse_filter(raw, fields=FIELDS)
+    assert got.value.path == path and says in str(got.value)
+
+
+def test_filters_are_bounded_in_size_and_depth() -> None:
+    deep: object = {"field": "brand", "any_of": ["acme"]}
+    for _ in range(7):
+        deep = {"not": deep}
+    with pytest.raises(FilterError, match="deeper"):
+        parse_filter(deep, fields=FIELDS)
+    wide = {"any": [{"field": "brand", "any_of": ["acme"]}] * 65}
+    with pytest.raises(FilterError, match="conditions"):
+        parse_filter(wide, fields=FIELDS)
+    many = {"field": "item_id", "any_of": [str(i) for i in range(1001)]}
+    with pytest.raises(FilterError, match="values"):
+        parse_filter(many, fields=FIELDS)
+
+
+def test_equal_filters_share_one_compiled_mask_and_the_cache_keeps_its_bound(rules: CatalogRules) -> None:
+    one = rules.parse({"field": "brand", "any_of": ["acme"]})
+    assert canonical(one) == canonical(parse_filter({"any_of": ["acme"], "field": "brand"}, fields=FIELDS))
+    assert rules.mask(one) is rules.mask(rules.parse({"any_of": ["acme"], "field": "brand"}))
+    small = CatalogRules(IDS, FIELDS, torch.device("cpu"), cache_bytes=2 * len(IDS))
+    for year in (1985, 1990, 1995, 2000):
+        small.mask(small.parse({"field": "year", "any_of": [year]}))
+    assert small.cached_bytes <= 2 * len(IDS)
+
+
+def test_hidden_items_and_a_row_s_filter_come_out_of_the_ranking_and_are_counted(rules: CatalogRules) -> None:
+    rules.hide(["b", "not-in-the-catalog"])
+    rules_filter = rules.parse({"field": "brand", "any_of": ["acme"]})
+    blocked = rules.blocked([None, rules_filter])
+    assert blocked is not None and blocked.shape == (2, len(IDS))
+    scores = torch.arange(len(IDS), dtype=torch.float).expand(2, -1).clone()
+    scores[:, :N_SPECIAL] = float("-inf")
+    out = rank_sparse(scores, 5, seen=None, future=None, requested=None, blocked=blocked)
+    names = [
+        [IDS.raw(int(i)) for i, s in zip(r, v, strict=True) if s > float("-inf")]
+        for r, v in zip(out.indices, out.scores, strict=True)
+    ]
+    assert names == [["e", "d", "c", "a"], ["c", "a"]]  # b hidden everywhere; row 2 keeps acme alone
+    assert out.n_blocked is not None and out.n_blocked.tolist() == [1, 3]
+    assert rules.blocked([None, None]) is rules.hidden  # no filter: the hidden mask alone, shared by the rows
+    assert rules.hide(["b", "not-in-the-catalog"]) is False  # unchanged: nothing rebuilt
+    rules.hide([])
+    assert rules.blocked([None]) is None  # nothing to apply: the ranking pass is the plain one
+
+
+def test_recent_takes_rank_the_fallback_only_past_their_minimum(rules: CatalogRules) -> None:
+    rules.take_counts({"c": 5, "a": 2, "unknown": 40}, min_takes=8)
+    assert rules.recent is None  # 7 takes of known items: not enough
+    rules.take_counts({"c": 6, "a": 2})
+    assert rules.recent is not None
+    assert rules.recent[IDS.index("c")] == 6 and rules.recent[IDS.index("b")] == 0
+    assert rules.recent[0] == float("-inf")
