@@ -7,6 +7,7 @@ every loaded engine's rules (models/catalog.py): each tick, and as a version loa
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -26,6 +27,7 @@ class CatalogView:
     def __init__(self, *, window_s: float, min_takes: float) -> None:
         self.window_s, self.min_takes = window_s, min_takes
         self.hidden: dict[str, dict[str, HiddenItem]] = {}  # model name -> its hidden items, as last read
+        self.named: dict[str, dict[str, object]] = {}  # model name -> its named filters, as last read
         self.taken: dict[str, dict[float, Counter[str]]] = {}  # namespace -> minute -> item -> takes
         self.totals: dict[str, dict[str, float]] = {}  # namespace -> item -> takes over the window
         self.generation = 0  # bumped whenever `totals` change: engines holding an older one are updated
@@ -52,6 +54,7 @@ class CatalogView:
             return
         if engine.rules.hide(self.shown_hidden(name, time.time())):
             log.info("%s/%s: %d items hidden", name, engine.manifest.version, len(engine.rules.hidden_ids))
+        engine.rules.named = self.named.get(name, {})
         if isinstance(engine, UserHistories) and self._given.get(id(engine.rules)) != self.generation:
             engine.rules.take_counts(self.totals.get(engine.namespace, {}), min_takes=self.min_takes)
             self._given[id(engine.rules)] = self.generation
@@ -62,7 +65,8 @@ class CatalogView:
             try:
                 await self._count(state)
                 found = await asyncio.to_thread(lambda: {name: state.hidden(name) for name in loaded.names})
-                self.hidden = found
+                named = await asyncio.to_thread(lambda: {name: state.filters(name) for name in loaded.names})
+                self.hidden, self.named = found, {n: _expressions(f) for n, f in named.items()}
             except StoreError as exc:
                 log.warning("catalog rules kept as last read (the store is away): %s", exc)
         entries = [*loaded.models.values(), *loaded.candidate_models.values()]
@@ -71,16 +75,18 @@ class CatalogView:
         alive = {id(s.engine.rules) for s in entries if isinstance(s.engine, Catalog)}
         self._given = {k: v for k, v in self._given.items() if k in alive}
 
-    async def refresh_hidden(self, state: ProductionState | None, loaded: LoadedModels, name: str) -> None:
+    async def refresh(self, state: ProductionState | None, loaded: LoadedModels, name: str) -> None:
         """Read `name`'s hidden items now and give them to its loaded versions (an admin call, on its worker)."""
         if state is None:
             return
         try:
             found = await asyncio.to_thread(state.hidden, name)
+            named = await asyncio.to_thread(state.filters, name)
         except StoreError as exc:
-            log.warning("hidden items of %s not read (the store is away): %s", name, exc)
+            log.warning("catalog rules of %s not read (the store is away): %s", name, exc)
             return
         self.hidden = {**self.hidden, name: found}
+        self.named = {**self.named, name: _expressions(named)}
         for entries in (loaded.models, loaded.candidate_models):
             if (served := entries.get(name)) is not None:
                 self.apply(name, served.engine)
@@ -113,3 +119,14 @@ class CatalogView:
                     totals[ns] = {item: float(n) for item, n in total.items()}
             self.totals = totals
             self.generation += 1
+
+
+def _expressions(stored: dict[str, str]) -> dict[str, object]:
+    """Named filters as stored (JSON text, written by the admin call) -> their expressions."""
+    out: dict[str, object] = {}
+    for name, spec in stored.items():
+        try:
+            out[name] = json.loads(spec)
+        except ValueError:
+            log.error("named filter %s is not JSON: left out", name)
+    return out

@@ -86,7 +86,7 @@ class BrokenVersion(DomainError):
     status, code = 409, "broken_version"
 
 
-class TooManyHidden(DomainError):
-    """Hiding these items would take a model past the hidden items it may hold (MAX_HIDDEN)."""
+class TooManyRules(DomainError):
+    """The call would take a model past the hidden items or named filters it may hold."""
 
-    status, code = 409, "too_many_hidden"
+    status, code = 409, "too_many_rules"

@@ -23,7 +23,7 @@ from app.observability import AccessLog, Metrics, configure_logging
 from app.production.loop import ProductionLoop
 from app.production.online import ServedLists
 from app.production.trials import ShadowWork
-from app.routers import admin, catalog, console, events, health, history, metrics, models
+from app.routers import admin, catalog, console, events, health, history, metrics, models, similar
 from app.routers.plain import PlainRouter
 from app.routers.tasks import TaskRoute, live_route, plain_router, task_routes
 from app.schemas import bounded, components
@@ -37,7 +37,14 @@ DOCS_ASSETS = "/docs-assets"
 
 
 # Request bodies a route's dependency parses: their schemas are added to the document (app.schemas.components).
-BODIES = (admin.PinRequest, admin.CandidateRequest, catalog.HideRequest, catalog.UnhideRequest)
+BODIES = (
+    admin.PinRequest,
+    admin.CandidateRequest,
+    catalog.HideRequest,
+    catalog.UnhideRequest,
+    catalog.NamedFilterRequest,
+    similar.SimilarRequest,
+)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -199,16 +206,8 @@ def _mount_routes(app: FastAPI, settings: Settings, services: Services, routes: 
     plain = [plain_router(r, body_name=services.schemas.requests[r.name].model.__name__) for r in routes]
     for hot in plain:
         app.router.routes.extend(hot.routes)
-    for r in (
-        events.router,
-        history.router,
-        models.router,
-        health.router,
-        metrics.router,
-        admin.router,
-        catalog.router,
-    ):
-        app.include_router(r)
+    for module in (events, history, models, similar, health, metrics, admin, catalog):
+        app.include_router(module.router)
     if settings.console:
         app.include_router(console.router)
         app.router.routes.append(console.assets)

@@ -11,6 +11,8 @@ A filter, as a query carries it (JSON):
   {"field": "year", "between": [1990, null]}           keep items whose number lies in [low, high]
   {"field": "item_id", "none_of": ["42"]}              the ids themselves
   {"all": [f, ...]}  {"any": [f, ...]}  {"not": f}     composed
+  {"name": "genre", "params": {"genres": ["Comedy"]}}  a named filter (stored by an admin call), each
+                                                       {"param": p} in it replaced by params[p]
 """
 
 from __future__ import annotations
@@ -61,11 +63,47 @@ class Composed:
 Node = Condition | Composed
 
 
-def parse_filter(raw: object, *, fields: Mapping[str, Mapping[str, FieldValue]]) -> Node:
-    """A filter checked against the fields a model holds (ITEM_ID always): FilterError names the place."""
+def parse_filter(
+    raw: object, *, fields: Mapping[str, Mapping[str, FieldValue]], named: Mapping[str, object] | None = None
+) -> Node:
+    """A filter checked against the fields a model holds (ITEM_ID always): FilterError names the place.
+    `named`: the model's named filters (name -> expression with {"param": p} placeholders)."""
+    if isinstance(raw, dict) and "name" in raw:
+        raw = _resolve(raw, named or {})
     counts = [0, 0]  # nodes, values
-    node = _parse(raw, fields, (), counts)
-    return node
+    return _parse(raw, fields, (), counts)
+
+
+def _resolve(raw: Mapping[str, object], named: Mapping[str, object]) -> object:
+    """A named filter's expression with the request's parameters put in."""
+    extra = sorted(set(raw) - {"name", "params"})
+    if extra:
+        raise FilterError(f"a named filter takes 'name' and 'params', not {extra}", (extra[0],))
+    name, params = raw.get("name"), raw.get("params", {})
+    if not isinstance(name, str) or name not in named:
+        raise FilterError(f"no filter named {name!r}; this model has {sorted(named)}", ("name",))
+    if not isinstance(params, dict):
+        raise FilterError("'params' is an object: parameter -> value", ("params",))
+    used: set[str] = set()
+
+    def put(node: object) -> object:
+        if isinstance(node, dict) and set(node) == {"param"}:
+            p = node["param"]
+            if not isinstance(p, str) or p not in params:
+                raise FilterError(f"filter {name!r} needs parameter {p!r}", ("params", str(p)))
+            used.add(p)
+            return params[p]
+        if isinstance(node, dict):
+            return {k: put(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [put(v) for v in node]
+        return node
+
+    out = put(named[name])
+    unused = sorted(set(params) - used)
+    if unused:
+        raise FilterError(f"filter {name!r} has no parameter {unused[0]!r}", ("params", unused[0]))
+    return out
 
 
 def _parse(
@@ -163,6 +201,7 @@ class CatalogRules:
         self.taken_now_total = 0.0
         self.min_takes = 20.0  # fewer recent takes than this: the fallback ranks by the artifact's popularity
         self.cache_bytes = cache_bytes
+        self.named: dict[str, object] = {}  # the model's named filters (set by the service, as hidden items)
         self._masks: OrderedDict[str, torch.Tensor] = OrderedDict()  # filter key -> (V,) bool, blocked
         self._columns: dict[str, object] = {}  # field -> its compiled column (value index or numbers)
 
@@ -208,7 +247,7 @@ class CatalogRules:
         return self.taken_now if self.taken_now_total >= self.min_takes else None
 
     def parse(self, raw: object) -> Node:
-        return parse_filter(raw, fields=self.fields)
+        return parse_filter(raw, fields=self.fields, named=self.named)
 
     def blocked(self, filters: Sequence[Node | None]) -> torch.Tensor | None:
         """What a batch's rules take out: None (nothing), (V,) (hidden items alone, every row alike) or

@@ -189,6 +189,38 @@ class Catalog(ABC):
     rules: CatalogRules
 
 
+@dataclass
+class SimilarQuery:
+    item_id: str
+    k: int = 10
+    filter: object = None  # as for /recommend (models/catalog.py)
+    exclude_items: list[str] = field(default_factory=list)
+    fields: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SimilarResult:
+    item_id: str
+    source: str  # models.similar.SOURCES
+    items: list[tuple[str, float]]
+    excluded: dict[str, int]  # requested, filtered
+    fields: list[dict[str, Any]] | None = None
+
+
+class Neighbours(ABC):
+    """Item-to-item answers (models/similar.py): the items most like one item, from the source the training
+    job chose on validation, with the catalog's rules applied."""
+
+    @property
+    @abstractmethod
+    def similar_source(self) -> str:
+        """The source its neighbours come from: one of models.similar.SOURCES."""
+
+    @abstractmethod
+    def similar(self, query: SimilarQuery) -> SimilarResult:
+        """The query's item's neighbours; ItemQueryError (a 4xx) for an unknown item, field or bad filter."""
+
+
 class ItemDisplay(ABC):
     """Display fields (title, genres, ...) that a query can ask for with the entities the model ranks."""
 

@@ -27,6 +27,24 @@ class QueryError(ValueError):
         return ["body", "queries", self.position, *self.field]
 
 
+class ItemQueryError(QueryError):
+    """A bad single-item query (POST /similar-items): its place is in the body itself, not a list of queries."""
+
+    @property
+    def loc(self) -> list[str | int]:
+        return ["body", *self.field]
+
+
+class UnknownItemError(ItemQueryError):
+    status = 404
+    code = "unknown_item"
+
+    def __init__(self, item_id: str) -> None:
+        super().__init__(
+            f"unknown item {item_id!r}: the model has no neighbours for it", position=0, field=("item_id",)
+        )
+
+
 class UnknownUserError(QueryError):
     status = 404
     code = "unknown_user"

@@ -9,6 +9,7 @@ its default config; `defaults` trains every task's default models.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -65,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--artifact", type=Path, required=True, help="artifact version folder")
     pr.add_argument("--k", type=int, default=10)
     pr.add_argument("--out", type=Path, default=Path("predictions"))
+    pr.add_argument(
+        "--filter", type=Path, help="a JSON file holding a filter, as /recommend's queries take it (docs/API.md)"
+    )
+    pr.add_argument(
+        "--hidden",
+        type=Path,
+        help="items no list may hold: a JSON file as GET /models/{name}/items/hidden answers, or one id a line",
+    )
     cv = sub.add_parser(
         "convert-histories",
         help="convert a version written with histories.json to the memory-mapped table (published as a new version)",
@@ -96,9 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "predict":
-            from training.predict import predict_all
+            from training.predict import predict_all, read_hidden
 
-            print(predict_all(args.artifact, k=args.k, out_dir=args.out))
+            rule = json.loads(args.filter.read_text()) if args.filter else None
+            hidden = read_hidden(args.hidden) if args.hidden else []
+            print(predict_all(args.artifact, k=args.k, out_dir=args.out, rule=rule, hidden=hidden))
             return 0
         if args.command == "defaults":
             return train_defaults(args.out, tasks=args.tasks)

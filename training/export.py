@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from torch import nn
 
 from models import artifact
@@ -63,6 +64,8 @@ def export_artifact(
         for fname, obj in files.items():
             if isinstance(obj, IdMap):
                 obj.save(tmp / fname)
+            elif isinstance(obj, np.ndarray):  # a table the service memory-maps or loads (never a pickle)
+                np.save(tmp / fname, obj, allow_pickle=False)
             elif isinstance(obj, HistoryColumns | HistoryShares | EventLog):
                 obj.write(tmp / fname)
             else:

@@ -1,21 +1,25 @@
-"""A catalog's items taken out of every answer: hide and unhide (admin), and the list of what is hidden."""
+"""A catalog's rules an admin sets: items taken out of every answer (hide, unhide, the list), and named
+filters queries use by name (put, delete, the list)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
 from app.deps import AdminKey, Services, ServicesDep, parse_body
-from app.errors import StoreUnavailable, TooManyHidden, UnknownModel
+from app.errors import InvalidQuery, StoreUnavailable, TooManyRules, UnknownModel
 from app.routers.docs import body_doc, errors
 from app.schemas import ModelNamePath, RawId, Strict, UnixTime
-from app.store import MAX_HIDDEN, HiddenItem, ProductionState, StoreError
+from app.store import MAX_HIDDEN, MAX_NAMED_FILTERS, HiddenItem, ProductionState, StoreError
 
 MAX_HIDE = 1000  # ids per call
+MAX_FILTER_BYTES = 64 * 1024  # a named filter's expression, as JSON
 
 
 class HideRequest(Strict):
@@ -76,7 +80,7 @@ async def hide(
     try:
         held = await asyncio.to_thread(state.hidden, name)
         if len(set(held) | set(items)) > MAX_HIDDEN:
-            raise TooManyHidden(f"model {name!r} would hold more than {MAX_HIDDEN} hidden items", ["body", "item_ids"])
+            raise TooManyRules(f"model {name!r} would hold more than {MAX_HIDDEN} hidden items", ["body", "item_ids"])
         total = await asyncio.to_thread(state.hide, name, items)
     except StoreError:
         raise StoreUnavailable("store unavailable: the items could not be hidden; retry shortly") from None
@@ -133,4 +137,86 @@ def _state(services: Services, name: str) -> ProductionState:
 async def _refresh(services: Services, name: str) -> None:
     """This worker at once (the others at their next housekeeping tick)."""
     if services.catalog is not None:
-        await services.catalog.refresh_hidden(services.state, services.loaded, name)
+        await services.catalog.refresh(services.state, services.loaded, name)
+
+
+FilterName = Annotated[str, PathParam(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class NamedFilterRequest(Strict):
+    expression: dict[str, Any] = Field(
+        description='a filter as /recommend takes it, where {"param": "p"} stands for the value a query gives '
+        'in "params" (e.g. {"field": "genres", "any_of": {"param": "genres"}}); checked when a query uses it'
+    )
+
+
+class NamedFilters(BaseModel):
+    name: str
+    filters: dict[str, dict[str, Any]] = Field(description="filter name -> its expression")
+
+
+async def named_filter_body(request: Request) -> NamedFilterRequest:
+    return await parse_body(request, NamedFilterRequest)
+
+
+@router.put(
+    "/admin/models/{name}/filters/{filter_name}",
+    response_model=NamedFilters,
+    openapi_extra=body_doc("NamedFilterRequest"),
+    responses=errors(401, 403, 404, 409, 422, 503),
+    dependencies=[AdminKey],
+)
+async def put_filter(
+    services: ServicesDep,
+    name: ModelNamePath,
+    filter_name: FilterName,
+    body: Annotated[NamedFilterRequest, Depends(named_filter_body)],
+) -> NamedFilters:
+    """Store a named filter of `name`, used by queries as {"name": ..., "params": {...}} (every worker and
+    host sharing the store within one housekeeping tick)."""
+    state = _state(services, name)
+    spec = json.dumps(body.expression, separators=(",", ":"))
+    if len(spec) > MAX_FILTER_BYTES:
+        raise InvalidQuery(f"the expression is over {MAX_FILTER_BYTES} bytes of JSON", ["body", "expression"])
+    try:
+        held = await asyncio.to_thread(state.filters, name)
+        if filter_name not in held and len(held) >= MAX_NAMED_FILTERS:
+            raise TooManyRules(f"model {name!r} holds {MAX_NAMED_FILTERS} named filters", ["path", "filter_name"])
+        await asyncio.to_thread(state.set_filter, name, filter_name, spec)
+        held = await asyncio.to_thread(state.filters, name)
+    except StoreError:
+        raise StoreUnavailable("store unavailable: the filter could not be kept; retry shortly") from None
+    await _refresh(services, name)
+    return NamedFilters(name=name, filters={k: json.loads(v) for k, v in sorted(held.items())})
+
+
+@router.delete(
+    "/admin/models/{name}/filters/{filter_name}",
+    response_model=NamedFilters,
+    responses=errors(401, 403, 404, 503),
+    dependencies=[AdminKey],
+)
+async def delete_filter(services: ServicesDep, name: ModelNamePath, filter_name: FilterName) -> NamedFilters:
+    """Remove a named filter of `name`."""
+    state = _state(services, name)
+    try:
+        held = await asyncio.to_thread(state.filters, name)
+        if filter_name not in held:
+            raise UnknownModel(f"model {name!r} has no filter {filter_name!r}", ["path", "filter_name"])
+        await asyncio.to_thread(state.set_filter, name, filter_name, None)
+        held = await asyncio.to_thread(state.filters, name)
+    except StoreError:
+        raise StoreUnavailable("store unavailable; retry shortly") from None
+    await _refresh(services, name)
+    return NamedFilters(name=name, filters={k: json.loads(v) for k, v in sorted(held.items())})
+
+
+@router.get("/models/{name}/filters", response_model=NamedFilters, responses=errors(404, 422, 503))
+async def list_filters(services: ServicesDep, name: ModelNamePath) -> NamedFilters:
+    """The named filters queries of `name` can use."""
+    state = _state(services, name)
+    try:
+        held = await asyncio.to_thread(state.filters, name)
+    except StoreError:
+        raise StoreUnavailable("store unavailable; retry shortly") from None
+    return NamedFilters(name=name, filters={k: json.loads(v) for k, v in sorted(held.items())})

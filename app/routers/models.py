@@ -15,7 +15,7 @@ from app.schemas import CandidateInfo, ModelNamePath
 from app.store import Sums
 from models.artifact import ArtifactError, read_manifest
 from models.artifact import versions as version_folders
-from models.engine import Actions, ItemDisplay, UserHistories
+from models.engine import Actions, ItemDisplay, Neighbours, UserHistories
 
 # The bodies of these routes (app/schemas.py keeps what several routes share).
 
@@ -123,6 +123,11 @@ class ModelInfo(BaseModel):
     )
     metrics: dict[str, object]
     fields: list[str] = Field(default_factory=list, description="item fields a query can ask for (title, genres, ...)")
+    similar_items: str | None = Field(
+        default=None,
+        description="where POST /similar-items takes its neighbours from (embedding, transitions, cooccurrence: "
+        "chosen by the training job on validation; metrics.similar_items has its figures); null: no item answers",
+    )
     candidate: CandidateInfo | None = Field(default=None, description="the version tried beside this one")
     online: dict[str, OnlineFigures] = Field(
         default_factory=dict,
@@ -170,7 +175,7 @@ router = APIRouter(tags=["models"])
 
 
 # The test figures, and whether the model beats the best simple baseline of its own run.
-SHOWN_METRICS = ("test", "train_seconds", "best_epoch", "full_ndcg10_vs_best_baseline")
+SHOWN_METRICS = ("test", "train_seconds", "best_epoch", "full_ndcg10_vs_best_baseline", "similar_items")
 
 
 @router.get("/models", response_model=ModelsResponse)
@@ -196,6 +201,7 @@ async def list_models(services: ServicesDep) -> ModelsResponse:
                 actions=engine.actions if isinstance(engine, Actions) else None,
                 metrics={k: m.metrics[k] for k in SHOWN_METRICS if k in m.metrics},
                 fields=engine.item_fields if isinstance(engine, ItemDisplay) else [],
+                similar_items=engine.similar_source if isinstance(engine, Neighbours) else None,
                 candidate=CandidateInfo.of(reg.choices.candidates.get(name)),
                 online=_online(services, name, served.version),
             )

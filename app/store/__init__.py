@@ -34,6 +34,7 @@ from app.store.sqlite_store import SQLiteStore
 from app.store.state import (
     EXPOSURE_BUCKET_S,
     MAX_HIDDEN,
+    MAX_NAMED_FILTERS,
     Arrival,
     Candidate,
     Exposure,
@@ -55,6 +56,7 @@ from models.queries import LIVE_EVENTS
 __all__ = [
     "EXPOSURE_BUCKET_S",
     "MAX_HIDDEN",
+    "MAX_NAMED_FILTERS",
     "RECENT_KEEP_S",
     "Arrival",
     "Candidate",

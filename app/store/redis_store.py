@@ -485,6 +485,14 @@ class RedisStore(HistoryStore, ProductionState):
         key = self._of_model(name, "hidden")
         return int(self._call(lambda: self.r.hdel(key, *items))) if items else 0
 
+    def set_filter(self, name: str, filter_name: str, spec: str | None) -> None:
+        key = self._of_model(name, "filters")
+        self._call(lambda: self.r.hdel(key, filter_name) if spec is None else self.r.hset(key, filter_name, spec))
+
+    def filters(self, name: str) -> dict[str, str]:
+        found = self._call(lambda: self.r.hgetall(self._of_model(name, "filters")))
+        return {str(k): str(v) for k, v in found.items()}
+
     def hidden(self, name: str) -> dict[str, HiddenItem]:
         found = self._call(lambda: self.r.hgetall(self._of_model(name, "hidden")))
         return {str(item): HiddenItem.from_json(spec) for item, spec in found.items()}

@@ -90,6 +90,8 @@ class SQLiteStore(HistoryStore, ProductionState):
     CREATE TABLE IF NOT EXISTS pins (name TEXT PRIMARY KEY, version TEXT NOT NULL, at REAL NOT NULL);
     CREATE TABLE IF NOT EXISTS hidden (name TEXT NOT NULL, item TEXT NOT NULL, spec TEXT NOT NULL,
         PRIMARY KEY (name, item));
+    CREATE TABLE IF NOT EXISTS named_filters (name TEXT NOT NULL, filter TEXT NOT NULL, spec TEXT NOT NULL,
+        PRIMARY KEY (name, filter));
     -- Own events in the order they were stored, for online evaluation (kept ARRIVALS_KEEP_S).
     CREATE TABLE IF NOT EXISTS arrivals (seq INTEGER PRIMARY KEY AUTOINCREMENT, ns TEXT NOT NULL,
         user TEXT NOT NULL, item TEXT NOT NULL, at REAL NOT NULL, recommendation_id TEXT);
@@ -428,6 +430,25 @@ class SQLiteStore(HistoryStore, ProductionState):
             return conn.total_changes - before
 
         return self._write(do)
+
+    def set_filter(self, name: str, filter_name: str, spec: str | None) -> None:
+        def do(conn: sqlite3.Connection) -> None:
+            if spec is None:
+                conn.execute("DELETE FROM named_filters WHERE name = ? AND filter = ?", (name, filter_name))
+            else:
+                conn.execute(
+                    "INSERT INTO named_filters (name, filter, spec) VALUES (?, ?, ?) ON CONFLICT (name, filter)"
+                    " DO UPDATE SET spec = excluded.spec",
+                    (name, filter_name, spec),
+                )
+
+        self._write(do)
+
+    def filters(self, name: str) -> dict[str, str]:
+        def do(conn: sqlite3.Connection) -> dict[str, str]:
+            return dict(conn.execute("SELECT filter, spec FROM named_filters WHERE name = ?", (name,)).fetchall())
+
+        return self._read(do)
 
     def hidden(self, name: str) -> dict[str, HiddenItem]:
         def do(conn: sqlite3.Connection) -> dict[str, HiddenItem]:

@@ -175,6 +175,7 @@ class HiddenItem:
 
 # Items one model may hold hidden at once: each worker reads them every housekeeping tick.
 MAX_HIDDEN = 100_000
+MAX_NAMED_FILTERS = 100  # named filters one model may hold
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,14 @@ class ProductionState(Store):
     @abstractmethod
     def hidden(self, name: str) -> dict[str, HiddenItem]:
         """Model `name`'s hidden items, those whose `until` passed included (readers skip them)."""
+
+    @abstractmethod
+    def set_filter(self, name: str, filter_name: str, spec: str | None) -> None:
+        """Store model `name`'s named filter (its JSON text), durably; None deletes it."""
+
+    @abstractmethod
+    def filters(self, name: str) -> dict[str, str]:
+        """Model `name`'s named filters: filter name -> JSON text."""
 
     @abstractmethod
     def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:

@@ -9,7 +9,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from pydantic import TypeAdapter
 
@@ -25,6 +27,9 @@ from models.engine import (
     Engine,
     EngineOptions,
     ItemDisplay,
+    Neighbours,
+    SimilarQuery,
+    SimilarResult,
     UserHistories,
     optional_time,
     unknown_field,
@@ -32,7 +37,7 @@ from models.engine import (
 from models.history_table import HistoryTable
 from models.ids import N_SPECIAL, PAD, IdMap
 from models.manifest import Manifest
-from models.queries import QueryError, Timeline, UnknownUserError
+from models.queries import ItemQueryError, QueryError, Timeline, UnknownItemError, UnknownUserError
 from models.ranking import (
     FLOOR_HEAD,
     RELEASE_UNITS,
@@ -47,6 +52,7 @@ from models.ranking import (
     reference_value,
     release_tensor,
 )
+from models.similar import COUNTED, SIMILAR_ITEMS, cosine_scores, read_table, rows_of, table_scores
 from models.traced import example_rows, serving_scores
 from models.warm import first_seen_live
 
@@ -70,6 +76,8 @@ class RecArtifact:
     release: dict[str, float]  # raw item id -> release time in release_unit
     histories: HistoryTable  # each user's final items, memory-mapped; its keys are the users
     fields: ItemFields = field(default_factory=dict)  # display fields answers can ask for
+    similar: tuple[np.ndarray, np.ndarray] | None = None  # the neighbour table (models/similar.py), if any
+    similar_source: str = "embedding"
 
 
 def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> RecArtifact:
@@ -100,7 +108,19 @@ def load_artifact(folder: Path, map_location: str | torch.device = "cpu") -> Rec
         release=release,
         histories=artifact.read_history_table(folder, n_ids=len(items)),
         fields=_read_fields(folder, len(items)),
+        **_read_similar(folder, manifest, len(items)),
     )
+
+
+def _read_similar(folder: Path, manifest: Manifest, size: int) -> dict[str, Any]:
+    """The neighbour table and its source, where the job chose a counting source (else the embedding's)."""
+    chosen = manifest.metrics.get("similar_items", {})
+    source = chosen.get("source", "embedding") if isinstance(chosen, dict) else "embedding"
+    if not (folder / SIMILAR_ITEMS).exists():
+        artifact.check(source == "embedding", SIMILAR_ITEMS, f"missing: the metrics name source {source!r}")
+        return {}
+    artifact.check(source in COUNTED, artifact.METRICS, f"similar_items.source {source!r} has no table")
+    return {"similar": read_table(folder, size), "similar_source": source}
 
 
 # item_fields.json is display text: at most this many bytes per catalog item (ml-100k's title and
@@ -143,7 +163,7 @@ class RecQuery:
 WARM_UP_USER = "\x00warm-up"  # a user no table holds: warm_up runs the fallback with it
 
 # Where an answer's list came from: the model, or a fallback for a user it does not know.
-SOURCES = ("model", "popular_recent", "popular")
+LIST_SOURCES = ("model", "popular_recent", "popular")
 
 
 @dataclass
@@ -170,7 +190,7 @@ class RecResult:
     history_truncated: bool = False  # longer than the model reads: the most recent items were used
     fields: list[dict[str, FieldValue]] | None = None  # per item, when the query asked for fields
     floor: list[str] = field(default_factory=list)  # its reference list (models.ranking.Popular): never shown
-    source: str = "model"  # one of SOURCES
+    source: str = "model"  # one of LIST_SOURCES
 
 
 def check_query(q: RecQuery, position: int, *, fields: ItemFields, rules: CatalogRules) -> Node | None:
@@ -316,7 +336,7 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult], UserHistories[RecQu
         return self.histories.timeline(user, self.entity_ids, self.action_ids)
 
 
-class RecEngine(UserQueryEngine, ItemDisplay):
+class RecEngine(UserQueryEngine, ItemDisplay, Neighbours):
     """A recommendation artifact placed on a device, answering batches of queries."""
 
     def __init__(self, art: RecArtifact, options: EngineOptions) -> None:
@@ -349,6 +369,50 @@ class RecEngine(UserQueryEngine, ItemDisplay):
 
     def describe(self, raw_ids: Sequence[str], fields: Sequence[str]) -> list[dict[str, FieldValue]]:
         return describe(raw_ids, fields, self.art.fields)
+
+    @property
+    def similar_source(self) -> str:
+        return "embedding" if self.art.similar is None else self.art.similar_source
+
+    def similar(self, query: SimilarQuery) -> SimilarResult:
+        at = self.art.items.index(query.item_id)
+        if at < N_SPECIAL:
+            raise UnknownItemError(query.item_id)
+        bad = unknown_field(query.fields, self.art.fields)
+        if bad is not None:
+            raise ItemQueryError(bad[1], position=0, field=("fields", bad[0]))
+        rule = None
+        if query.filter is not None:
+            try:
+                rule = self.rules.parse(query.filter)
+            except FilterError as exc:
+                raise ItemQueryError(str(exc), position=0, field=("filter", *exc.path)) from None
+        with torch.inference_mode():
+            row = torch.tensor([at], device=self.device)
+            if self.art.similar is None:
+                form = self.model.dot_form()
+                assert form is not None  # both recommenders rank in a dot form
+                scores = cosine_scores(form.table, row)
+            else:
+                rows, counts = rows_of(*self.art.similar, [at])
+                scores = table_scores(rows.to(self.device), counts.to(self.device), len(self.art.items))
+            requested = [x for x in self.art.items.indices(query.exclude_items) if x >= N_SPECIAL]
+            out = rank_sparse(
+                scores,
+                query.k,
+                seen=None,
+                future=None,
+                requested=index_rows([requested], self.device),
+                blocked=self.rules.blocked([rule]),
+            )
+        idx, values = out.indices[0].tolist(), out.scores[0].float().tolist()
+        items = [(str(self.art.items.raw(i)), s) for i, s in zip(idx, values, strict=True) if s != -math.inf]
+        excluded = {
+            "requested": int(out.n_requested[0]),
+            "filtered": int(out.n_blocked[0]) if out.n_blocked is not None else 0,
+        }
+        fields = describe([i for i, _ in items], query.fields, self.art.fields) if query.fields else None
+        return SimilarResult(query.item_id, self.similar_source, items, excluded, fields)
 
     def _stored(self, user: str) -> tuple[list[int], float | None, tuple[int, int]] | None:
         """A user's stored items the model knows, the newest stored time and where its steps lie (read

@@ -5,16 +5,21 @@ evaluation), and a query's filter."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
 from models.artifact import latest_versions
+from models.ids import N_SPECIAL
 from models.tasks.recommend import load_artifact
 from tests.servers import wait_until
 
@@ -222,3 +227,100 @@ def test_a_visitor_of_the_social_model_gets_the_most_contacted_users(
             got["source"] == "popular"
             and [i["score"] for i in got["items"]] == sorted(counts.values(), reverse=True)[:3]
         )
+
+
+def test_similar_items_are_the_nearest_of_a_hand_built_embedding_table(root: Path, tmp_path: Path) -> None:
+    """Item vectors set on a circle, 10 degrees apart: an item's neighbours by cosine are the items next to it on
+    the circle, nearest first; exclusions, filters and hidden items come out as for /recommend."""
+    with TestClient(create_app(_settings(root, tmp_path))) as c:
+        served = c.app.state.services.loaded.models[MODEL]  # type: ignore[attr-defined]
+        engine = served.engine
+        engine.art.similar = None  # the embedding's neighbours, whatever the job chose for this artifact
+        table = engine.model.dot_form().table
+        with torch.no_grad():
+            angles = torch.arange(table.size(0), dtype=torch.float) * math.radians(10)
+            table.zero_()
+            table[:, 0], table[:, 1] = torch.cos(angles), torch.sin(angles)
+        ids = engine.art.items
+        at = {ids.raw(i): i for i in range(N_SPECIAL, len(ids))}
+        middle = ids.raw(N_SPECIAL + 10) or ""
+
+        def similar(**body: Any) -> dict[str, Any]:
+            r = c.post("/similar-items", json={"model": MODEL, "item_id": middle, **body})
+            assert r.status_code == 200, r.text
+            return dict(r.json())
+
+        got = similar(k=4)
+        assert got["source"] == "embedding" and got["complete"] is True
+        offsets = [abs(at[i["item_id"]] - at[middle]) for i in got["items"]]
+        assert offsets == [1, 1, 2, 2]  # either side, nearest first
+        assert got["items"][0]["score"] == pytest.approx(math.cos(math.radians(10)), abs=1e-5)
+        left = ids.raw(at[middle] - 1) or ""
+        assert left not in {i["item_id"] for i in similar(k=4, exclude_items=[left])["items"]}
+        kept = similar(k=3, filter={"field": "item_id", "any_of": [ids.raw(at[middle] + 5), ids.raw(at[middle] + 9)]})
+        assert [i["item_id"] for i in kept["items"]] == [ids.raw(at[middle] + 5), ids.raw(at[middle] + 9)]
+        assert kept["complete"] is False  # two items left for k = 3, and it says so
+        _hide(c, [left])
+        assert left not in {i["item_id"] for i in similar(k=4)["items"]}
+        missing = c.post("/similar-items", json={"item_id": "no-such-item"})
+        assert missing.status_code == 404 and missing.json()["error"]["details"][0]["loc"] == ["body", "item_id"]
+        bad = c.post("/similar-items", json={"item_id": middle, "filter": {"field": "nope", "any_of": ["x"]}})
+        assert bad.status_code == 422 and bad.json()["error"]["details"][0]["loc"] == ["body", "filter", "field"]
+
+
+def test_similar_items_from_a_counting_source_are_the_artifact_s_pair_counts(root: Path, tmp_path: Path) -> None:
+    """The tiny log's job chose a counting source on validation: the neighbours it serves are the items that most
+    often directly followed (transitions) the item in its users' histories, counted here by hand."""
+    art = load_artifact(latest_versions(root)[MODEL])
+    chosen = art.manifest.metrics["similar_items"]
+    assert set(chosen["valid_hit_rate"]) == {"embedding", "transitions", "cooccurrence"}
+    assert chosen["source"] == max(chosen["valid_hit_rate"], key=chosen["valid_hit_rate"].get)
+    assert set(chosen["test_hit_rate"]) == set(chosen["valid_hit_rate"]) and chosen["pairs"]["test"] > 0
+    if chosen["source"] != "transitions":
+        pytest.skip(f"the job chose {chosen['source']} on this log")
+    follows: Counter[tuple[str, str]] = Counter()
+    for user in art.histories.users():
+        steps = [i for i, _, _ in art.histories.timeline(user, art.items) if i in art.items]
+        follows.update((a, b) for a, b in itertools.pairwise(steps) if a != b)
+    item = max({a for a, _ in follows}, key=lambda a: (sum(n for (x, _), n in follows.items() if x == a), a))
+    with TestClient(create_app(_settings(root, tmp_path))) as c:
+        r = c.post("/similar-items", json={"model": MODEL, "item_id": item, "k": 5})
+        assert r.status_code == 200, r.text
+        got = r.json()
+    assert got["source"] == "transitions"
+    counts = sorted((n for (a, _), n in follows.items() if a == item), reverse=True)
+    assert [i["score"] for i in got["items"]] == counts[:5]
+    assert all(i["score"] == follows[(item, i["item_id"])] for i in got["items"])
+
+
+def test_a_named_filter_is_stored_once_and_used_by_name_with_its_parameters(root: Path, tmp_path: Path) -> None:
+    with TestClient(create_app(_settings(root, tmp_path))) as c, TestClient(create_app(_settings(root, tmp_path))) as d:
+        expression = {"all": [{"field": "release_year", "between": [{"param": "after"}, None]}]}
+        r = c.put(f"/admin/models/{MODEL}/filters/recent", json={"expression": expression}, headers=ADMIN)
+        assert r.status_code == 200 and r.json()["filters"] == {"recent": expression}
+        assert c.put(f"/admin/models/{MODEL}/filters/recent", json={"expression": expression}).status_code == 401
+        named = {"name": "recent", "params": {"after": 1995}}
+        inline = {"field": "release_year", "between": [1995, None]}
+        base = {"user_id": "u2", "k": 10, "exclude_future": False}
+        by_name = _ask(c, [{**base, "filter": named}])[0]
+        assert _items(by_name) == _items(_ask(c, [{**base, "filter": inline}])[0]) and _items(by_name)
+        wait_until(
+            lambda: (
+                d.post("/recommend", json={"model": MODEL, "queries": [{**base, "filter": named}]}).status_code == 200
+            )
+        )
+        assert d.get(f"/models/{MODEL}/filters").json()["filters"] == {"recent": expression}  # the other worker too
+
+        def error(f: object) -> tuple[int, list[Any]]:
+            r = c.post("/recommend", json={"model": MODEL, "queries": [{**base, "filter": f}]})
+            return r.status_code, r.json()["error"]["details"][0]["loc"]
+
+        assert error({"name": "recent"}) == (422, ["body", "queries", 0, "filter", "params", "after"])
+        assert error({"name": "recent", "params": {"after": 1995, "x": 1}}) == (
+            422,
+            ["body", "queries", 0, "filter", "params", "x"],
+        )
+        assert error({"name": "nope", "params": {}}) == (422, ["body", "queries", 0, "filter", "name"])
+        gone = c.delete(f"/admin/models/{MODEL}/filters/recent", headers=ADMIN)
+        assert gone.status_code == 200 and gone.json()["filters"] == {}
+        assert error(named)[0] == 422

@@ -41,6 +41,7 @@ from training.jobs.recommend_eval import (
     pooled,
     summed_pair_counts,
 )
+from training.jobs.similar_eval import SimilarItems
 from training.loop import History, train, window_batches
 from training.preflight import preflight
 from training.splits import EvalSet, Split, leave_one_out, pad_right, windows
@@ -263,6 +264,7 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         self.popularity = self.dist.total(item_counts(sequences, len(self.items)))
         self.val_set = subsample(self.split.valid, self.dist.share_of(self.cfg.eval.val_users), self.cfg.train.seed)
         self.costs, self.plan, self.planned = Costs(), {}, {}
+        self.similar = SimilarItems(len(self.items), self.cfg.train.seed)
 
     def _carry_item_meta(self, old: RecArtifact) -> None:
         """A log exported from the service has no item table: the release times and display fields of
@@ -539,6 +541,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
                 self.valid_users = {"scored": got.users, "of": self.dist.counted(len(self.split.valid.targets))[0]}
                 if self.dist.is_main:
                     log.info("validation: %d of %d users in %.1f s", got.users, got.of, got.seconds)
+                if not self.dist.own_data:  # one process holding every user: its neighbours are the whole log's
+                    self.similar.validate(model, self.split.train, self.split.valid)
         t = self.cfg.train
         # Every rank takes rank 0's time left: they refit, or do not, together.
         (left,) = self.dist.from_main(self._deadline("transition_table", "test", "export") - time.monotonic())
@@ -648,6 +652,9 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         out["baselines_valid_per_epoch_users"] = self.valid_baselines
         out["protocol"]["baselines_valid_users"] = self.valid_baselines_users
         out["test"] = got.metrics["model"]
+        if not self.dist.own_data:
+            known = self.split.test.histories + short_sequences(self.split)
+            out["similar_items"] = self.similar.metrics(model, known, self.split.test)
         if NETWORK_ALONE in got.metrics:
             out["test_network_alone"] = got.metrics[NETWORK_ALONE]
         out["baselines_test"] = {name: got.metrics[name] for name in fitted}
@@ -693,6 +700,8 @@ class RecommendJob(Job[RecData, RecTrain, RecEval]):
         fields = item_fields(d, self.items)
         if fields:
             files[artifact.ITEM_FIELDS] = {"fields": fields}
+        if not self.dist.own_data and not self.cfg.data.full_data:
+            files.update(self.similar.files(self.split.test.interacted + short_sequences(self.split)))
         info = {
             "source": d.source,
             "sha256": d.sha256,
