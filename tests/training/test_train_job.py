@@ -408,3 +408,29 @@ def test_a_job_reads_a_log_by_the_column_mapping_in_its_config(tmp_path: Path) -
     assert 25 * year <= stored(art, "u0")[0][1] < 30 * year  # synthetic_log's 1995..1999, in seconds
     with pytest.raises(ValueError, match="go together"):
         run_job(["model.kind='sasrec'", "data.event_column='type'"], tmp_path, log)
+
+
+def test_batch_prediction_obeys_a_filter_and_leaves_hidden_items_out(tmp_path: Path, tiny_artifacts: Path) -> None:
+    import csv
+    import json
+
+    from training.__main__ import main
+
+    folder = latest_versions(tiny_artifacts)["sasrec-tiny"]
+    art = load_rec_artifact(folder)
+    plain = tmp_path / "plain"
+    assert main(["predict", "--artifact", str(folder), "--k", "5", "--out", str(plain)]) == 0
+    shown = [r["item_id"] for r in csv.DictReader(next(plain.glob("*.csv")).open())]
+    hidden = max(set(shown), key=shown.count)
+    rule = tmp_path / "rule.json"
+    rule.write_text(json.dumps({"field": "release_year", "between": [1994, None]}))
+    listed = tmp_path / "hidden.json"  # as GET /models/{name}/items/hidden answers
+    listed.write_text(json.dumps({"name": "sasrec-tiny", "items": [{"item_id": hidden, "until": None}]}))
+    out = tmp_path / "ruled"
+    args = ["predict", "--artifact", str(folder), "--k", "5", "--out", str(out), "--filter", str(rule)]
+    assert main([*args, "--hidden", str(listed)]) == 0
+    rows = list(csv.DictReader(next(out.glob("*.csv")).open()))
+    assert rows and hidden not in {r["item_id"] for r in rows}
+    assert all(float(art.fields["release_year"][r["item_id"]]) >= 1994 for r in rows)  # type: ignore[arg-type]
+    rule.write_text(json.dumps({"field": "colour", "any_of": ["red"]}))
+    assert main(args) == 2  # a filter the model cannot apply: said, no file
