@@ -13,6 +13,9 @@ A filter, as a query carries it (JSON):
   {"all": [f, ...]}  {"any": [f, ...]}  {"not": f}     composed
   {"name": "genre", "params": {"genres": ["Comedy"]}}  a named filter (stored by an admin call), each
                                                        {"param": p} in it replaced by params[p]
+A query may also spread its list (`max_per`, e.g. {"genres": 3}): after scoring, an item is kept when, for
+each of its values of the field, fewer than N better-scored candidates hold that value; MAX_PER_POOL times
+k candidates are ranked for it, so a list may come back shorter than k.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ MAX_FILTER_VALUES = 1000  # values over every condition of one filter
 FILTER_CACHE_BYTES = 64 << 20  # compiled masks kept per engine: one byte per catalog entry each
 ITEM_ID = "item_id"  # the filter field naming the entities' own ids
 OPS = ("any_of", "none_of", "between")
+MAX_PER_POOL = 5  # candidates ranked per asked item where a query spreads its list (max_per)
+MAX_PER_FIELDS = 4
+Spread = tuple[tuple[str, int], ...]  # (field, at most this many items per value), checked
 
 
 class FilterError(ValueError):
@@ -162,6 +168,20 @@ def _parse(
     return Condition(name, op, tuple(values))
 
 
+def parse_spread(raw: object, *, fields: Mapping[str, Mapping[str, FieldValue]]) -> Spread:
+    """A query's max_per checked against the model's fields: FilterError names the place."""
+    if not isinstance(raw, dict) or not raw or len(raw) > MAX_PER_FIELDS:
+        raise FilterError(f"max_per maps 1 to {MAX_PER_FIELDS} fields to a count")
+    out = []
+    for name, n in raw.items():
+        if name not in fields:
+            raise FilterError(f"unknown field {name!r}; this model has {sorted(fields)}", (name,))
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise FilterError("a count of at least 1", (name,))
+        out.append((name, n))
+    return tuple(out)
+
+
 def _number(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -275,6 +295,33 @@ class CatalogRules:
             self._masks.popitem(last=False)
         return blocked
 
+    def spread(
+        self, indices: torch.Tensor, scores: torch.Tensor, rule: Spread, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One row's candidates (M,), best first, cut to the first k that `rule` keeps (-inf past the end):
+        an item is kept when, for each of its values, fewer than N better-scored candidates hold that value."""
+        keep = torch.isfinite(scores)
+        for name, n in rule:
+            vals = self._value_ids(name).to(indices.device)[indices]  # (M, L), -1 past an item's values
+            m, width = vals.shape
+            flat = vals.reshape(-1)
+            has = flat >= 0
+            key = torch.where(has, flat * m + torch.arange(m, device=flat.device).repeat_interleave(width), -1)
+            order = key.argsort()
+            ordered = key[order]
+            value = torch.where(ordered >= 0, ordered // m, -1)
+            start = torch.ones_like(value, dtype=torch.bool)
+            start[1:] = value[1:] != value[:-1]
+            first = torch.cummax(torch.where(start, torch.arange(len(value), device=flat.device), 0), 0).values
+            rank = torch.empty_like(order)
+            rank[order] = torch.arange(len(order), device=flat.device) - first  # earlier candidates with the value
+            keep &= ((rank < n) | ~has).reshape(m, width).all(1)
+        chosen = keep.nonzero().squeeze(1)[:k]
+        out_i = torch.zeros(k, dtype=indices.dtype, device=indices.device)
+        out_s = torch.full((k,), float("-inf"), dtype=scores.dtype, device=scores.device)
+        out_i[: len(chosen)], out_s[: len(chosen)] = indices[chosen], scores[chosen]
+        return out_i, out_s
+
     @property
     def cached_bytes(self) -> int:
         return len(self._masks) * self.size
@@ -326,6 +373,25 @@ class CatalogRules:
             out[idx[ok]] = vals[ok]
             self._columns[name] = col = out
         assert isinstance(col, np.ndarray)
+        return col
+
+    def _value_ids(self, name: str) -> torch.Tensor:
+        """(V, L) long: each entity's values of a field as ids (numbers and text alike), -1 past its last."""
+        key = f"#{name}"
+        col = self._columns.get(key)
+        if col is None:
+            column, ids = self.fields[name], dict[str, int]()
+            lists = {
+                r: [ids.setdefault(str(v), len(ids)) for v in (value if isinstance(value, list) else [value])]
+                for r, value in column.items()
+            }
+            width = max([1, *(len(v) for v in lists.values())])
+            out = torch.full((self.size, width), -1, dtype=torch.long)
+            for i, r in zip(self.ids.indices(list(lists)), lists, strict=True):
+                if i >= N_SPECIAL and lists[r]:
+                    out[i, : len(lists[r])] = torch.tensor(lists[r])
+            self._columns[key] = col = out
+        assert isinstance(col, torch.Tensor)
         return col
 
     def _value_index(self, name: str) -> dict[str, np.ndarray]:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from app.limits import Limits
 from app.routers.tasks import TaskRoute, register_route
 from app.schemas import Body, FieldName, RawId, Strict, UnixTime, queries_body
-from models.catalog import MAX_FILTER_DEPTH, MAX_FILTER_NODES, MAX_FILTER_VALUES
+from models.catalog import MAX_FILTER_DEPTH, MAX_FILTER_NODES, MAX_FILTER_VALUES, MAX_PER_FIELDS, MAX_PER_POOL
 from models.engine import MAX_FIELDS
 from models.tasks.recommend import RecQuery, RecResult
 
@@ -64,6 +64,15 @@ class RecommendQuery(Strict):
             f'and {{"not": ...}}; at most {MAX_FILTER_NODES} conditions, {MAX_FILTER_VALUES} values, nested '
             f"{MAX_FILTER_DEPTH} deep; an unknown field or a value of the wrong type is a 422 naming it "
             "(docs/API.md)"
+        ),
+    )
+    max_per: dict[FieldName, int] | None = Field(
+        None,
+        max_length=MAX_PER_FIELDS,
+        description=(
+            'diversity within the list, e.g. {"genres": 3}: an item is kept when, for each of its values of the field, '
+            f"fewer than that many better-scored candidates hold the value; {MAX_PER_POOL} times k candidates are "
+            "ranked for it, so the list may come back shorter than k"
         ),
     )
     on_unknown: Literal["fallback", "error"] = Field(
@@ -171,6 +180,7 @@ def to_query(q: RecommendQuery) -> RecQuery:
         as_of=q.as_of,
         fields=list(q.fields),  # as sent: an error's index is the request's (answers list each field once)
         filter=q.filter,
+        max_per=q.max_per,
         on_unknown=q.on_unknown,
     )
 

@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 
 from models import artifact
 from models.base import SequentialRecommender
-from models.catalog import CatalogRules, FieldValue, FilterError, ItemFields, Node
+from models.catalog import MAX_PER_POOL, CatalogRules, FieldValue, FilterError, ItemFields, Node, Spread, parse_spread
 from models.coarse import wide_ranker
 from models.engine import (
     FIELD_NAME,
@@ -155,6 +155,7 @@ class RecQuery:
     as_of: float | None = None
     fields: list[str] = field(default_factory=list)  # display fields to return with each item
     filter: object = None  # a business rule over the item fields (models/catalog.py), as the query sent it
+    max_per: object = None  # at most N items per value of a field (models/catalog.py), as the query sent it
     # A user_id the version does not know, with no live events and no history given: "fallback" answers
     # from what users take now (or the catalog's popularity), "error" raises UnknownUserError.
     on_unknown: str = "fallback"
@@ -178,6 +179,7 @@ class Prepared:
     reference: float | None  # in the release unit; None = no future exclusion
     extra: object = None  # task-specific tensors' inputs (e.g. actions and times)
     filter: Node | None = None  # the query's filter, checked against the model's fields
+    spread: Spread | None = None  # the query's max_per, checked
     fallback: bool = False  # an unknown user: ranked by the fallback, not the model
 
 
@@ -209,8 +211,28 @@ def check_query(q: RecQuery, position: int, *, fields: ItemFields, rules: Catalo
         raise QueryError(str(exc), position=position, field=("filter", *exc.path)) from None
 
 
+def check_spread(q: RecQuery, position: int, *, fields: ItemFields) -> Spread | None:
+    if q.max_per is None:
+        return None
+    try:
+        return parse_spread(q.max_per, fields=fields)
+    except FilterError as exc:
+        raise QueryError(str(exc), position=position, field=("max_per", *exc.path)) from None
+
+
+def wanted_k(batch: Sequence[Prepared], size: int) -> int:
+    """How many a batch's ranking pass returns per row: its largest k, widened for a row that spreads its list."""
+    return min(size, max(p.query.k * (MAX_PER_POOL if p.spread else 1) for p in batch))
+
+
 def unknown_user(
-    q: RecQuery, position: int, *, requested: list[int], reference: float | None, rule: Node | None
+    q: RecQuery,
+    position: int,
+    *,
+    requested: list[int],
+    reference: float | None,
+    rule: Node | None,
+    spread: Spread | None = None,
 ) -> Prepared:
     """An unknown user's query with nothing to read: the fallback's (its own exclusions and filter kept),
     or UnknownUserError where the query asked for it."""
@@ -224,6 +246,7 @@ def unknown_user(
         unknown=[],
         reference=reference,
         filter=rule,
+        spread=spread,
         fallback=True,
     )
 
@@ -280,13 +303,23 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult], UserHistories[RecQu
         """The model's rows in one forward pass, an unknown user's rows ranked by the fallback (no model call)."""
         with torch.inference_mode():
             if not any(p.fallback for p in batch):
-                return self.results(batch, self.run(batch))
+                return self.results(batch, self.spread(batch, self.run(batch)))
             own = [p for p in batch if not p.fallback]
-            mine = iter(self.results(own, self.run(own)) if own else [])
+            mine = iter(self.results(own, self.spread(own, self.run(own))) if own else [])
             others = [p for p in batch if p.fallback]
             ranked, source = self.fallback_ranked(others)
-            theirs = iter([replace(r, source=source) for r in self.results(others, ranked)])
+            theirs = iter([replace(r, source=source) for r in self.results(others, self.spread(others, ranked))])
             return [next(theirs) if p.fallback else next(mine) for p in batch]
+
+    def spread(self, batch: list[Prepared], ranked: Ranked) -> Ranked:
+        """Each row that asked for max_per, cut from its widened candidates to its k (models/catalog.py)."""
+        for row, p in enumerate(batch):
+            if p.spread:
+                k = p.query.k
+                i, s = self.rules.spread(ranked.indices[row], ranked.scores[row], p.spread, k)
+                ranked.indices[row, :k], ranked.scores[row, :k] = i, s
+                ranked.scores[row, k:] = float("-inf")
+        return ranked
 
     def fallback_ranked(self, batch: list[Prepared]) -> tuple[Ranked, str]:
         """Rows ranked by what users take now (when enough was taken recently) or by the artifact's
@@ -295,7 +328,7 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult], UserHistories[RecQu
         scores = recent if recent is not None else self.popular_scores
         out = rank_sparse(
             scores.expand(len(batch), -1),
-            max(p.query.k for p in batch),
+            wanted_k(batch, len(self.entity_ids)),
             seen=None,
             future=self.future(batch),
             requested=index_rows([p.requested for p in batch], self.device),
@@ -457,15 +490,15 @@ class RecEngine(UserQueryEngine, ItemDisplay, Neighbours):
 
     def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
         rule = check_query(q, position, fields=self.art.fields, rules=self.rules)
+        spread = check_spread(q, position, fields=self.art.fields)
         requested = [x for x in self.art.items.indices(q.exclude_items) if x >= N_SPECIAL]
         stored: tuple[list[int], float | None, tuple[int, int]] = ([], None, (0, 0))
         if q.user_id is not None:
             found = self._stored(q.user_id)
             if found is None and not q.history and not live:
                 # Nothing to read: a visitor is released-for as of now.
-                return unknown_user(
-                    q, position, requested=requested, reference=self._reference(q, time.time()), rule=rule
-                )
+                when = self._reference(q, time.time())
+                return unknown_user(q, position, requested=requested, reference=when, rule=rule, spread=spread)
             stored = found or stored
         if live and stored[1] is not None:
             live = self._unheld(live, stored[1], stored[2])
@@ -482,6 +515,7 @@ class RecEngine(UserQueryEngine, ItemDisplay, Neighbours):
             unknown=list(dict.fromkeys(unknown)),
             reference=self._reference(q, max(times) if times else None),
             filter=rule,
+            spread=spread,
         )
 
     def future(self, batch: Sequence[Prepared]) -> torch.Tensor | None:
@@ -499,7 +533,7 @@ class RecEngine(UserQueryEngine, ItemDisplay, Neighbours):
         return recommend(
             self.model,
             [p.history for p in batch],
-            k=max(p.query.k for p in batch),
+            k=wanted_k(batch, len(self.art.items)),
             exclude_seen=[p.exclude_seen for p in batch],
             requested=[p.requested for p in batch],
             release=self.release,

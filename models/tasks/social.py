@@ -39,8 +39,10 @@ from models.tasks.recommend import (
     RecResult,
     UserQueryEngine,
     check_query,
+    check_spread,
     ranked_results,
     unknown_user,
+    wanted_k,
 )
 from models.traced import example_rows, serving_scores
 
@@ -166,6 +168,7 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
 
     def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
         rule = check_query(q, position, fields={}, rules=self.rules)  # no item fields: users are what it ranks
+        check_spread(q, position, fields={})  # none to spread by
         for j, (_, _, action) in enumerate(q.history):
             problem = self.check_step(action)
             if problem:
@@ -326,7 +329,7 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
         seen = index_rows([p.history if p.exclude_seen else [] for p in batch], self.device)
         return rank_sparse(
             scores,
-            max(p.query.k for p in batch),
+            wanted_k(batch, len(self.art.users)),
             seen=seen,
             future=self.future(batch),
             requested=index_rows([p.requested for p in batch], self.device),

@@ -324,3 +324,26 @@ def test_a_named_filter_is_stored_once_and_used_by_name_with_its_parameters(root
         gone = c.delete(f"/admin/models/{MODEL}/filters/recent", headers=ADMIN)
         assert gone.status_code == 200 and gone.json()["filters"] == {}
         assert error(named)[0] == 422
+
+
+def test_max_per_spreads_a_list_as_a_hand_computation_over_the_plain_ranking(root: Path, tmp_path: Path) -> None:
+    with TestClient(create_app(_settings(root, tmp_path))) as c:
+        base = {"user_id": "u3", "exclude_future": False, "fields": ["genres"]}
+        plain, spread = _ask(c, [{**base, "k": 25}, {**base, "k": 4, "max_per": {"genres": 3}}])
+        held: Counter[str] = Counter()
+        want = []
+        for item in plain["items"]:  # kept while fewer than 3 better candidates hold each of its genres
+            genres = item["fields"]["genres"]
+            if all(held[g] < 3 for g in genres) and len(want) < 4:
+                want.append(item["item_id"])
+            held.update(genres)
+        assert _items(spread) == want and len(want) >= 3
+        assert max(Counter(g for i in spread["items"] for g in i["fields"]["genres"]).values()) <= 3
+        bad = c.post("/recommend", json={"model": MODEL, "queries": [{**base, "max_per": {"colour": 1}}]})
+        assert bad.status_code == 422 and bad.json()["error"]["details"][0]["loc"] == [
+            "body",
+            "queries",
+            0,
+            "max_per",
+            "colour",
+        ]
