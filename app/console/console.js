@@ -91,9 +91,11 @@ function selectModel() {
   select.replaceChildren(
     ...actions.filter((a) => !a.startsWith("<-")).map((a) => new Option(a, a))
   );
-  for (const id of ["history", "answer", "places"]) $(id).tBodies[0].replaceChildren();
+  for (const id of ["history", "answer", "places", "similar", "hidden"]) $(id).tBodies[0].replaceChildren();
   $("excluded").textContent = "";
+  $("similar-of").textContent = "";
   loadOnline();
+  loadRules();
 }
 
 const COLORS = ["#2f5bea", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285"];
@@ -177,9 +179,15 @@ async function loadModels() {
   models = data.models;
   const defaults = Object.values(data.defaults || {});
   $("model").replaceChildren(...models.map((m) => new Option(`${m.name} (${m.task})`, m.name)));
-  const first = models.find((m) => defaults.includes(m.name) && isUserModel(m)) || models[0];
+  const asked = new URLSearchParams(window.location.search);
+  const named = models.find((m) => m.name === asked.get("model"));
+  const first = named || models.find((m) => defaults.includes(m.name) && isUserModel(m)) || models[0];
   if (first) $("model").value = first.name;
   selectModel();
+  if (named && asked.get("user") && isUserModel(named)) {
+    $("user").value = asked.get("user");
+    await recommend();
+  }
 }
 
 async function showHistory(m, user) {
@@ -220,6 +228,18 @@ async function recommend(event) {
   };
   if (m.fields.length) query.fields = m.fields;
   try {
+    const filter = $("filter").value.trim();
+    if (filter) query.filter = JSON.parse(filter);
+    const spread = $("max-per").value.trim();
+    if (spread) {
+      query.max_per = Object.fromEntries(spread.split(",").map((kv) => kv.split("=").map((s) => s.trim()))
+        .map(([f, n]) => [f, Number(n)]));
+    }
+  } catch (err) {
+    return showError(new Error(`the filter is not JSON: ${err.message}`));
+  }
+  share(m, user);
+  try {
     const [data] = await Promise.all([api("POST", "recommend", { body: { model: m.name, queries: [query] }, key: $("api-key").value }), showHistory(m, user)]);
     const r = data.results[0];
     const body = $("answer").tBodies[0];
@@ -235,12 +255,20 @@ async function recommend(event) {
       use.textContent = "as event";
       use.title = "put this id in the event form";
       use.addEventListener("click", () => { $("event-item").value = it.item_id; $("event-item").focus(); });
-      row.insertCell().appendChild(use);
+      const like = document.createElement("button");
+      like.type = "button";
+      like.textContent = "similar";
+      like.title = "the items most like this one (POST /similar-items)";
+      like.addEventListener("click", () => similar(m, it.item_id));
+      const actions = row.insertCell();
+      actions.append(use, " ", like);
     });
     const x = r.excluded;
     const unknown = r.unknown_items.length ? `; unknown: ${r.unknown_items.join(", ")}` : "";
+    const from = r.source === "model" ? "" : ` (a user the model does not know: ${r.source.replace("_", " ")} items)`;
     $("excluded").textContent =
-      `${data.model} ${data.version}: excluded ${x.seen} seen, ${x.future} future, ${x.requested} requested${unknown}` +
+      `${data.model} ${data.version}${from}: excluded ${x.seen} seen, ${x.future} future, ${x.requested} requested, ` +
+      `${x.filtered} filtered or hidden${unknown}` +
       (r.history_truncated ? "; history longer than the model reads (newest part used)" : "");
   } catch (err) {
     showError(err);
@@ -333,6 +361,65 @@ async function nextPlaces(event) {
   }
 }
 
+// The console's address names the model and the user it shows: a link opens the same answer.
+function share(m, user) {
+  const url = new URL(window.location.href);
+  url.search = new URLSearchParams({ model: m.name, user }).toString();
+  window.history.replaceState(null, "", url);
+  $("share").href = url.toString();
+}
+
+async function similar(m, item) {
+  showError(null);
+  const body = { model: m.name, item_id: item, k: Number($("k").value) || 10 };
+  if (m.fields.length) body.fields = m.fields;
+  const filter = $("filter").value.trim();
+  try {
+    if (filter) body.filter = JSON.parse(filter);
+    const data = await api("POST", "similar-items", { body });
+    $("similar-of").textContent = `(like ${item}, from ${data.source}${data.complete ? "" : "; fewer than k left"})`;
+    const rows = $("similar").tBodies[0];
+    rows.replaceChildren();
+    data.items.forEach((it, n) => {
+      const row = rows.insertRow();
+      cell(row, n + 1);
+      itemCell(row, it.item_id, it.fields);
+      cell(row, details(it.fields));
+      cell(row, it.score.toFixed(3), "num");
+    });
+  } catch (err) {
+    showError(err);
+  }
+}
+
+// What the store holds for the model: its hidden items, and its named filters (a pick fills the JSON in).
+async function loadRules() {
+  const m = current();
+  const pick = $("filter-pick");
+  pick.replaceChildren(new Option("none", ""));
+  if (!isUserModel(m)) return;
+  const name = encodeURIComponent(m.name);
+  try {
+    const [hidden, named] = await Promise.all([api("GET", `models/${name}/items/hidden`), api("GET", `models/${name}/filters`)]);
+    const rows = $("hidden").tBodies[0];
+    rows.replaceChildren();
+    hidden.items.forEach((h) => {
+      const row = rows.insertRow();
+      cell(row, h.item_id);
+      cell(row, h.until === null ? "until shown again" : when(h.until));
+      cell(row, h.reason);
+    });
+    for (const [fname, expression] of Object.entries(named.filters)) {
+      const option = new Option(fname, JSON.stringify({ name: fname, params: {} }));
+      option.title = JSON.stringify(expression);
+      pick.append(option);
+    }
+  } catch (err) {
+    $("hidden").tBodies[0].replaceChildren();
+  }
+}
+
+$("filter-pick").addEventListener("change", () => { $("filter").value = $("filter-pick").value; });
 $("model").addEventListener("change", selectModel);
 $("user-form").addEventListener("submit", recommend);
 $("event-form").addEventListener("submit", postEvent);

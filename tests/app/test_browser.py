@@ -15,6 +15,7 @@ import pytest
 from tests.servers import ROOT, start_api, stop
 
 KEY = "console-test-key"
+ADMIN_KEY = "console-admin-key"
 SCREENSHOTS = Path(os.environ.get("SEQSERVE_SCREENSHOT_DIR", ROOT / ".test-output"))
 BROWSER_PATHS = ("chromium", "chromium-browser", "google-chrome")
 
@@ -58,6 +59,7 @@ def service(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         env={
             "SEQSERVE_DEFAULT_MODEL": "sasrec-tiny",
             "SEQSERVE_EVENTS_API_KEY": KEY,
+            "SEQSERVE_ADMIN_API_KEY": ADMIN_KEY,
             "SEQSERVE_HISTORY_PATH": str(state / "history.sqlite3"),
             "SEQSERVE_STATE_DIR": str(state),
         },
@@ -141,9 +143,9 @@ def test_console_shows_titled_answers_and_an_event_changes_them(driver: Any, ser
     floor, cells = driver.execute_script(
         "return [...$('online-breakdown').tBodies[0].rows].map((r) => [...r.cells].map((c) => c.textContent))"
     )
-    assert floor[0].endswith("/floor") and floor[5:] == ["-", "-", "-"], floor  # scored, never shown
-    assert cells[0].endswith("/live") and cells[1:5] == ["1.0000 (n 1)", "-", "-", "1.0000 (n 1)"], cells
-    assert int(cells[5]) >= 1 and cells[6].endswith(")") and cells[7].endswith("%"), cells  # lists shown, once shared
+    assert floor[0].endswith("/floor") and floor[6:] == ["-", "-", "-"], floor  # scored, never shown
+    assert cells[0].endswith("/live") and cells[1:6] == ["1.0000 (n 1)", "-", "-", "-", "1.0000 (n 1)"], cells
+    assert int(cells[6]) >= 1 and cells[7].endswith(")") and cells[8].endswith("%"), cells  # lists shown, once shared
     # The key was used, never kept by the page.
     kept = driver.execute_script("return [localStorage.length, sessionStorage.length, document.cookie]")
     assert kept == [0, 0, ""]
@@ -165,7 +167,46 @@ def test_console_says_what_is_wrong(driver: Any, service: str) -> None:
     assert "401" in error.text and "X-API-Key" in error.text
     driver.find_element(By.ID, "api-key").send_keys(KEY)
     driver.find_element(By.ID, "ask").click()
-    error = _wait(
-        driver, lambda d: d.find_element(By.ID, "error") if "404" in d.find_element(By.ID, "error").text else None
+    # With the key, a user the model does not know gets the fallback's list, and the page says so.
+    _wait(driver, lambda d: "does not know" in d.find_element(By.ID, "excluded").text)
+    assert "popular items" in driver.find_element(By.ID, "excluded").text and len(_rows(driver, "answer")) == 10
+    driver.find_element(By.ID, "filter").send_keys("{not json")
+    driver.find_element(By.ID, "ask").click()
+    _wait(driver, lambda d: "not JSON" in d.find_element(By.ID, "error").text)
+
+
+def test_a_link_opens_a_model_and_user_with_hidden_and_similar_items(driver: Any, service: str) -> None:
+    import httpx2 as httpx
+    from selenium.webdriver.common.by import By
+
+    hidden = "12"
+    r = httpx.post(
+        f"{service}/admin/models/sasrec-tiny/items/hide",
+        json={"item_ids": [hidden], "reason": "out of stock"},
+        headers={"X-API-Key": ADMIN_KEY},
     )
-    assert "404" in error.text and "unknown user" in error.text
+    assert r.status_code == 200, r.text
+    driver.get(f"{service}/console?model=bert4rec-tiny&user=u5")
+    _wait(driver, lambda d: d.find_element(By.ID, "user").get_attribute("value") == "u5")
+    assert driver.find_element(By.ID, "model").get_attribute("value") == "bert4rec-tiny"
+    driver.get(f"{service}/console?model=sasrec-tiny&user=u5")
+    _wait(driver, lambda d: d.find_element(By.ID, "user").get_attribute("value") == "u5")
+    _wait(driver, lambda d: [r.find_elements(By.TAG_NAME, "td")[0].text for r in _rows(d, "hidden")] == [hidden])
+    assert "out of stock" in _rows(driver, "hidden")[0].text
+    driver.find_element(By.ID, "api-key").send_keys(KEY)  # this service keeps histories private
+    driver.find_element(By.ID, "ask").click()
+    _wait(driver, lambda d: len(_rows(d, "answer")) == 10)
+    assert not any(f"({hidden})" in i for i in _answer_ids(driver))
+    assert "model=sasrec-tiny&user=u5" in driver.find_element(By.ID, "share").get_attribute("href")
+    first = _answer_ids(driver)[0].rsplit("(", 1)[-1].rstrip(")")  # "<title> (<id>)"
+    _rows(driver, "answer")[0].find_elements(By.TAG_NAME, "button")[1].click()  # "similar"
+    _wait(driver, lambda d: len(_rows(d, "similar")) > 0)
+    assert f"like {first}" in driver.find_element(By.ID, "similar-of").text
+    assert not any(f"({hidden})" in r.find_elements(By.TAG_NAME, "td")[1].text for r in _rows(driver, "similar"))
+    driver.find_element(By.ID, "filter").send_keys(f'{{"field": "item_id", "none_of": ["{first}"]}}')
+    driver.find_element(By.ID, "ask").click()
+    _wait(driver, lambda d: len(_rows(d, "answer")) == 10 and not any(f"({first})" in i for i in _answer_ids(d)))
+    assert (
+        "1 filtered" in driver.find_element(By.ID, "excluded").text
+        or "filtered" in driver.find_element(By.ID, "excluded").text
+    )
