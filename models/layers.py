@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.base import RecommenderConfig
-from models.filters import FilterSpec, SequenceFilter
 from models.ids import N_SPECIAL, PAD
+from models.sequence_filters import FilterSpec, SequenceFilter
 
 # Masks: True = hidden, everywhere in the project. The (B, L) and (L, L) forms are the building
 # blocks; the 4-D forms broadcast against attention scores (B, H, Lq, Lk).

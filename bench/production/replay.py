@@ -119,6 +119,7 @@ class Replayer:
         self.url, self.shards, self.model, self.as_of = url, shards, model, as_of
         self.scored: list[tuple[str, str, list[str], str]] = []  # (version, variant, list, next item)
         self.rows: list[int] = []  # each scored list's event: its place in the replayed log
+        self.sources: list[str] = []  # each scored list's source: the model, or the fallback for a new user
         self.errors = 0
         self.unknown = 0  # /recommend 404: users not in the base log, before their first event
         self.live_order: dict[str, int] = {}  # versions seen answering as the live one, in the order first seen
@@ -159,6 +160,7 @@ class Replayer:
                 variant = "live" if version == live else "holdback" if before else "canary"
                 self.scored.append((version, variant, [x["item_id"] for x in res["items"]], item))
                 self.rows.append(n)
+                self.sources.append(res.get("source", "model"))
 
 
 def offline(scored: list[tuple[str, str, list[str], str]]) -> dict[str, dict[str, float]]:
@@ -350,6 +352,12 @@ def main() -> None:
         report |= phases
         report["errors"], report["unknown_user_requests"] = rep.errors, rep.unknown
         report |= online_check(rep, service)
+        # Lists by source (a user the serving version did not know: the fallback's), computed here, and the
+        # service's own segments, where users_fallback holds the fallback's lists.
+        by_source = [(src, "all", items, t) for (_, _, items, t), src in zip(rep.scored, rep.sources, strict=True)]
+        report["by_source"] = offline(by_source)
+        online = httpx.get(f"http://127.0.0.1:{args.port}/models/{NAME}/online", timeout=30).json()
+        report["segments"] = online["segments"]
         lines = metrics.splitlines()
         report["changes"] = [x for x in lines if x.startswith("seqserve_candidate_changes_total")]
         report["unscored"] = [x for x in lines if x.startswith("seqserve_online_unscored_total")]

@@ -311,3 +311,19 @@ def test_the_reloads_asked_are_one_count_every_host_reads(state: ProductionState
     assert state.reloads() == 0
     assert [state.add_reload(), state.add_reload()] == [1, 2]
     assert state.reloads() == 2
+
+
+def test_hidden_items_and_named_filters_are_kept_per_model(state: ProductionState) -> None:
+    from app.store import HiddenItem
+
+    assert state.hidden("m") == {} and state.filters("m") == {}
+    assert state.hide("m", {"a": HiddenItem(None, "recalled", 1.0), "b": HiddenItem(5.0, "", 2.0)}) == 2
+    assert state.hide("m", {"a": HiddenItem(9.0, "back soon", 3.0)}) == 2  # updated, not added
+    assert state.hidden("m") == {"a": HiddenItem(9.0, "back soon", 3.0), "b": HiddenItem(5.0, "", 2.0)}
+    assert state.hidden("other") == {}
+    assert state.unhide("m", ["b", "never-hidden"]) == 1 and list(state.hidden("m")) == ["a"]
+    state.set_filter("m", "recent", '{"field":"year","between":[{"param":"after"},null]}')
+    state.set_filter("m", "recent", '{"field":"year","between":[1990,null]}')
+    assert state.filters("m") == {"recent": '{"field":"year","between":[1990,null]}'} and state.filters("other") == {}
+    state.set_filter("m", "recent", None)
+    assert state.filters("m") == {}

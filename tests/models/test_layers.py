@@ -348,7 +348,7 @@ def test_dropout_drops_its_share_scales_the_rest_and_is_the_identity_in_eval() -
 
 def test_bsa_low_pass_is_bsarecs_fft_cut() -> None:
     """The fixed filter is BSARec's: rfft over the positions, the first c // 2 + 1 frequencies kept, irfft."""
-    from models.filters import low_pass_matrix
+    from models.sequence_filters import low_pass_matrix
 
     x = torch.randn(3, 12, 4)
     spec = torch.fft.rfft(x, dim=1, norm="ortho")
@@ -360,7 +360,7 @@ def test_bsa_low_pass_is_bsarecs_fft_cut() -> None:
 def test_a_causal_filter_gives_each_position_the_frame_ending_there(kind: str) -> None:
     """Position t of a causal filter = the filter at the last position of the max_len frame ending at t,
     zeros before the start (the one position BSARec and FMLP-Rec predict from)."""
-    from models.filters import FilterSpec, SequenceFilter, low_pass_matrix
+    from models.sequence_filters import FilterSpec, SequenceFilter, low_pass_matrix
 
     torch.manual_seed(0)
     n, d = 6, 3
@@ -382,7 +382,7 @@ def test_a_time_variant_filter_gives_each_position_its_own_taps(causal: bool) ->
     """TV-Rec's filter: position t's taps are its coefficients times the bases, tap j on t - j (causal:
     nothing after t; bidirectional: the circular frame); positions differ where the learned filter's
     taps are one kernel for all."""
-    from models.filters import FilterSpec, SequenceFilter
+    from models.sequence_filters import FilterSpec, SequenceFilter
 
     torch.manual_seed(0)
     n, d, m = 6, 3, 2
