@@ -105,15 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if app.openapi_schema is None:
             documented = [route for hot in plain for route in hot.documented.routes]
             doc = get_openapi(title=app.title, version=app.version, routes=[*documented, *app.routes])
-            doc.setdefault("components", {}).setdefault("schemas", {}).update(
-                components(
-                    services.schemas,
-                    admin.PinRequest,
-                    admin.CandidateRequest,
-                    catalog.HideRequest,
-                    catalog.UnhideRequest,
-                )
-            )
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(components(services.schemas, *BODIES))
             app.openapi_schema = doc
         return app.openapi_schema
 

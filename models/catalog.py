@@ -298,28 +298,35 @@ class CatalogRules:
     def spread(
         self, indices: torch.Tensor, scores: torch.Tensor, rule: Spread, k: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One row's candidates (M,), best first, cut to the first k that `rule` keeps (-inf past the end):
-        an item is kept when, for each of its values, fewer than N better-scored candidates hold that value."""
+        """Rows of candidates (R, M), best first, cut to the first k each that `rule` keeps (-inf past a row's
+        end): an item is kept when, for each of its values, fewer than N better-scored candidates of its row
+        hold that value. Every row at once: a sort of (row, value, position) keys gives each candidate's count
+        of better ones sharing each of its values."""
+        rows, m = indices.shape
         keep = torch.isfinite(scores)
         for name, n in rule:
-            vals = self._value_ids(name).to(indices.device)[indices]  # (M, L), -1 past an item's values
-            m, width = vals.shape
-            flat = vals.reshape(-1)
-            has = flat >= 0
-            key = torch.where(has, flat * m + torch.arange(m, device=flat.device).repeat_interleave(width), -1)
+            table = self._value_ids(name).to(indices.device)
+            vals = table[indices]  # (R, M, L), -1 past an item's values
+            width, n_values = vals.size(2), int(table.max()) + 2
+            has = vals >= 0
+            pos = torch.arange(m, device=vals.device)[None, :, None]
+            row = torch.arange(rows, device=vals.device)[:, None, None]
+            group = row * n_values + vals + 1  # (row, value) as one number, 0 for "no value"
+            key = torch.where(has, group * m + pos, -1).reshape(-1)
             order = key.argsort()
             ordered = key[order]
-            value = torch.where(ordered >= 0, ordered // m, -1)
-            start = torch.ones_like(value, dtype=torch.bool)
-            start[1:] = value[1:] != value[:-1]
-            first = torch.cummax(torch.where(start, torch.arange(len(value), device=flat.device), 0), 0).values
+            grouped = torch.where(ordered >= 0, ordered // m, -1)
+            start = torch.ones_like(grouped, dtype=torch.bool)
+            start[1:] = grouped[1:] != grouped[:-1]
+            at = torch.arange(len(order), device=vals.device)
+            first = torch.cummax(torch.where(start, at, 0), 0).values
             rank = torch.empty_like(order)
-            rank[order] = torch.arange(len(order), device=flat.device) - first  # earlier candidates with the value
-            keep &= ((rank < n) | ~has).reshape(m, width).all(1)
-        chosen = keep.nonzero().squeeze(1)[:k]
-        out_i = torch.zeros(k, dtype=indices.dtype, device=indices.device)
-        out_s = torch.full((k,), float("-inf"), dtype=scores.dtype, device=scores.device)
-        out_i[: len(chosen)], out_s[: len(chosen)] = indices[chosen], scores[chosen]
+            rank[order] = at - first  # better candidates of the same row holding the same value
+            keep &= ((rank.reshape(rows, m, width) < n) | ~has).all(2)
+        # The kept candidates first, in their order; then the others, never shown.
+        order = torch.argsort((~keep).to(torch.int64) * m + torch.arange(m, device=keep.device), dim=1)[:, :k]
+        out_i = indices.gather(1, order)
+        out_s = scores.gather(1, order).masked_fill(~keep.gather(1, order), float("-inf"))
         return out_i, out_s
 
     @property

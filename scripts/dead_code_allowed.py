@@ -10,6 +10,10 @@ from app.main import app_from_env
 from app.routers.next_location import ScoredLocation
 from app.schemas import ModelsResponse, OnlineResponse, ReloadReport
 from app.schemas import EventResult as _EventResult
+from app.routers.models import ModelInfo as _ModelInfo
+from app.routers.recommend import Excluded as _Excluded
+from app.routers.similar import SimilarExcluded as _SimilarExcluded
+from bench.servers import start_api as _start_api
 
 app_from_env
 
@@ -18,6 +22,12 @@ noop_app = object()
 noop_app.create
 
 ScoredLocation.probability
+_ModelInfo.similar_items
+_Excluded.filtered
+_SimilarExcluded.filtered
+
+# tests/servers.py starts the service through it (the benches use start_server).
+_start_api
 _EventResult.unknown_item
 ReloadReport.loaded
 ReloadReport.unchanged

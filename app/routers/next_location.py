@@ -148,7 +148,7 @@ def result_json(r: LocResult) -> dict[str, object]:
     }
 
 
-ROUTE = register_route(
+register_route(
     TaskRoute(
         name="next_location",
         path="/next-location",

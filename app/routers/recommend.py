@@ -204,7 +204,7 @@ def queries(body: RecommendRequest) -> list[RecQuery]:
     return [to_query(q) for q in body.queries]
 
 
-ROUTE = register_route(
+register_route(
     TaskRoute(
         name="recommend",
         path="/recommend",

@@ -63,9 +63,7 @@ router = APIRouter(tags=["recommend"])
     openapi_extra=body_doc("SimilarRequest"),
     responses=errors(404, 422, 503),
 )
-async def similar_items(
-    services: ServicesDep, body: Annotated[SimilarRequest, Depends(similar_body)]
-) -> SimilarResponse:
+async def similar_items(services: ServicesDep, body: SimilarBody) -> SimilarResponse:
     """The items most like `item_id`, best first, without the excluded, filtered and hidden ones."""
     loaded = services.loaded
     with loaded.lease(body.model, "recommend", services.settings.default_model) as served:

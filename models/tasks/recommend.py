@@ -163,9 +163,6 @@ class RecQuery:
 
 WARM_UP_USER = "\x00warm-up"  # a user no table holds: warm_up runs the fallback with it
 
-# Where an answer's list came from: the model, or a fallback for a user it does not know.
-LIST_SOURCES = ("model", "popular_recent", "popular")
-
 
 @dataclass
 class Prepared:
@@ -192,7 +189,9 @@ class RecResult:
     history_truncated: bool = False  # longer than the model reads: the most recent items were used
     fields: list[dict[str, FieldValue]] | None = None  # per item, when the query asked for fields
     floor: list[str] = field(default_factory=list)  # its reference list (models.ranking.Popular): never shown
-    source: str = "model"  # one of LIST_SOURCES
+    # Where the list came from: "model", or for a user it does not know the fallback's "popular_recent"
+    # (what users took over the recent window) or "popular" (the artifact's most frequent).
+    source: str = "model"
 
 
 def check_query(q: RecQuery, position: int, *, fields: ItemFields, rules: CatalogRules) -> Node | None:
@@ -312,13 +311,17 @@ class UserQueryEngine(Engine[RecQuery, Prepared, RecResult], UserHistories[RecQu
             return [next(theirs) if p.fallback else next(mine) for p in batch]
 
     def spread(self, batch: list[Prepared], ranked: Ranked) -> Ranked:
-        """Each row that asked for max_per, cut from its widened candidates to its k (models/catalog.py)."""
+        """The rows that asked for max_per, cut from their widened candidates to their k (models/catalog.py): the
+        rows of one rule and k together."""
+        groups: dict[tuple[Spread, int], list[int]] = {}
         for row, p in enumerate(batch):
             if p.spread:
-                k = p.query.k
-                i, s = self.rules.spread(ranked.indices[row], ranked.scores[row], p.spread, k)
-                ranked.indices[row, :k], ranked.scores[row, :k] = i, s
-                ranked.scores[row, k:] = float("-inf")
+                groups.setdefault((p.spread, p.query.k), []).append(row)
+        for (rule, k), rows in groups.items():
+            at = torch.tensor(rows, device=ranked.indices.device)
+            i, s = self.rules.spread(ranked.indices[at], ranked.scores[at], rule, k)
+            ranked.indices[at, :k], ranked.scores[at, :k] = i, s
+            ranked.scores[at, k:] = float("-inf")
         return ranked
 
     def fallback_ranked(self, batch: list[Prepared]) -> tuple[Ranked, str]:

@@ -126,17 +126,21 @@ def test_recent_takes_rank_the_fallback_only_past_their_minimum(rules: CatalogRu
 def test_max_per_keeps_an_item_while_fewer_than_n_better_ones_share_a_value(rules: CatalogRules) -> None:
     """Candidates a, b, c, d, e best first: genres a [X, Y], b [Y], c [Z], d [], e (none). At most one per genre:
     a is kept (first X, first Y), b is not (a holds Y), c is (first Z), d and e hold no genre."""
-    order = torch.tensor([IDS.index(r) for r in "abcde"])
-    scores = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0])
+    order = torch.tensor([[IDS.index(r) for r in "abcde"]])
+    scores = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0]])
     spread = parse_spread({"genres": 1}, fields=FIELDS)
     idx, got = rules.spread(order, scores, spread, 4)
-    assert [IDS.raw(int(i)) for i in idx] == ["a", "c", "d", "e"] and got.tolist() == [5.0, 3.0, 2.0, 1.0]
+    assert [IDS.raw(int(i)) for i in idx[0]] == ["a", "c", "d", "e"] and got[0].tolist() == [5.0, 3.0, 2.0, 1.0]
     idx, got = rules.spread(order, scores, parse_spread({"genres": 2}, fields=FIELDS), 3)
-    assert [IDS.raw(int(i)) for i in idx] == ["a", "b", "c"]
+    assert [IDS.raw(int(i)) for i in idx[0]] == ["a", "b", "c"]
     both = parse_spread({"genres": 2, "brand": 1}, fields=FIELDS)  # brand: a acme, b other, c acme, d none
     idx, got = rules.spread(order, scores, both, 5)
-    assert [IDS.raw(int(i)) for i, s in zip(idx, got, strict=True) if s > float("-inf")] == ["a", "b", "d", "e"]
-    assert got[-1] == float("-inf")  # fewer than k kept: the row says so with -inf
+    assert [IDS.raw(int(i)) for i, s in zip(idx[0], got[0], strict=True) if s > float("-inf")] == ["a", "b", "d", "e"]
+    assert got[0, -1] == float("-inf")  # fewer than k kept: the row says so with -inf
+    # Rows apart: the second row (c first) keeps its own first of each genre, never counting the first row's.
+    two = torch.tensor([[IDS.index(r) for r in "abcde"], [IDS.index(r) for r in "cbaed"]])
+    idx, _ = rules.spread(two, scores.expand(2, -1), spread, 3)
+    assert [[IDS.raw(int(i)) for i in r] for r in idx] == [["a", "c", "d"], ["c", "b", "e"]]
     with pytest.raises(FilterError, match="unknown field"):
         parse_spread({"colour": 1}, fields=FIELDS)
     with pytest.raises(FilterError, match="at least 1"):
