@@ -74,14 +74,23 @@ def _aim(case: Any, model: str | None) -> Any:
     model also needs each history step's action from its own vocabulary, and asked item fields must
     be the model's own (GET /models lists them): per-model rules the shared document states in words
     (a 422 naming the step or field otherwise, tested in tests/app/test_social.py and
-    tests/app/test_fields_history.py)."""
+    tests/app/test_fields_history.py). So are a filter's and max_per's fields (tests/app/test_catalog.py), and
+    similar items exist for the item recommenders only."""
     if case.operation.path == "/history" and isinstance(case.query, dict):
         known = FIELDS.get(case.query.get("model") or DEFAULT, set())
         case.query["fields"] = [f for f in case.query.get("fields") or () if f in known]
     if not isinstance(case.body, dict):
         return case
+    if case.operation.path == "/similar-items":
+        model = model if model in FIELDS else None
+        case.body.pop("filter", None)
+        if isinstance(case.body.get("fields"), list):
+            case.body["fields"] = [f for f in case.body["fields"] if f in FIELDS.get(model or DEFAULT, set())]
     if case.operation.path == "/recommend":
         for q in case.body.get("queries") or ():
+            if isinstance(q, dict):
+                q.pop("filter", None)
+                q.pop("max_per", None)
             if isinstance(q, dict) and isinstance(q.get("fields"), list):
                 q["fields"] = [f for f in q["fields"] if f in FIELDS.get(model or DEFAULT, set())]
     if model is None:

@@ -36,7 +36,13 @@ def server(tiny_artifacts: Path):  # type: ignore[no-untyped-def]
 VALID = [{"queries": [{"user_id": f"u{i}", "k": 5}]} for i in range(40)] + [
     {"model": "bert4rec-tiny", "queries": [{"history": [{"item_id": "12"}, {"item_id": "13"}]}] * 3}
 ]
-INVALID = [{"queries": []}, {"queries": [{"k": 0}]}, {"queries": [{"user_id": "ghost"}]}, [1], {"model": "x"}]
+INVALID = [
+    {"queries": []},
+    {"queries": [{"k": 0}]},
+    {"queries": [{"user_id": "ghost", "on_unknown": "error"}]},
+    [1],
+    {"model": "x"},
+]
 
 
 @pytest.mark.slow
