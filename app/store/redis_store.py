@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -697,19 +696,16 @@ class RedisStore(HistoryStore, ProductionState):
         if spec is None:
             return False
         pin = self._call(lambda: self.r.hget(keys[1], name)) if promote else None  # stable while the trial runs
-        ended = dataclasses.replace(
-            Candidate.from_json(str(spec)),
-            outcome="promoted" if promote else "retired",
-            ended=time.time(),
-            replaced=None if pin is None else str(pin),
+        ended = Candidate.from_json(str(spec)).settled(
+            promoted=promote, at=time.time(), replaced=None if pin is None else str(pin)
         )
         return bool(self._call(lambda: self._settle(keys=keys, args=[name, version, int(promote), ended.to_json()])))
 
     def roll_back(self, name: str, version: str) -> bool:
-        return self._end(name, version, lambda c: dataclasses.replace(c, outcome="rolled_back"), pin=True)
+        return self._end(name, version, lambda c: c.rolled_back(), pin=True)
 
     def confirm(self, name: str, version: str) -> bool:
-        return self._end(name, version, lambda c: dataclasses.replace(c, confirmed=time.time()), pin=False)
+        return self._end(name, version, lambda c: c.confirmed_at(time.time()), pin=False)
 
     def _end(self, name: str, version: str, ended: Callable[[Candidate], Candidate], *, pin: bool) -> bool:
         """End the probation of `version` of `name` with the record `ended` makes (the script checks it runs)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sqlite3
@@ -639,11 +638,8 @@ class SQLiteStore(HistoryStore, ProductionState):
             if cand is None or cand.version != version or not cand.running:
                 return False
             pin = conn.execute("SELECT version FROM pins WHERE name = ?", (name,)).fetchone()
-            ended = dataclasses.replace(
-                cand,
-                outcome="promoted" if promote else "retired",
-                ended=time.time(),
-                replaced=pin[0] if promote and pin is not None else None,
+            ended = cand.settled(
+                promoted=promote, at=time.time(), replaced=pin[0] if promote and pin is not None else None
             )
             conn.execute("UPDATE candidates SET spec = ? WHERE name = ?", (ended.to_json(), name))
             if promote:
@@ -657,7 +653,7 @@ class SQLiteStore(HistoryStore, ProductionState):
             cand = self._on_probation(conn, name, version)
             if cand is None:
                 return False
-            rolled = dataclasses.replace(cand, outcome="rolled_back")
+            rolled = cand.rolled_back()
             conn.execute("UPDATE candidates SET spec = ? WHERE name = ?", (rolled.to_json(), name))
             assert cand.replaced is not None
             _write_pin(conn, name, cand.replaced)
@@ -670,7 +666,7 @@ class SQLiteStore(HistoryStore, ProductionState):
             cand = self._on_probation(conn, name, version)
             if cand is None:
                 return False
-            confirmed = dataclasses.replace(cand, confirmed=time.time())
+            confirmed = cand.confirmed_at(time.time())
             conn.execute("UPDATE candidates SET spec = ? WHERE name = ?", (confirmed.to_json(), name))
             return True
 

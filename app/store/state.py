@@ -54,22 +54,66 @@ def segment_groups(segment: str) -> tuple[str, str] | None:
 
 
 @dataclass(frozen=True)
+class TrialEnd:
+    """A trial's record once it ended: `outcome` ("promoted", "retired", "rolled_back") and when; for a
+    promotion, the version it replaced (probation's comparison and a rollback's pin) and when probation
+    confirmed it."""
+
+    outcome: str
+    ended: float | None = None
+    replaced: str | None = None
+    confirmed: float | None = None
+
+
+@dataclass(frozen=True)
 class Candidate:
     """A version of a model on trial beside the live one: `canary` answers `share` of the users (sticky
     by user id); `shadow` scores the same by-user queries off the response path; `interleave` mixes its
     list with the live one in every by-user answer (app/production/interleave.py). `since`: when it became
-    the candidate (its online figures are compared with the live version's from then on). A promoted
-    candidate is on probation until it is confirmed (`confirmed` set) or rolled back. (The version a
-    promotion replaced, answering beside it during probation, is not a candidate: app.choices.Holdback.)"""
+    the candidate (its online figures are compared with the live version's from then on). `end`: the trial's
+    record once it ended (None while it runs); a promoted candidate is on probation until it is confirmed or
+    rolled back. (The version a promotion replaced, answering beside it during probation, is not a
+    candidate: app.choices.Holdback.)"""
 
     version: str
     mode: Mode
     share: float
     since: float
-    outcome: str | None = None  # "promoted", "retired" or "rolled_back" once the trial ended; None while it runs
-    ended: float | None = None  # when the trial ended
-    replaced: str | None = None  # a promoted candidate's: the version it replaced (probation's comparison)
-    confirmed: float | None = None  # a promoted candidate's: when probation confirmed the promotion
+    end: TrialEnd | None = None
+
+    @property
+    def outcome(self) -> str | None:
+        return self.end.outcome if self.end is not None else None
+
+    @property
+    def ended(self) -> float | None:
+        return self.end.ended if self.end is not None else None
+
+    @property
+    def replaced(self) -> str | None:
+        return self.end.replaced if self.end is not None else None
+
+    @property
+    def confirmed(self) -> float | None:
+        return self.end.confirmed if self.end is not None else None
+
+    def settled(self, *, promoted: bool, at: float, replaced: str | None) -> Candidate:
+        """The record of the trial ended now: promoted (replacing `replaced`) or retired."""
+        return dataclasses.replace(self, end=TrialEnd("promoted" if promoted else "retired", at, replaced))
+
+    def rolled_back(self) -> Candidate:
+        """The promotion's record, rolled back (a running trial has none to change: itself)."""
+        return (
+            self
+            if self.end is None
+            else dataclasses.replace(self, end=dataclasses.replace(self.end, outcome="rolled_back"))
+        )
+
+    def confirmed_at(self, at: float) -> Candidate:
+        """The promotion's record, confirmed at `at` (a running trial has none to change: itself)."""
+        if self.end is None:
+            return self
+        return dataclasses.replace(self, end=dataclasses.replace(self.end, confirmed=at))
 
     @property
     def running(self) -> bool:
@@ -105,17 +149,16 @@ class Candidate:
         mode = raw["mode"]
         if mode not in ("canary", "shadow", "interleave"):
             raise ValueError(f"unknown candidate mode {mode!r}")
-        ended, confirmed = raw.get("ended"), raw.get("confirmed")
-        return cls(
-            str(raw["version"]),
-            mode,
-            float(raw["share"]),
-            float(raw["since"]),
-            raw.get("outcome"),
-            None if ended is None else float(ended),
-            raw.get("replaced"),
-            None if confirmed is None else float(confirmed),
-        )
+        ended, confirmed, outcome = raw.get("ended"), raw.get("confirmed"), raw.get("outcome")
+        end = None
+        if outcome is not None:
+            end = TrialEnd(
+                str(outcome),
+                None if ended is None else float(ended),
+                raw.get("replaced"),
+                None if confirmed is None else float(confirmed),
+            )
+        return cls(str(raw["version"]), mode, float(raw["share"]), float(raw["since"]), end)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from app.store import (
     Traffic,
     UserStats,
 )
-from app.store.state import ARRIVALS_KEEP_S
+from app.store.state import ARRIVALS_KEEP_S, TrialEnd
 
 
 def test_version_pins_are_kept_and_removed(state: ProductionState) -> None:
@@ -147,7 +147,7 @@ def test_a_candidate_is_settled_once(state: ProductionState) -> None:
     assert state.settle("sasrec", "v2", promote=True)
     promoted = state.candidates()["sasrec"]
     assert promoted.ended is not None and before <= promoted.ended <= time.time()
-    assert promoted == Candidate("v2", "canary", 0.25, 100.0, "promoted", promoted.ended, replaced="v1")
+    assert promoted == Candidate("v2", "canary", 0.25, 100.0, TrialEnd("promoted", promoted.ended, "v1"))
     assert state.pins() == {"sasrec": "v2"}
     assert not state.settle("sasrec", "v2", promote=False)  # a second worker's late decision changes nothing
     assert state.candidates()["sasrec"].outcome == "promoted"

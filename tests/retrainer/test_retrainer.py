@@ -17,6 +17,7 @@ import pytest
 
 from app.production.promotion import Window, online_windows
 from app.store import Arrival, Candidate, SQLiteStore, Sums
+from app.store.state import TrialEnd
 from models.artifact import HELD, RUNS, TMP_PREFIX, versions
 from retrainer.retrain import keep_held, sweep_runs
 from retrainer.retrainer import (
@@ -199,12 +200,12 @@ def test_a_model_is_left_alone_while_its_trial_runs_and_while_its_promotion_is_o
     now = 1_800_000_000.0
     running = Candidate("v2", "canary", 0.5, now - 60)
     assert left_alone(running, "v1", now=now) == "a trial running (v2)"
-    promoted = Candidate("v2", "canary", 0.5, now - 600, "promoted", now - 86400, replaced="v1")
+    promoted = Candidate("v2", "canary", 0.5, now - 600, TrialEnd("promoted", now - 86400, "v1"))
     assert left_alone(promoted, "v2", now=now) == "v2 on probation since its promotion 86400 s ago"
-    confirmed = dataclasses.replace(promoted, confirmed=now - 60)
+    confirmed = promoted.confirmed_at(now - 60)
     assert left_alone(confirmed, "v2", now=now) is None
     assert left_alone(promoted, "v1", now=now) is None  # pinned away since: its probation ended
-    retired = Candidate("v2", "canary", 0.5, now - 600, "retired", now - 60)
+    retired = Candidate("v2", "canary", 0.5, now - 600, TrialEnd("retired", now - 60))
     assert left_alone(retired, "v1", now=now) is None
     assert left_alone(None, "v1", now=now) is None
 

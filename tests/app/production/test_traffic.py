@@ -9,10 +9,10 @@ from app.production.promotion import Sides, probation, probation_sides
 from app.production.traffic import VersionTraffic
 from app.settings import ProbationPolicy, Settings
 from app.store import Candidate, Traffic, UserStats
-from app.store.state import LATENCY_EDGES_S
+from app.store.state import LATENCY_EDGES_S, TrialEnd
 
 PROMOTED = 1_800_000_000.0
-CAND = Candidate("v2", "canary", 0.5, PROMOTED - 600, "promoted", PROMOTED, replaced="v1")
+CAND = Candidate("v2", "canary", 0.5, PROMOTED - 600, TrialEnd("promoted", PROMOTED, "v1"))
 NO_TRAFFIC = Traffic()
 
 
