@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, SecretStr
 
 from app import bodies
+from app.answering import off_loop
 from app.catalog import CatalogView
 from app.errors import Forbidden, Unauthorized
 from app.loaded import LoadedModels, Served
@@ -30,7 +31,6 @@ from app.production.online import ServedLists
 from app.production.traffic import VersionTraffic
 from app.production.trials import AnswerContext, ShadowWork
 from app.schemas import EventsRequest, RequestModels, bounded
-from app.serving import off_loop
 from app.settings import Settings
 from app.store import HistoryStore, ProductionState
 from app.workers import Coordinator

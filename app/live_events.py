@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from app import store_calls
+from app.answering import store_or_503
 from app.errors import EventConflict, InvalidEvents, InvalidQuery, UnknownUser
 from app.loaded import Served
 from app.schemas import EventIn
-from app.serving import store_or_503
 from app.store import Event, HistoryStore
 from models.engine import Actions, Engine, ItemDisplay, UserHistories, optional_time, received_steps, unknown_field
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.answering import answer, subject
 from app.batcher import AbandonedError
 from app.errors import DomainError
 from app.loaded import Served, held
@@ -23,7 +24,6 @@ from app.observability import Metrics
 from app.production.interleave import seed_of, team_draft
 from app.production.online import CUT, ServedLists
 from app.production.traffic import VersionTraffic
-from app.serving import answer, subject
 from app.store import HistoryStore
 from models.engine import UserHistories
 from models.queries import QueryError

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import serving
+from app import answering
 from app.deps import answer_context, check_history_reader, holds_key, parse_body, services_of
 from app.handlers import json_response
 from app.limits import Limits
@@ -79,7 +79,7 @@ def plain_router(spec: TaskRoute, *, body_name: str) -> PlainRouter:
             if (
                 private
                 and services.settings.history_keys
-                and any(serving.subject(served, q) is not None for q in queries)
+                and any(answering.subject(served, q) is not None for q in queries)
             ):
                 check_history_reader(services.settings, request.headers.get("x-api-key"))
             # Only a key holder's requests count as a version's answers (probation compares them): nothing a

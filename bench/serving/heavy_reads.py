@@ -1,6 +1,6 @@
 """The event loop's part of a by-user read of heavy users on SQLite: before, the whole read of every
 user's live events (up to the engine's budget, 1,000) ran on the loop for up to 8 users; now at most
-app.serving.LOOP_READ_ROWS rows run there and the rest in a store thread.
+app.answering.LOOP_READ_ROWS rows run there and the rest in a store thread.
 
     .venv/bin/python -m bench.serving.heavy_reads [--users 8 --events 1000 --repeat 50]
 """
@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.serving import LOOP_READ_ROWS
+from app.answering import LOOP_READ_ROWS
 from app.store import Event, SQLiteStore
 
 

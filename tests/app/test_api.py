@@ -429,7 +429,7 @@ def test_work_for_a_client_that_has_gone_never_reaches_the_model(tiny_artifacts:
 
 def test_a_large_request_answers_what_its_queries_answer_alone(tiny_artifacts: Path) -> None:
     """Above serving.PREPARE_INLINE_QUERIES the queries are prepared in a thread: same answers, same order."""
-    from app.serving import PREPARE_INLINE_QUERIES
+    from app.answering import PREPARE_INLINE_QUERIES
 
     queries = [
         {"user_id": f"u{n % 40}", "k": 3 + n % 4, **({"history": [{"item_id": str(10 + n % 30)}]} if n % 3 else {})}

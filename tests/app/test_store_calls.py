@@ -60,7 +60,7 @@ def test_heavy_users_are_read_whole_but_the_loop_reads_a_bounded_share(tiny_arti
     import asyncio
     import threading
 
-    from app.serving import LOOP_READ_ROWS, live_history
+    from app.answering import LOOP_READ_ROWS, live_history
     from app.store import Event, SQLiteStore
     from models.tasks.recommend import RecQuery
 
