@@ -261,6 +261,15 @@ class CatalogRules:
 
     # --- filters
 
+    def index_fields(self) -> None:
+        """Build every field's filter index now (at load, in the loading thread): a request's first filter on a
+        large catalog then compiles in milliseconds instead of building the index on the model's thread."""
+        for name, column in self.fields.items():
+            if _is_numeric(column):
+                self._numbers(name)
+            else:
+                self._value_index(name)
+
     @property
     def recent(self) -> torch.Tensor | None:
         """The recent takes when there are enough of them to rank by, else None."""

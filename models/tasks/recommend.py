@@ -554,6 +554,7 @@ class RecEngine(UserQueryEngine, ItemDisplay, Neighbours):
         )
 
     def warm_up(self) -> None:
+        self.rules.index_fields()
         # A history, and a visitor the table does not hold (the fallback's counts are taken at load too).
         self.answer([RecQuery(None, [(self.art.items.raw(N_SPECIAL) or "", None, None)], k=1), RecQuery(WARM_UP_USER)])
 
