@@ -132,6 +132,10 @@ class RecommendResult(BaseModel):
     unknown_items: list[str]
     excluded: Excluded
     history_truncated: bool = Field(description="longer than the model reads: its most recent part was used")
+    complete: bool = Field(
+        True,
+        description="false when fewer than k items were left (the exclusions, the filter or max_per took the rest)",
+    )
     recommendation_id: str | None = Field(
         default=None,
         description="present on an answer by user_id: name it on the event the user took from this list "
@@ -197,6 +201,7 @@ def result_json(r: RecResult) -> dict[str, object]:
         "unknown_items": r.unknown_items,
         "excluded": r.excluded,
         "history_truncated": r.history_truncated,
+        "complete": r.complete,
     }
 
 

@@ -189,6 +189,7 @@ class RecResult:
     history_truncated: bool = False  # longer than the model reads: the most recent items were used
     fields: list[dict[str, FieldValue]] | None = None  # per item, when the query asked for fields
     floor: list[str] = field(default_factory=list)  # its reference list (models.ranking.Popular): never shown
+    complete: bool = True  # k items: False when the exclusions, filter or max_per left fewer
     # Where the list came from: "model", or for a user it does not know the fallback's "popular_recent"
     # (what users took over the recent window) or "popular" (the artifact's most frequent).
     source: str = "model"
@@ -587,6 +588,7 @@ def ranked_results(
                 {"seen": seen, "future": fut, "requested": req, "filtered": rules},
                 len(p.history) > max_history,
                 fields=describe([i for i, _ in items], asked, fields or {}) if asked else None,
+                complete=len(items) == kq,
                 floor=[r for i in floors[row] if i != PAD and (r := raw(i)) is not None],
             )
         )

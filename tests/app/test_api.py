@@ -111,6 +111,7 @@ def test_flags_history_requested_and_unknown_items(client: TestClient) -> None:
     assert res["user_id"] is None and res["unknown_items"] == ["nope"]
     assert items == {str(i) for i in range(10, 40)} - {"12", "13", "14", "15"}  # k beyond candidates
     assert res["excluded"] == {"seen": 2, "future": 0, "requested": 2, "filtered": 0}
+    assert res["complete"] is False  # 26 of the 30 asked for were left, and the result says so
     q2 = {**q, "exclude_seen": False, "exclude_items": []}
     res2 = _post(client, {"queries": [q2]})[1]["results"][0]
     assert {"12", "13"} <= {i["item_id"] for i in res2["items"]}
@@ -150,6 +151,7 @@ def test_a_visitor_in_a_batch_of_known_users_gets_the_popular_items(client: Test
     assert status == 200, body
     known, ghost = body["results"]
     assert known["source"] == "model" and ghost["source"] == "popular" and ghost["user_id"] == "ghost"
+    assert known["complete"] and ghost["complete"]
     assert top not in {i["item_id"] for i in ghost["items"]} and ghost["excluded"]["requested"] == 1
     assert all(i["score"] == counts[i["item_id"]] for i in ghost["items"])
     rest = sorted((n for i, n in counts.items() if i != top), reverse=True)

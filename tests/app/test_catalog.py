@@ -25,6 +25,7 @@ from tests.servers import wait_until
 
 ADMIN = {"X-API-Key": "admin-key"}
 MODEL = "sasrec-tiny"
+LOADS = 60.0  # a wait that includes loading a candidate version (a busy 2-core box takes more than the default)
 
 
 def _settings(root: Path, state: Path, **kw: Any) -> Settings:
@@ -65,7 +66,7 @@ def test_a_hide_reaches_a_second_worker_on_the_store_and_every_list_it_serves(ro
             f"/admin/models/{MODEL}/candidate", json={"version": first, "mode": "canary", "share": 0.5}, headers=ADMIN
         )
         assert r.status_code == 200, r.text
-        wait_until(lambda: len({x["version"] for x in _ask(b, [{"user_id": u} for u in users])}) == 2)
+        wait_until(lambda: len({x["version"] for x in _ask(b, [{"user_id": u} for u in users])}) == 2, timeout=LOADS)
         before = _ask(b, [{"user_id": u, "k": 5} for u in users])
         shown = Counter(i for res in before for i in _items(res))
         gone = [i for i, _ in shown.most_common(2)]
@@ -113,7 +114,7 @@ def test_a_hide_reaches_another_host_on_one_redis_and_an_interleaved_answer(
         r = a.post(f"/admin/models/{MODEL}/candidate", json={"version": first, "mode": "interleave"}, headers=ADMIN)
         assert r.status_code == 200, r.text
         users = [f"u{n}" for n in range(6)]
-        wait_until(lambda: {x["version"] for x in _ask(b, [{"user_id": u} for u in users])} == {first})
+        wait_until(lambda: {x["version"] for x in _ask(b, [{"user_id": u} for u in users])} == {first}, timeout=LOADS)
         top = Counter(i for res in _ask(b, [{"user_id": u, "k": 3} for u in users]) for i in _items(res))
         gone = top.most_common(1)[0][0]
         _hide(a, [gone], until=4102444800)
