@@ -8,6 +8,7 @@ store's tests and bench.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import random
@@ -169,6 +170,7 @@ def pause(proc: subprocess.Popen[bytes], paused: bool) -> None:
 
 
 _LOGS: list[IO[bytes]] = []
+atexit.register(lambda: [log.close() for log in _LOGS])  # read until the end; closed with the process
 
 
 def log_file() -> IO[bytes]:
