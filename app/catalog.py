@@ -35,11 +35,12 @@ class CatalogView:
         self.cursor: str | None = None
 
     def begin(self, state: ProductionState | None) -> None:
-        """Count arrivals from now on."""
+        """Count from the arrivals of the window before now that the store still keeps: a worker that starts
+        or restarts knows what was just taken (its first ticks read them, pages at a time)."""
         if state is None:
             return
         try:
-            self.cursor, _ = state.arrivals(None)
+            self.cursor = state.first_cursor(time.time() - self.window_s)
         except StoreError as exc:
             log.warning("recent takes are counted once the store is back: %s", exc)
 
@@ -93,8 +94,7 @@ class CatalogView:
 
     async def _count(self, state: ProductionState) -> None:
         if self.cursor is None:
-            self.cursor, _ = await asyncio.to_thread(state.arrivals, None)
-            return
+            self.cursor = await asyncio.to_thread(state.first_cursor, time.time() - self.window_s)
         changed = False
         for _ in range(ARRIVAL_PAGES):
             self.cursor, arrivals = await asyncio.to_thread(state.arrivals, self.cursor, 2_000)

@@ -213,6 +213,9 @@ class RedisClusterStore(RedisStore):
 
     # -- arrivals: one stream per bucket ---------------------------------------------------------------
 
+    def first_cursor(self, since: float) -> str:
+        return ",".join([super().first_cursor(since)] * self.buckets)
+
     def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:
         """A cursor is every bucket's stream position, comma-separated; the buckets' arrivals are merged
         by their time, each bucket's (so each user's) in its own order."""

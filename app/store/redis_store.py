@@ -496,6 +496,10 @@ class RedisStore(HistoryStore, ProductionState):
         found = self._call(lambda: self.r.hgetall(self._of_model(name, "hidden")))
         return {str(item): HiddenItem.from_json(spec) for item, spec in found.items()}
 
+    def first_cursor(self, since: float) -> str:
+        # A stream id is the server's milliseconds: the entries at or after `since` follow this one.
+        return f"{max(0, int(since * 1000) - 1)}-{2**64 - 1}"
+
     def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:
         key = self._shared("arrivals")
         Entries = list[tuple[str, dict[str, str]]]  # decode_responses=True: every id and field is a str

@@ -456,6 +456,15 @@ class SQLiteStore(HistoryStore, ProductionState):
 
         return self._read(do)
 
+    def first_cursor(self, since: float) -> str:
+        def do(conn: sqlite3.Connection) -> str:
+            row = conn.execute("SELECT MIN(seq) FROM arrivals WHERE at >= ?", (since,)).fetchone()
+            if row[0] is None:  # none since: the newest's
+                return str(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM arrivals").fetchone()[0])
+            return str(int(row[0]) - 1)
+
+        return self._read(do)
+
     def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:
         if cursor is None:
             last = self._read(lambda c: c.execute("SELECT COALESCE(MAX(seq), 0) FROM arrivals").fetchone()[0])

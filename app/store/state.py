@@ -409,6 +409,11 @@ class ProductionState(Store):
         """Model `name`'s named filters: filter name -> JSON text."""
 
     @abstractmethod
+    def first_cursor(self, since: float) -> str:
+        """The cursor before the first arrival the store took at or after `since` (of those it keeps):
+        `arrivals` from it reads them, oldest first."""
+
+    @abstractmethod
     def arrivals(self, cursor: str | None, limit: int = 10_000) -> tuple[str, list[Arrival]]:
         """Own events stored after `cursor`, in arrival order, at most `limit`, and the cursor to read on
         from; None: nothing, and the cursor of the newest (a worker starts reading from now)."""

@@ -348,3 +348,14 @@ def test_max_per_spreads_a_list_as_a_hand_computation_over_the_plain_ranking(roo
             "max_per",
             "colour",
         ]
+
+
+def test_a_worker_that_starts_later_knows_what_was_just_taken(root: Path, tmp_path: Path) -> None:
+    """Recent takes are read from the store's arrivals over the window before a worker starts: a restarted
+    or added worker answers visitors from them at once, not from popularity until new takes come in."""
+    with TestClient(create_app(_settings(root, tmp_path, fallback_min_takes=5))) as a:
+        events = [{"event_id": f"w{n}", "user_id": f"u{n}", "item_id": "20", "timestamp": 1e9 + n} for n in range(6)]
+        assert a.post("/events", json={"model": MODEL, "events": events}).status_code == 200
+    with TestClient(create_app(_settings(root, tmp_path, fallback_min_takes=5))) as b:  # started after the takes
+        wait_until(lambda: _ask(b, [{"user_id": "visitor", "k": 1}])[0]["source"] == "popular_recent")
+        assert _items(_ask(b, [{"user_id": "visitor", "k": 1}])[0]) == ["20"]

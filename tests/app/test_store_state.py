@@ -26,6 +26,7 @@ from app.store import (
     UserStats,
 )
 from app.store.state import ARRIVALS_KEEP_S, TrialEnd
+from tests.servers import wait_until
 
 
 def test_version_pins_are_kept_and_removed(state: ProductionState) -> None:
@@ -327,3 +328,20 @@ def test_hidden_items_and_named_filters_are_kept_per_model(state: ProductionStat
     assert state.filters("m") == {"recent": '{"field":"year","between":[1990,null]}'} and state.filters("other") == {}
     state.set_filter("m", "recent", None)
     assert state.filters("m") == {}
+
+
+def test_arrivals_since_a_time_are_read_from_its_first_cursor(histories: HistoryStore, state: ProductionState) -> None:
+    """A worker that starts reads what was taken over the window before it (the fallback's recent takes)."""
+    import time
+
+    histories.append("ml", [Event("a1", "u1", "x", 1.0)])
+    taken = time.time()
+    wait_until(lambda: time.time() > taken + 0.02)  # arrivals carry the store's clock, to the millisecond
+    middle = time.time()
+    wait_until(lambda: time.time() > middle + 0.02)
+    histories.append("ml", [Event("a2", "u2", "y", 2.0), Event("a3", "u3", "z", 3.0)])
+    _, got = state.arrivals(state.first_cursor(middle))
+    assert [a.item for a in got] == ["y", "z"]
+    _, every = state.arrivals(state.first_cursor(0.0))
+    assert [a.item for a in every] == ["x", "y", "z"]
+    assert state.arrivals(state.first_cursor(time.time() + 60))[1] == []
