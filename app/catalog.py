@@ -11,11 +11,13 @@ import json
 import logging
 import math
 import time
+import weakref
 from collections import Counter
 from typing import Any
 
 from app.loaded import LoadedModels
 from app.store import HiddenItem, ProductionState, StoreError
+from models.catalog import CatalogRules
 from models.engine import Catalog, Engine, UserHistories
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,8 @@ class CatalogView:
         self.taken: dict[str, dict[float, Counter[str]]] = {}  # namespace -> minute -> item -> takes
         self.totals: dict[str, dict[str, float]] = {}  # namespace -> item -> takes over the window
         self.generation = 0  # bumped whenever `totals` change: engines holding an older one are updated
-        self._given: dict[int, int] = {}  # id(engine's rules) -> the generation it was given
+        # An engine's rules -> the generation of recent takes they were given (gone with the engine).
+        self._given: weakref.WeakKeyDictionary[CatalogRules, int] = weakref.WeakKeyDictionary()
         self.cursor: str | None = None
 
     def begin(self, state: ProductionState | None) -> None:
@@ -56,9 +59,9 @@ class CatalogView:
         if engine.rules.hide(self.shown_hidden(name, time.time())):
             log.info("%s/%s: %d items hidden", name, engine.manifest.version, len(engine.rules.hidden_ids))
         engine.rules.named = self.named.get(name, {})
-        if isinstance(engine, UserHistories) and self._given.get(id(engine.rules)) != self.generation:
+        if isinstance(engine, UserHistories) and self._given.get(engine.rules) != self.generation:
             engine.rules.take_counts(self.totals.get(engine.namespace, {}), min_takes=self.min_takes)
-            self._given[id(engine.rules)] = self.generation
+            self._given[engine.rules] = self.generation
 
     async def tick(self, state: ProductionState | None, loaded: LoadedModels) -> None:
         """Every housekeeping tick: read new arrivals and the hidden items, then update every loaded engine."""
@@ -73,8 +76,6 @@ class CatalogView:
         entries = [*loaded.models.values(), *loaded.candidate_models.values()]
         for served in entries:
             self.apply(served.name, served.engine)
-        alive = {id(s.engine.rules) for s in entries if isinstance(s.engine, Catalog)}
-        self._given = {k: v for k, v in self._given.items() if k in alive}
 
     async def refresh(self, state: ProductionState | None, loaded: LoadedModels, name: str) -> None:
         """Read `name`'s hidden items now and give them to its loaded versions (an admin call, on its worker)."""
