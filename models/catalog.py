@@ -42,6 +42,7 @@ ITEM_ID = "item_id"  # the filter field naming the entities' own ids
 OPS = ("any_of", "none_of", "between")
 MAX_PER_POOL = 5  # candidates ranked per asked item where a query spreads its list (max_per)
 MAX_PER_FIELDS = 4
+MAX_PER_COUNT = 1000  # at most this many per value: no list is longer
 Spread = tuple[tuple[str, int], ...]  # (field, at most this many items per value), checked
 
 
@@ -176,14 +177,20 @@ def parse_spread(raw: object, *, fields: Mapping[str, Mapping[str, FieldValue]])
     for name, n in raw.items():
         if name not in fields:
             raise FilterError(f"unknown field {name!r}; this model has {sorted(fields)}", (name,))
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise FilterError("a count of at least 1", (name,))
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PER_COUNT:
+            raise FilterError(f"a count from 1 to {MAX_PER_COUNT}", (name,))
         out.append((name, n))
     return tuple(out)
 
 
 def _number(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite JSON number that a float holds (an integer of 400 digits is not one)."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def _is_numeric(column: Mapping[str, FieldValue]) -> bool:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.limits import Limits
 from app.routers.tasks import TaskRoute, register_route
 from app.schemas import Body, FieldName, RawId, Strict, UnixTime, queries_body
-from models.catalog import MAX_FILTER_DEPTH, MAX_FILTER_NODES, MAX_FILTER_VALUES, MAX_PER_FIELDS, MAX_PER_POOL
+from models.catalog import (
+    MAX_FILTER_DEPTH,
+    MAX_FILTER_NODES,
+    MAX_FILTER_VALUES,
+    MAX_PER_COUNT,
+    MAX_PER_FIELDS,
+    MAX_PER_POOL,
+)
 from models.engine import MAX_FIELDS
 from models.tasks.recommend import RecQuery, RecResult
 
@@ -66,7 +73,7 @@ class RecommendQuery(Strict):
             "(docs/API.md)"
         ),
     )
-    max_per: dict[FieldName, int] | None = Field(
+    max_per: dict[FieldName, Annotated[int, Field(ge=1, le=MAX_PER_COUNT)]] | None = Field(
         None,
         max_length=MAX_PER_FIELDS,
         description=(
