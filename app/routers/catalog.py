@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -77,13 +79,11 @@ async def hide(
     state = _state(services, name)
     now = time.time()
     items = {i: HiddenItem(body.until, body.reason, now) for i in dict.fromkeys(body.item_ids)}
-    try:
+    with _store_calls("the items could not be hidden"):
         held = await asyncio.to_thread(state.hidden, name)
         if len(set(held) | set(items)) > MAX_HIDDEN:
             raise TooManyRules(f"model {name!r} would hold more than {MAX_HIDDEN} hidden items", ["body", "item_ids"])
         total = await asyncio.to_thread(state.hide, name, items)
-    except StoreError:
-        raise StoreUnavailable("store unavailable: the items could not be hidden; retry shortly") from None
     await _refresh(services, name)
     return HiddenChange(name=name, changed=len(items), hidden=total)
 
@@ -100,11 +100,9 @@ async def unhide(
 ) -> HiddenChange:
     """Show items of `name` again."""
     state = _state(services, name)
-    try:
+    with _store_calls("the items could not be shown again"):
         gone = await asyncio.to_thread(state.unhide, name, list(dict.fromkeys(body.item_ids)))
         left = len(await asyncio.to_thread(state.hidden, name))
-    except StoreError:
-        raise StoreUnavailable("store unavailable: the items could not be shown again; retry shortly") from None
     await _refresh(services, name)
     return HiddenChange(name=name, changed=gone, hidden=left)
 
@@ -113,10 +111,8 @@ async def unhide(
 async def hidden(services: ServicesDep, name: ModelNamePath) -> HiddenList:
     """The items of `name` taken out of its answers now."""
     state = _state(services, name)
-    try:
+    with _store_calls():
         found = await asyncio.to_thread(state.hidden, name)
-    except StoreError:
-        raise StoreUnavailable("store unavailable; retry shortly") from None
     now = time.time()
     shown = [
         HiddenInfo(item_id=i, until=h.until, reason=h.reason, hidden_at=h.at)
@@ -124,6 +120,19 @@ async def hidden(services: ServicesDep, name: ModelNamePath) -> HiddenList:
         if h.until is None or h.until > now
     ]
     return HiddenList(name=name, items=sorted(shown, key=lambda h: (-h.hidden_at, h.item_id)))
+
+
+@contextmanager
+def _store_calls(failed: str = "") -> Iterator[None]:
+    """A store that does not answer is a 503 saying what was not done."""
+    try:
+        yield
+    except StoreError:
+        raise StoreUnavailable(f"store unavailable{': ' + failed if failed else ''}; retry shortly") from None
+
+
+def _named(name: str, held: dict[str, str]) -> NamedFilters:
+    return NamedFilters(name=name, filters={k: json.loads(v) for k, v in sorted(held.items())})
 
 
 def _state(services: Services, name: str) -> ProductionState:
@@ -178,16 +187,14 @@ async def put_filter(
     spec = json.dumps(body.expression, separators=(",", ":"))
     if len(spec) > MAX_FILTER_BYTES:
         raise InvalidQuery(f"the expression is over {MAX_FILTER_BYTES} bytes of JSON", ["body", "expression"])
-    try:
+    with _store_calls("the filter could not be kept"):
         held = await asyncio.to_thread(state.filters, name)
         if filter_name not in held and len(held) >= MAX_NAMED_FILTERS:
             raise TooManyRules(f"model {name!r} holds {MAX_NAMED_FILTERS} named filters", ["path", "filter_name"])
         await asyncio.to_thread(state.set_filter, name, filter_name, spec)
         held = await asyncio.to_thread(state.filters, name)
-    except StoreError:
-        raise StoreUnavailable("store unavailable: the filter could not be kept; retry shortly") from None
     await _refresh(services, name)
-    return NamedFilters(name=name, filters={k: json.loads(v) for k, v in sorted(held.items())})
+    return _named(name, held)
 
 
 @router.delete(
@@ -199,24 +206,20 @@ async def put_filter(
 async def delete_filter(services: ServicesDep, name: ModelNamePath, filter_name: FilterName) -> NamedFilters:
     """Remove a named filter of `name`."""
     state = _state(services, name)
-    try:
+    with _store_calls():
         held = await asyncio.to_thread(state.filters, name)
         if filter_name not in held:
             raise UnknownModel(f"model {name!r} has no filter {filter_name!r}", ["path", "filter_name"])
         await asyncio.to_thread(state.set_filter, name, filter_name, None)
         held = await asyncio.to_thread(state.filters, name)
-    except StoreError:
-        raise StoreUnavailable("store unavailable; retry shortly") from None
     await _refresh(services, name)
-    return NamedFilters(name=name, filters={k: json.loads(v) for k, v in sorted(held.items())})
+    return _named(name, held)
 
 
 @router.get("/models/{name}/filters", response_model=NamedFilters, responses=errors(404, 422, 503))
 async def list_filters(services: ServicesDep, name: ModelNamePath) -> NamedFilters:
     """The named filters queries of `name` can use."""
     state = _state(services, name)
-    try:
+    with _store_calls():
         held = await asyncio.to_thread(state.filters, name)
-    except StoreError:
-        raise StoreUnavailable("store unavailable; retry shortly") from None
-    return NamedFilters(name=name, filters={k: json.loads(v) for k, v in sorted(held.items())})
+    return _named(name, held)
