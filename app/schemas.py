@@ -100,7 +100,7 @@ class EventIn(Strict):
     """One interaction. An event later than the server's clock plus SEQSERVE_EVENT_SKEW_S is rejected
     alone (status "rejected" in the response), the others stored."""
 
-    event_id: RawId = Field(
+    event_id: StoredId = Field(
         description=(
             "replaying an event_id already stored with the same payload is a no-op; ids starting with '<-' are the "
             "service's (422)"

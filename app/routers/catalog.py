@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from app.deps import AdminKey, Services, ServicesDep, parse_body
 from app.errors import InvalidQuery, StoreUnavailable, TooManyRules, UnknownModel
 from app.routers.docs import body_doc, errors
-from app.schemas import ModelNamePath, RawId, Strict, UnixTime
+from app.schemas import ModelNamePath, RawId, StoredId, Strict, UnixTime
 from app.store import MAX_HIDDEN, MAX_NAMED_FILTERS, HiddenItem, ProductionState, StoreError
 
 MAX_HIDE = 1000  # ids per call
@@ -25,7 +25,9 @@ MAX_FILTER_BYTES = 64 * 1024  # a named filter's expression, as JSON
 
 
 class HideRequest(Strict):
-    item_ids: list[RawId] = Field(min_length=1, max_length=MAX_HIDE)
+    # No item a model knows is blank (training refuses such ids), so a blank one is a mistake; unhide still
+    # takes any id, so one stored before this rule can be removed.
+    item_ids: list[StoredId] = Field(min_length=1, max_length=MAX_HIDE)
     until: UnixTime | None = Field(None, description="shown again after this; default: until unhidden")
     reason: str = Field("", max_length=200, description="kept with the items, for whoever lists them")
 
@@ -184,7 +186,11 @@ async def put_filter(
     """Store a named filter of `name`, used by queries as {"name": ..., "params": {...}} (every worker and
     host sharing the store within one housekeeping tick)."""
     state = _state(services, name)
-    spec = json.dumps(body.expression, separators=(",", ":"))
+    try:
+        # JSON has no NaN or Infinity: stored, they would be listed back as null (another filter) and 422 on use.
+        spec = json.dumps(body.expression, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise InvalidQuery("the expression holds NaN or Infinity, which JSON has not", ["body", "expression"]) from None
     if len(spec) > MAX_FILTER_BYTES:
         raise InvalidQuery(f"the expression is over {MAX_FILTER_BYTES} bytes of JSON", ["body", "expression"])
     with _store_calls("the filter could not be kept"):

@@ -138,6 +138,9 @@ def test_hide_is_an_admin_call_bounded_and_named(root: Path, tmp_path: Path) -> 
         bad = c.post(url, json={"item_ids": []}, headers=ADMIN)
         assert bad.status_code == 422 and bad.json()["error"]["details"][0]["loc"][:2] == ["body", "item_ids"]
         assert c.post(url, json={"item_ids": [str(i) for i in range(1001)]}, headers=ADMIN).status_code == 422
+        blank = c.post(url, json={"item_ids": ["10", "   "]}, headers=ADMIN)
+        assert blank.status_code == 422 and blank.json()["error"]["details"][0]["loc"] == ["body", "item_ids", 1]
+        assert c.get(f"/models/{MODEL}/items/hidden").json()["items"] == []  # nothing of the refused call
         missing = c.post("/admin/models/nope/items/hide", json={"item_ids": ["10"]}, headers=ADMIN)
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_model"
 
@@ -300,6 +303,15 @@ def test_a_named_filter_is_stored_once_and_used_by_name_with_its_parameters(root
         r = c.put(f"/admin/models/{MODEL}/filters/recent", json={"expression": expression}, headers=ADMIN)
         assert r.status_code == 200 and r.json()["filters"] == {"recent": expression}
         assert c.put(f"/admin/models/{MODEL}/filters/recent", json={"expression": expression}).status_code == 401
+        for literal in ("NaN", "Infinity", "-Infinity"):  # not JSON, though parsers take them: refused on write
+            raw = '{"expression": {"field": "release_year", "between": [' + literal + ", null]}}"
+            put = c.put(
+                f"/admin/models/{MODEL}/filters/odd", content=raw, headers={**ADMIN, "Content-Type": "application/json"}
+            )
+            assert put.status_code == 422 and put.json()["error"]["details"][0]["loc"] == ["body", "expression"], (
+                put.text
+            )
+        assert set(c.get(f"/models/{MODEL}/filters").json()["filters"]) == {"recent"}
         named = {"name": "recent", "params": {"after": 1995}}
         inline = {"field": "release_year", "between": [1995, None]}
         base = {"user_id": "u2", "k": 10, "exclude_future": False}

@@ -209,7 +209,7 @@ def test_an_event_older_than_the_kept_window_is_reported_dropped(tiny_artifacts:
 
 def test_a_blank_id_is_refused_naming_its_field(client: TestClient) -> None:
     ok = {"event_id": "b0", "user_id": "u1", "item_id": "12", "timestamp": 1.0}
-    for field_name, blank in (("user_id", "   "), ("item_id", "\t"), ("action", " ")):
+    for field_name, blank in (("user_id", "   "), ("item_id", "\t"), ("action", " "), ("event_id", " ")):
         r = client.post("/events", json={"events": [ok, {**ok, "event_id": "b1", field_name: blank}]})
         assert r.status_code == 422, (field_name, r.text)
         assert r.json()["error"]["details"][0]["loc"] == ["body", "events", 1, field_name]
