@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
 from app import store_calls
-from app.batcher import AbandonedError
+from app.batcher import AbandonedError, BatchTimeoutError
 from app.errors import StoreUnavailable
 from app.loaded import Served
 from app.store import HistoryStore
@@ -100,7 +101,9 @@ async def answer(
     abandoned: Callable[[], bool] | None = None,
 ) -> list[Any]:
     """Live history -> prepare -> the model's batch queue -> results, in query order. `abandoned`: true
-    once the client has gone; the batcher then drops the request instead of running it."""
+    once the client has gone; the batcher then drops the request instead of running it. `timeout_s` covers
+    every step: what reading and preparing took is not given again to the model's queue."""
+    start = time.monotonic()
     live = await live_history(served.engine, queries, store)
     if len(queries) <= PREPARE_INLINE_QUERIES:
         prepared = served.engine.prepare(queries, live)
@@ -109,7 +112,10 @@ async def answer(
             raise AbandonedError("the client went away before its request was prepared")
         prepared = await off_loop(served.engine.prepare, queries, live)
     await add_recent(served.engine, prepared, store)
-    return await served.batcher.submit(prepared, timeout_s, abandoned=abandoned)
+    left = timeout_s - (time.monotonic() - start)
+    if left <= 0:
+        raise BatchTimeoutError(f"no answer within {timeout_s:.3f}s")
+    return await served.batcher.submit(prepared, left, abandoned=abandoned)
 
 
 def subject(served: Served, query: Any) -> str | None:

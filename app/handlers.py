@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
+from starlette.routing import Match
 
 from app.batcher import AbandonedError, BatcherStoppedError, BatchTimeoutError, QueueFullError
 from app.bodies import MAX_DETAILS, BodyError, is_json
@@ -34,6 +35,19 @@ ERROR_TABLE: dict[type[Exception], tuple[int, str, str | None, dict[str, str] | 
     StoreError: (503, "store_unavailable", "history store unavailable; retry shortly", RETRY),
     AbandonedError: (CLIENT_CLOSED, "client_disconnected", None, None),  # nobody receives it; the metrics count it
 }
+
+
+def allowed(request: Request) -> str:
+    """Every method some route of this path answers: a path of several routes (PUT and DELETE of one
+    resource) would otherwise name only the first route's methods in a 405's Allow."""
+    methods: set[str] = set()
+    for route in getattr(request.app.state, "method_routes", ()):
+        match, _ = route.matches({**request.scope, "method": "\0"})  # no method matches: PARTIAL for the path
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods))
 
 
 def json_response(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -109,7 +123,10 @@ def install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     async def http(request: Request, exc: StarletteHTTPException) -> Response:
         codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         code = codes.get(exc.status_code, "http_error")
-        return reply(exc.status_code, code, str(exc.detail), headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": allowed(request)}
+        return reply(exc.status_code, code, str(exc.detail), headers=headers)
 
     @app.exception_handler(ClientDisconnect)
     async def gone(request: Request, exc: ClientDisconnect) -> Response:

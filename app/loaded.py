@@ -15,7 +15,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -191,6 +191,15 @@ class LoadedModels:
             log.error("pinned version %s is not on disk%s", key, reason.removeprefix(PIN_GONE))
         self.broken[key] = reason
 
+    def _forget_gone(self, every: Mapping[str, Sequence[Path]]) -> None:
+        """Drop the broken record of a version whose folder is gone: readiness reports what is there (a pin
+        whose folder went keeps its record: that is what it reports)."""
+        for key in list(self.broken):
+            name, _, version = key.partition("/")
+            gone = version and version not in {f.name for f in every.get(name, ())}
+            if gone and not self.broken[key].startswith(PIN_GONE):
+                del self.broken[key]
+
     async def reload(self, root: Path) -> dict[str, dict[str, str]]:
         """Load every newer version beside the serving one, warm it, then swap it in.
 
@@ -200,6 +209,7 @@ class LoadedModels:
         async with self._reload_lock:
             report: dict[str, dict[str, str]] = {"loaded": {}, "unchanged": {}, "failed": {}, "candidates": {}}
             every = artifact_names(root)
+            self._forget_gone(every)
             for name, folders in every.items():
                 current = self.models.get(name)
                 newer = folders[: folders.index(current.folder)] if current and current.folder in folders else folders

@@ -198,11 +198,23 @@ def _mount_routes(app: FastAPI, settings: Settings, services: Services, routes: 
     plain = [plain_router(r, body_name=services.schemas.requests[r.name].model.__name__) for r in routes]
     for hot in plain:
         app.router.routes.extend(hot.routes)
-    for module in (events, history, models, similar, health, metrics, admin, catalog):
+    modules = [
+        events,
+        history,
+        models,
+        similar,
+        health,
+        metrics,
+        admin,
+        catalog,
+        *([console] if settings.console else []),
+    ]
+    for module in modules:
         app.include_router(module.router)
     if settings.console:
-        app.include_router(console.router)
         app.router.routes.append(console.assets)
+    # Every route with its methods, as declared: a 405's Allow names each method of its path (app/handlers.py).
+    app.state.method_routes = [r for hot in plain for r in hot.routes] + [r for m in modules for r in m.router.routes]
     # FastAPI adds its docs routes first: behind the API they no longer cost every request four path
     # matches (docs/decisions/request-path-trims.md). The sort is stable.
     docs = {app.openapi_url, "/docs", app.swagger_ui_oauth2_redirect_url, DOCS_ASSETS}

@@ -72,6 +72,7 @@ class LoopPolicy:
     new_versions: Literal["serve", "canary", "shadow", "interleave"]
     canary_share: float
     promote_min_lists: int
+    promote_margin: float
     shadow_max_in_flight: int
     scored: bool
     probation: ProbationPolicy
@@ -286,6 +287,10 @@ class Settings(DeploymentSettings):
             "promote_min_lists", "SEQSERVE_PROMOTE_MIN_LISTS", "promote_min_events", "SEQSERVE_PROMOTE_MIN_EVENTS"
         ),
     )
+    # Non-inferiority: a candidate is promoted only once the lower end of its difference's anytime-valid
+    # interval (at the tests' level) is above -promote_margin x the live version's users' mean NDCG@10; an
+    # interval still unbounded (too few users to bound it) promotes nothing.
+    promote_margin: float = Field(default=0.1, ge=0, le=1)
     shadow_max_in_flight: int = Field(default=2, ge=1)  # shadow query batches running at once, per worker
     # Probation: after a promotion (by the rule or the admin call), the new live version is watched until it is
     # confirmed or rolled back, never left undecided: rolled back as soon as its online NDCG@10 is proved below its

@@ -20,6 +20,7 @@ k candidates are ranked for it, so a list may come back shorter than k.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections import OrderedDict
@@ -33,11 +34,19 @@ from models.ids import N_SPECIAL, IdMap
 
 FieldValue = str | float | list[str]
 ItemFields = dict[str, dict[str, FieldValue]]  # field name -> raw item id -> value
+FieldKinds = Mapping[str, bool]  # field name -> whether it holds numbers (else text), read once at load
 
 MAX_FILTER_DEPTH = 6  # nesting of all / any / not
 MAX_FILTER_NODES = 64  # conditions and compositions in one filter
 MAX_FILTER_VALUES = 1000  # values over every condition of one filter
-FILTER_CACHE_BYTES = 64 << 20  # compiled masks kept per engine: one byte per catalog entry each
+MAX_VALUE_CHARS = 256  # a text value, as an id
+MAX_FILTER_BYTES = 32 << 10  # a filter's canonical JSON (its values, quoted, and its structure)
+# Conditions and compositions over a request's distinct filters: each costs a pass over the catalog's
+# entries when it compiles (vectorised, on the model's thread), so a request's compile work is bounded by
+# this many passes (docs/decisions/catalog-rules.md).
+MAX_REQUEST_FILTER_NODES = 4 * MAX_FILTER_NODES
+FILTER_CACHE_BYTES = 64 << 20  # compiled masks kept per engine, their keys and entries counted
+CACHE_ENTRY_BYTES = 1024  # an entry's own cost past its mask: key digest, tensor object, dict slot
 ITEM_ID = "item_id"  # the filter field naming the entities' own ids
 OPS = ("any_of", "none_of", "between")
 MAX_PER_POOL = 5  # candidates ranked per asked item where a query spreads its list (max_per)
@@ -70,15 +79,28 @@ class Composed:
 Node = Condition | Composed
 
 
-def parse_filter(
-    raw: object, *, fields: Mapping[str, Mapping[str, FieldValue]], named: Mapping[str, object] | None = None
-) -> Node:
+def field_kinds(fields: ItemFields) -> dict[str, bool]:
+    """Each field's kind (numbers or text): one pass over its values, when a version loads, so that parsing
+    a filter only looks names up in this table."""
+    return {name: _is_numeric(column) for name, column in fields.items()}
+
+
+def parse_filter(raw: object, *, kinds: FieldKinds, named: Mapping[str, object] | None = None) -> Node:
     """A filter checked against the fields a model holds (ITEM_ID always): FilterError names the place.
-    `named`: the model's named filters (name -> expression with {"param": p} placeholders)."""
+    `named`: the model's named filters (name -> expression with {"param": p} placeholders). Its cost is
+    bounded by the filter's size, never by the catalog's."""
     if isinstance(raw, dict) and "name" in raw:
         raw = _resolve(raw, named or {})
     counts = [0, 0]  # nodes, values
-    return _parse(raw, fields, (), counts)
+    node = _parse(raw, kinds, (), counts)
+    if len(canonical(node)) > MAX_FILTER_BYTES:
+        raise FilterError(f"a filter of more than {MAX_FILTER_BYTES} bytes (as JSON, without spaces)")
+    return node
+
+
+def size(node: Node) -> int:
+    """A filter's conditions and compositions: the passes over the catalog compiling it takes."""
+    return 1 if isinstance(node, Condition) else 1 + sum(size(p) for p in node.parts)
 
 
 def _resolve(raw: Mapping[str, object], named: Mapping[str, object]) -> object:
@@ -113,9 +135,7 @@ def _resolve(raw: Mapping[str, object], named: Mapping[str, object]) -> object:
     return out
 
 
-def _parse(
-    raw: object, fields: Mapping[str, Mapping[str, FieldValue]], path: tuple[str | int, ...], counts: list[int]
-) -> Node:
+def _parse(raw: object, kinds: FieldKinds, path: tuple[str | int, ...], counts: list[int]) -> Node:
     counts[0] += 1
     if counts[0] > MAX_FILTER_NODES:
         raise FilterError(f"more than {MAX_FILTER_NODES} conditions", path)
@@ -129,16 +149,16 @@ def _parse(
             raise FilterError(f"{composed[0]!r} stands alone in its object", path)
         op = composed[0]
         if op == "not":
-            return Composed("not", (_parse(raw["not"], fields, (*path, "not"), counts),))
+            return Composed("not", (_parse(raw["not"], kinds, (*path, "not"), counts),))
         parts = raw[op]
         if not isinstance(parts, list) or not parts:
             raise FilterError(f"{op!r} takes a non-empty list of filters", (*path, op))
-        return Composed(op, tuple(_parse(p, fields, (*path, op, n), counts) for n, p in enumerate(parts)))
+        return Composed(op, tuple(_parse(p, kinds, (*path, op, n), counts) for n, p in enumerate(parts)))
     name = raw.get("field")
     if not isinstance(name, str):
         raise FilterError("a condition names its 'field'", (*path, "field"))
-    if name != ITEM_ID and name not in fields:
-        has = sorted([ITEM_ID, *fields])
+    if name != ITEM_ID and name not in kinds:
+        has = sorted([ITEM_ID, *kinds])
         raise FilterError(f"unknown field {name!r}; this model has {has}", (*path, "field"))
     ops = [k for k in raw if k != "field"]
     if len(ops) != 1 or ops[0] not in OPS:
@@ -151,7 +171,7 @@ def _parse(
     counts[1] += len(values)
     if counts[1] > MAX_FILTER_VALUES:
         raise FilterError(f"more than {MAX_FILTER_VALUES} values in one filter", where)
-    numeric = name != ITEM_ID and _is_numeric(fields[name])
+    numeric = name != ITEM_ID and kinds[name]
     if op == "between":
         if name == ITEM_ID or not numeric:
             raise FilterError(f"field {name!r} holds text: 'between' needs a number field", where)
@@ -166,6 +186,8 @@ def _parse(
             raise FilterError(f"field {name!r} holds numbers: {v!r} is not one", (*where, n))
         if not numeric and not isinstance(v, str):
             raise FilterError(f"field {name!r} holds text: {v!r} is not a string", (*where, n))
+        if not numeric and len(v) > MAX_VALUE_CHARS:
+            raise FilterError(f"a value of more than {MAX_VALUE_CHARS} characters", (*where, n))
     return Condition(name, op, tuple(values))
 
 
@@ -221,6 +243,7 @@ class CatalogRules:
         cache_bytes: int = FILTER_CACHE_BYTES,
     ) -> None:
         self.ids, self.fields, self.device = ids, fields, device
+        self.kinds = field_kinds(fields)
         self.size = len(ids)
         self.hidden: torch.Tensor | None = None  # (V,) bool, None: nothing hidden
         self.hidden_ids: frozenset[str] = frozenset()
@@ -229,7 +252,7 @@ class CatalogRules:
         self.min_takes = 20.0  # fewer recent takes than this: the fallback ranks by the artifact's popularity
         self.cache_bytes = cache_bytes
         self.named: dict[str, object] = {}  # the model's named filters (set by the service, as hidden items)
-        self._masks: OrderedDict[str, torch.Tensor] = OrderedDict()  # filter key -> (V,) bool, blocked
+        self._masks: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # filter key's digest -> (V,) bool, blocked
         self._columns: dict[str, object] = {}  # field -> its compiled column (value index or numbers)
 
     # --- hidden items: what the service keeps in the production state, set here each housekeeping tick
@@ -271,9 +294,9 @@ class CatalogRules:
     def index_fields(self) -> None:
         """Build every field's filter index now (at load, in the loading thread): a request's first filter on a
         large catalog then compiles in milliseconds instead of building the index on the model's thread."""
-        for name, column in self.fields.items():
-            if _is_numeric(column):
-                self._numbers(name)
+        for name, numeric in self.kinds.items():
+            if numeric:
+                self._sorted(name)
             else:
                 self._value_index(name)
 
@@ -283,7 +306,7 @@ class CatalogRules:
         return self.taken_now if self.taken_now_total >= self.min_takes else None
 
     def parse(self, raw: object) -> Node:
-        return parse_filter(raw, fields=self.fields, named=self.named)
+        return parse_filter(raw, kinds=self.kinds, named=self.named)
 
     def blocked(self, filters: Sequence[Node | None]) -> torch.Tensor | None:
         """What a batch's rules take out: None (nothing), (V,) (hidden items alone, every row alike) or
@@ -298,8 +321,8 @@ class CatalogRules:
 
     def mask(self, node: Node) -> torch.Tensor:
         """The (V,) bool mask of the items `node` takes out, compiled once and kept (least recently used first
-        out, within cache_bytes)."""
-        key = canonical(node)
+        out, within cache_bytes: masks, keys and entries counted)."""
+        key = hashlib.blake2b(canonical(node).encode(), digest_size=16).digest()
         found = self._masks.get(key)
         if found is not None:
             self._masks.move_to_end(key)
@@ -307,7 +330,7 @@ class CatalogRules:
         keep = torch.from_numpy(self._keep(node))
         blocked = (~keep).to(self.device)
         self._masks[key] = blocked
-        while len(self._masks) * self.size > self.cache_bytes and len(self._masks) > 1:
+        while self.cached_bytes > self.cache_bytes and len(self._masks) > 1:
             self._masks.popitem(last=False)
         return blocked
 
@@ -347,7 +370,7 @@ class CatalogRules:
 
     @property
     def cached_bytes(self) -> int:
-        return len(self._masks) * self.size
+        return len(self._masks) * (self.size + CACHE_ENTRY_BYTES)
 
     def _keep(self, node: Node) -> np.ndarray:
         """(V,) bool: the entities the filter keeps."""
@@ -360,21 +383,22 @@ class CatalogRules:
                 out = (out & p) if node.op == "all" else (out | p)
             return out
         if node.op == "between":
-            values = self._numbers(node.field)
-            low, high = node.values
-            keep = ~np.isnan(values)
-            if low is not None:
-                keep &= values >= float(low)
-            if high is not None:
-                keep &= values <= float(high)
-            return keep
+            low, high = (None if v is None else float(v) for v in node.values)
+            _, values = self._sorted(node.field)
+            lo = 0 if low is None else int(np.searchsorted(values, low, "left"))
+            hi = len(values) if high is None else int(np.searchsorted(values, high, "right"))
+            return self._holding(node.field, [(lo, hi)], low, high)
         hit = np.zeros(self.size, dtype=bool)
         if node.field == ITEM_ID:
             idx = [i for i in self.ids.indices([str(v) for v in node.values]) if i >= N_SPECIAL]
             hit[idx] = True
-        elif _is_numeric(self.fields[node.field]):
-            values = self._numbers(node.field)
-            hit = np.isin(values, np.array([float(v) for v in node.values if v is not None]))
+        elif self.kinds[node.field]:
+            _, values = self._sorted(node.field)
+            wanted = np.unique(np.array([float(v) for v in node.values if v is not None]))
+            starts = np.searchsorted(values, wanted, "left").tolist()
+            ends = np.searchsorted(values, wanted, "right").tolist()
+            spans = [(a, b) for a, b in zip(starts, ends, strict=True) if b > a]
+            hit = self._holding(node.field, spans, wanted=wanted)
         else:
             index = self._value_index(node.field)
             for v in node.values:
@@ -382,6 +406,47 @@ class CatalogRules:
                 if at is not None:
                     hit[at] = True
         return hit if node.op == "any_of" else ~hit
+
+    def _holding(
+        self,
+        name: str,
+        spans: list[tuple[int, int]],
+        low: float | None = None,
+        high: float | None = None,
+        *,
+        wanted: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """(V,) bool: the entities whose value of a number field lies in these spans of its sorted values.
+        Few of them: set from the sorted order, at a cost bounded by the values and the items they hold; many:
+        one vectorised comparison over the column, which is then cheaper than scattering."""
+        order, _ = self._sorted(name)
+        hits = sum(b - a for a, b in spans)
+        if hits * 4 <= self.size:
+            keep = np.zeros(self.size, dtype=bool)
+            for a, b in spans:
+                keep[order[a:b]] = True
+            return keep
+        values = self._numbers(name)
+        if wanted is not None:
+            return np.isin(values, wanted)
+        keep = ~np.isnan(values)
+        if low is not None:
+            keep &= values >= float(low)
+        if high is not None:
+            keep &= values <= float(high)
+        return keep
+
+    def _sorted(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A number field's entities in the order of their values, and those values (no NaN), ascending."""
+        key = f"<{name}"
+        col = self._columns.get(key)
+        if col is None:
+            values = self._numbers(name)
+            order = np.argsort(values, kind="stable")  # NaN last
+            order = order[: int((~np.isnan(values)).sum())]
+            self._columns[key] = col = (order.astype(np.int32 if self.size < 2**31 else np.int64), values[order])
+        assert isinstance(col, tuple)
+        return col
 
     def _numbers(self, name: str) -> np.ndarray:
         """(V,) float64 of a numeric field, NaN where an entity has no value."""

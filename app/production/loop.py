@@ -259,7 +259,7 @@ class ProductionLoop:
             except StoreError as exc:
                 log.warning("the promotion rule waits for the store: %s", exc)
                 return
-            found = verdict(cand, live.version, sides, min_events=need)
+            found = verdict(cand, live.version, sides, min_events=need, margin=self.policy.promote_margin)
             self.trials[name] = (cand, found)
             if need and found.action != "wait":
                 await self.settle(name, cand.version, promote=found.action == "promote", reason=f"rule: {found.reason}")

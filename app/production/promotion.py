@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.production.sequential import ALPHA, NONE, Z95, Evidence, one_sided, signs, two_sided
+from app.production.sequential import ALPHA, NONE, Z95, Evidence, one_sided, rate_rise, signs, two_sided
 from app.production.traffic import MINUTE_S
 from app.settings import ProbationPolicy
 from app.store import Candidate, OnlineKey, Sums, Traffic, TrafficKey, UserStats
@@ -61,10 +61,12 @@ def _read(ev: Evidence) -> dict[str, float | None]:
     }
 
 
-def judge(candidate: UserStats, live: UserStats, *, min_events: int) -> Verdict:
+def judge(candidate: UserStats, live: UserStats, *, min_events: int, margin: float = 0.1) -> Verdict:
     """The promotion rule, on each side's per-user (lists, NDCG@10 sum) since the trial began: retire the
     candidate as soon as its users' mean NDCG@10 is proved below the live version's users'; once both sides
-    have `min_events` scored lists from at least MIN_USERS users without that proof, promote it."""
+    have `min_events` scored lists from at least MIN_USERS users without that proof, promote it when the lower
+    end of the difference's anytime-valid interval clears -margin x the live version's mean (non-inferiority:
+    an interval no data bounds yet, or one reaching further down, waits)."""
     ev = compared(candidate, live)
     nc, nl = candidate.n, live.n
     figures: dict[str, float | None] = {
@@ -88,7 +90,13 @@ def judge(candidate: UserStats, live: UserStats, *, min_events: int) -> Verdict:
             f" {min_events} lists and {MIN_USERS} users needed on each side to promote",
             figures,
         )
-    return Verdict("promote", text, figures)
+    lower = ev.difference - ev.half_width_anytime
+    bound = -margin * (per_user(live)[0] if live.users else 0.0)
+    figures |= {"lower": lower if math.isfinite(lower) else None, "margin_bound": bound}
+    within = f"; interval's lower end {lower:+.4f} (anytime-valid, at {1 - ALPHA:g}) against {bound:+.4f}"
+    if not lower >= bound:
+        return Verdict("wait", f"{text}{within}: not shown within the margin ({margin:g} of the live mean)", figures)
+    return Verdict("promote", text + within, figures)
 
 
 def judge_interleaved(side: UserStats, *, min_events: int) -> Verdict:
@@ -117,7 +125,12 @@ def judge_interleaved(side: UserStats, *, min_events: int) -> Verdict:
 
 
 def verdict(
-    candidate: Candidate, live_version: str, sides: dict[tuple[str, str], UserStats], *, min_events: int
+    candidate: Candidate,
+    live_version: str,
+    sides: dict[tuple[str, str], UserStats],
+    *,
+    min_events: int,
+    margin: float = 0.1,
 ) -> Verdict:
     """The rule on a running trial, from its sides' per-user sums (ProductionState.trial_stats)."""
     if candidate.mode == "interleave":
@@ -126,6 +139,7 @@ def verdict(
         sides.get((candidate.version, candidate.mode), UserStats()),
         sides.get((live_version, "live"), UserStats()),
         min_events=min_events,
+        margin=margin,
     )
 
 
@@ -291,19 +305,23 @@ def _evidence_missing(sides: Sides, s: ProbationPolicy) -> list[str]:
 
 
 def _answers(sides: Sides, s: ProbationPolicy) -> list[str]:
-    """The new version's answers against its holdback's over the same time: a 5xx share proved higher by
-    more than its bound, or a p99 past its ratio; [] without a holdback or while a side has too few."""
+    """The new version's answers against its holdback's over the same time: a 5xx share proved higher (counts,
+    `rate_rise`) and higher by more than its bound, read from the first answer on (a version failing every
+    request is found on a few dozen), [] without a holdback (a share alone cannot tell a version from its
+    load); a p99 past its ratio, once each side has probation_min_requests answers."""
     new, old = sides.served_live, sides.served_holdback
-    if old is None or min(old.n, new.n) < s.probation_min_requests:
-        return []
-    found = []
+    found: list[str] = []
+    if old is None or min(old.n, new.n) <= 0:
+        return found
     p0, p1 = old.errors / old.n, new.errors / new.n
-    ev = two_sided(p1, p1 * (1 - p1) / new.n, int(new.n), p0, p0 * (1 - p0) / old.n, int(old.n))
-    if p1 - p0 > s.probation_max_5xx_rise and (ev.difference > 0 and ev.e_value >= 1 / ALPHA):
+    ev = rate_rise(int(new.errors), int(new.n), int(old.errors), int(old.n))
+    if p1 - p0 > s.probation_max_5xx_rise and ev.difference > 0 and ev.e_value >= 1 / ALPHA:
         found.append(
             f"5xx share {p1:.4f} of {int(new.n)} answers against {p0:.4f} of {int(old.n)} of its holdback, above"
             f" the {s.probation_max_5xx_rise} rise allowed (e-value {ev.e_value:.3g})"
         )
+    if min(old.n, new.n) < s.probation_min_requests:
+        return found
     q_old, q_new = old.quantile(0.99), new.quantile(0.99)
     if q_old is not None and q_new is not None and q_new > q_old * s.probation_max_p99_ratio:
         found.append(

@@ -21,6 +21,13 @@ longest stall. Resident memory of the server is sampled every 50 ms (peak during
   reserve    five addresses (127.0.0.2-6) each keep --reserve-per half-sent headers open, reconnecting as
              the server closes them (past the 1,024 cap); meanwhile 20 health checks on new connections
              from 127.0.0.1 and 20 from 127.0.0.2: how many got 200
+  number-filter  64 queries, each {"any": [63 x {"field": "release_year", "any_of": [year]}]}, every filter
+             distinct (200 KB): past the request's filter work (a 422 now; it froze a worker 4.7 s)
+  number-filter-max  as much of that as one request may hold: 4 distinct such filters over 64 queries (200)
+  between-63 one query of {"any": [63 x {"field": "release_year", "between": [y, y + 1]}]}
+  filter-fill  --fill requests one after another, each with its own filter of 120 values of 250 characters
+             (the most a filter's bytes allow): what the filter cache holds against its 64 MiB bound
+  long-values  30 requests, each with one filter of 1,000 distinct 15 KB strings (refused now)
   abandoned  two 1,024-query /next-location requests whose clients leave halfway through the first one's
              model time, then a small request:
              how long it waits, and how many of the 2,048 queries the model still computed
@@ -172,6 +179,52 @@ def legit_max_body() -> bytes:
             ]
         }
     )
+
+
+def _years_filter(first: int, op: str = "any_of") -> dict[str, Any]:
+    if op == "between":
+        return {"any": [{"field": "release_year", "between": [y, y + 1]} for y in range(first, first + 63)]}
+    return {"any": [{"field": "release_year", "any_of": [y]} for y in range(first, first + 63)]}
+
+
+def number_filter_body() -> bytes:
+    return orjson.dumps({"queries": [{"user_id": "1", "filter": _years_filter(1000 + 63 * q)} for q in range(64)]})
+
+
+def number_filter_max_body() -> bytes:
+    queries = [{"user_id": "1", "filter": _years_filter(1000 + 63 * (q % 4))} for q in range(64)]
+    return orjson.dumps({"queries": queries})
+
+
+def between_body() -> bytes:
+    return orjson.dumps({"queries": [{"user_id": "1", "filter": _years_filter(1900, "between")}]})
+
+
+def _many_posts(port: int, bodies: Any) -> dict[str, Any]:
+    """Each body posted in turn on one kept-alive connection: how many answered what."""
+    statuses: dict[str, int] = {}
+    t0 = time.perf_counter()
+    with httpx.Client(timeout=120) as c:
+        for body in bodies:
+            r = c.post(f"http://127.0.0.1:{port}/recommend", content=body, headers={"content-type": "application/json"})
+            statuses[str(r.status_code)] = statuses.get(str(r.status_code), 0) + 1
+    return {"statuses": statuses, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def filter_fill(port: int, n: int) -> dict[str, Any]:
+    def body(i: int) -> bytes:
+        values = [f"{i:08d}-{v:03d}-".ljust(250, "x") for v in range(120)]
+        return orjson.dumps({"queries": [{"user_id": "1", "filter": {"field": "item_id", "none_of": values}}]})
+
+    return _many_posts(port, (body(i) for i in range(n))) | {"requests": n}
+
+
+def long_values(port: int) -> dict[str, Any]:
+    def body(i: int) -> bytes:
+        values = [f"{i}-{v}-".ljust(15_000, "y") for v in range(1000)]
+        return orjson.dumps({"queries": [{"user_id": "1", "filter": {"field": "item_id", "none_of": values}}]})
+
+    return _many_posts(port, (body(i) for i in range(30)))
 
 
 def steps_body() -> bytes:
@@ -441,6 +494,7 @@ def main() -> None:
     p.add_argument("--bodies", type=int, default=150, help="connections of the bodies-in-flight attack")
     p.add_argument("--half-open", type=int, default=1024, help="connections of the half-open attack")
     p.add_argument("--reserve-per", type=int, default=230, help="half-open connections per address (reserve)")
+    p.add_argument("--fill", type=int, default=3000, help="requests of the filter-fill attack")
     p.add_argument("--port", type=int, default=8950)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "hostile.json")
     args = p.parse_args()
@@ -455,6 +509,9 @@ def main() -> None:
         "steps": steps_body,
         "keys-under-budget": keys_under_budget_body,
         "legit-max": legit_max_body,
+        "number-filter": number_filter_body,
+        "number-filter-max": number_filter_max_body,
+        "between-63": between_body,
     }
     for attack in args.attacks:
         proc = start_server(args.artifacts, args.port, env, root=args.root.resolve())
@@ -469,6 +526,10 @@ def main() -> None:
                     out = big_header(args.port)
                 elif attack == "64mb-header":
                     out = complete_header(args.port)
+                elif attack == "filter-fill":
+                    out = filter_fill(args.port, args.fill)
+                elif attack == "long-values":
+                    out = long_values(args.port)
                 elif attack == "abandoned":
                     out = abandoned(args.port)
                 elif attack == "slow":

@@ -17,7 +17,18 @@ from pydantic import TypeAdapter
 
 from models import artifact
 from models.base import SequentialRecommender
-from models.catalog import MAX_PER_POOL, CatalogRules, FieldValue, FilterError, ItemFields, Node, Spread, parse_spread
+from models.catalog import (
+    MAX_PER_POOL,
+    MAX_REQUEST_FILTER_NODES,
+    CatalogRules,
+    FieldValue,
+    FilterError,
+    ItemFields,
+    Node,
+    Spread,
+    parse_spread,
+)
+from models.catalog import size as filter_size
 from models.coarse import wide_ranker
 from models.engine import (
     FIELD_NAME,
@@ -209,6 +220,25 @@ def check_query(q: RecQuery, position: int, *, fields: ItemFields, rules: Catalo
         return rules.parse(q.filter)
     except FilterError as exc:
         raise QueryError(str(exc), position=position, field=("filter", *exc.path)) from None
+
+
+def check_filter_work(prepared: Sequence[Prepared]) -> list[Prepared]:
+    """A request's distinct filters hold at most MAX_REQUEST_FILTER_NODES conditions in all (each a pass over
+    the catalog to compile): a QueryError at the first filter past it."""
+    seen: set[Node] = set()
+    total = 0
+    for position, p in enumerate(prepared):
+        if p.filter is None or p.filter in seen:
+            continue
+        seen.add(p.filter)
+        total += filter_size(p.filter)
+        if total > MAX_REQUEST_FILTER_NODES:
+            raise QueryError(
+                f"the request's distinct filters hold more than {MAX_REQUEST_FILTER_NODES} conditions in all",
+                position=position,
+                field=("filter",),
+            )
+    return list(prepared)
 
 
 def check_spread(q: RecQuery, position: int, *, fields: ItemFields) -> Spread | None:
@@ -482,7 +512,9 @@ class RecEngine(UserQueryEngine, ItemDisplay, Neighbours):
 
     def prepare(self, queries: Sequence[RecQuery], live: Mapping[str, Timeline]) -> list[Prepared]:
         """Map raw ids to indices; raises UnknownUserError naming the query. Cheap: no model call."""
-        return [self._prepare(q, n, live.get(q.user_id, []) if q.user_id else []) for n, q in enumerate(queries)]
+        return check_filter_work(
+            [self._prepare(q, n, live.get(q.user_id, []) if q.user_id else []) for n, q in enumerate(queries)]
+        )
 
     def _reference(self, q: RecQuery, when: float | None) -> float | None:
         """The row's reference time in the release unit, from `when` (the query's as_of wins); None: no

@@ -38,6 +38,7 @@ from models.tasks.recommend import (
     RecQuery,
     RecResult,
     UserQueryEngine,
+    check_filter_work,
     check_query,
     check_spread,
     ranked_results,
@@ -164,7 +165,9 @@ class SocialEngine(UserQueryEngine, Actions, RecentActivity[Prepared]):
         return [x >= N_SPECIAL for x in self.art.users.indices(raw_ids)]
 
     def prepare(self, queries: Sequence[RecQuery], live: Mapping[str, Timeline]) -> list[Prepared]:
-        return [self._prepare(q, n, live.get(q.user_id, []) if q.user_id else []) for n, q in enumerate(queries)]
+        return check_filter_work(
+            [self._prepare(q, n, live.get(q.user_id, []) if q.user_id else []) for n, q in enumerate(queries)]
+        )
 
     def _prepare(self, q: RecQuery, position: int, live: Timeline) -> Prepared:
         rule = check_query(q, position, fields={}, rules=self.rules)  # no item fields: users are what it ranks

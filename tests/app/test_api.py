@@ -224,6 +224,16 @@ def test_not_json_and_unknown_route(client: TestClient) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     r = client.get("/recommend")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert r.headers["allow"] == "POST"
+
+
+def test_a_405_allows_every_method_of_its_path(client: TestClient) -> None:
+    """A resource answered by several routes (a named filter's PUT and DELETE) lists them all in Allow."""
+    r = client.options("/admin/models/sasrec-tiny/filters/genre")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert set(r.headers["allow"].split(", ")) == {"PUT", "DELETE"}
+    r = client.post("/models/sasrec-tiny/versions")
+    assert r.status_code == 405 and "GET" in r.headers["allow"].split(", ")
 
 
 def test_broken_artifact_does_not_stop_the_others(tiny_artifacts: Path, tmp_path: Path) -> None:
@@ -447,3 +457,32 @@ def test_a_large_request_answers_what_its_queries_answer_alone(tiny_artifacts: P
     got = together.json()["results"][::7]
     assert [[i["item_id"] for i in r["items"]] for r in got] == [[i["item_id"] for i in r["items"]] for r in alone]
     assert [r["user_id"] for r in together.json()["results"]] == [q["user_id"] for q in queries]
+
+
+def test_the_request_timeout_counts_the_time_spent_preparing(
+    tiny_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading and preparing count against request_timeout_s: a request whose preparation used it all gets its
+    504 without waiting a whole timeout again in the model's queue (nor reaching the model)."""
+    import types
+
+    import app.answering as answering
+
+    clock = [1000.0]
+    monkeypatch.setattr(answering, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    app = create_app(Settings(artifacts_dir=tiny_artifacts, device="cpu", request_timeout_s=5.0))
+    with TestClient(app) as c:
+        served = app.state.services.loaded.models["sasrec-tiny"]
+        prepare = served.engine.prepare
+
+        def slow(*args: object, **kwargs: object) -> object:
+            clock[0] += 5.0  # as long as the whole timeout
+            return prepare(*args, **kwargs)
+
+        monkeypatch.setattr(served.engine, "prepare", slow)
+        r = c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]})
+        assert r.status_code == 504, r.text
+        assert r.json()["error"]["code"] == "timeout"
+        clock[0] -= 5.0
+        monkeypatch.setattr(served.engine, "prepare", prepare)
+        assert c.post("/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": "u1"}]}).status_code == 200

@@ -200,3 +200,12 @@ def test_a_social_version_with_a_broken_event_log_falls_back(
         assert str(root) not in json.dumps(body)
         r = c.post("/recommend", json={"model": "social-tiny", "queries": [{"user_id": "s3"}]})
         assert r.status_code == 200 and r.json()["version"] == old.name
+
+
+def test_readiness_forgets_a_broken_version_once_its_folder_is_deleted(tiny_artifacts: Path, tmp_path: Path) -> None:
+    root, old = _broken_newest(tiny_artifacts, tmp_path, "sasrec-tiny", CORRUPTIONS["items.json is a list"])
+    with TestClient(create_app(Settings(artifacts_dir=root, device="cpu", admin_api_key="k"))) as c:
+        assert list(c.get("/readyz").json()["broken"]) == [f"sasrec-tiny/{NEWER}"]
+        shutil.rmtree(old.parent / NEWER)
+        assert c.post("/admin/reload", headers={"x-api-key": "k"}).status_code == 200
+        assert c.get("/readyz").json().get("broken", {}) == {}

@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from models.artifact import latest_versions
+from models.catalog import MAX_REQUEST_FILTER_NODES
 from models.ids import N_SPECIAL
 from models.tasks.recommend import load_artifact
 from tests.servers import wait_until
@@ -209,6 +210,23 @@ def test_a_filter_keeps_what_it_names_and_a_bad_one_is_a_422_naming_the_field(ro
         )
         assert bad.status_code == 422
         assert bad.json()["error"]["details"][0]["loc"] == ["body", "queries", 1, "filter", "all", 0, "any_of", 0]
+
+
+def test_a_request_s_filter_work_is_bounded_over_its_distinct_filters(root: Path, tmp_path: Path) -> None:
+    """Each condition of a distinct filter is a pass over the catalog to compile: a request holds at most
+    MAX_REQUEST_FILTER_NODES of them (the same filter in many queries counts once); past it a 422 names
+    the query that crossed it, before anything compiles."""
+    one = {"any": [{"field": "release_year", "any_of": [1990 + n]} for n in range(63)]}  # 64 nodes
+    with TestClient(create_app(_settings(root, tmp_path))) as c:
+        same = [{"user_id": "u1", "filter": one} for _ in range(20)]
+        assert len(_ask(c, same)) == 20
+        years = [[{"field": "release_year", "any_of": [1900 + q + n]} for n in range(63)] for q in range(5)]
+        assert len(years) == MAX_REQUEST_FILTER_NODES // 64 + 1
+        distinct = [{"user_id": "u1", "filter": {"any": conditions}} for conditions in years]
+        assert len(_ask(c, distinct[:-1])) == len(distinct) - 1  # exactly at the bound
+        r = c.post("/recommend", json={"model": MODEL, "queries": distinct}, headers=ADMIN)
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["details"][0]["loc"] == ["body", "queries", len(distinct) - 1, "filter"]
 
 
 def test_a_visitor_of_the_social_model_gets_the_most_contacted_users(

@@ -3,10 +3,20 @@ bad filter, the cache's bound, hidden items and recent takes as the masks the ra
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from models.catalog import CatalogRules, FilterError, canonical, parse_filter, parse_spread
+from models.catalog import (
+    CACHE_ENTRY_BYTES,
+    MAX_FILTER_BYTES,
+    CatalogRules,
+    FilterError,
+    canonical,
+    field_kinds,
+    parse_filter,
+    parse_spread,
+)
 from models.ids import N_SPECIAL, IdMap
 from models.ranking import rank_sparse
 
@@ -68,7 +78,7 @@ def test_each_operator_keeps_what_a_hand_computation_keeps(rules: CatalogRules, 
 )
 def test_a_bad_filter_says_where(raw: object, path: tuple[object, ...], says: str) -> None:
     with pytest.raises(FilterError, match=None) as got:
-        parse_filter(raw, fields=FIELDS)
+        parse_filter(raw, kinds=field_kinds(FIELDS))
     assert got.value.path == path and says in str(got.value)
 
 
@@ -77,23 +87,63 @@ def test_filters_are_bounded_in_size_and_depth() -> None:
     for _ in range(7):
         deep = {"not": deep}
     with pytest.raises(FilterError, match="deeper"):
-        parse_filter(deep, fields=FIELDS)
+        parse_filter(deep, kinds=field_kinds(FIELDS))
     wide = {"any": [{"field": "brand", "any_of": ["acme"]}] * 65}
     with pytest.raises(FilterError, match="conditions"):
-        parse_filter(wide, fields=FIELDS)
+        parse_filter(wide, kinds=field_kinds(FIELDS))
     many = {"field": "item_id", "any_of": [str(i) for i in range(1001)]}
     with pytest.raises(FilterError, match="values"):
-        parse_filter(many, fields=FIELDS)
+        parse_filter(many, kinds=field_kinds(FIELDS))
 
 
 def test_equal_filters_share_one_compiled_mask_and_the_cache_keeps_its_bound(rules: CatalogRules) -> None:
     one = rules.parse({"field": "brand", "any_of": ["acme"]})
-    assert canonical(one) == canonical(parse_filter({"any_of": ["acme"], "field": "brand"}, fields=FIELDS))
+    assert canonical(one) == canonical(parse_filter({"any_of": ["acme"], "field": "brand"}, kinds=field_kinds(FIELDS)))
     assert rules.mask(one) is rules.mask(rules.parse({"any_of": ["acme"], "field": "brand"}))
-    small = CatalogRules(IDS, FIELDS, torch.device("cpu"), cache_bytes=2 * len(IDS))
+    entry = len(IDS) + CACHE_ENTRY_BYTES  # a mask and what its key and slot hold
+    small = CatalogRules(IDS, FIELDS, torch.device("cpu"), cache_bytes=2 * entry)
     for year in (1985, 1990, 1995, 2000):
         small.mask(small.parse({"field": "year", "any_of": [year]}))
-    assert small.cached_bytes <= 2 * len(IDS)
+    assert small.cached_bytes == 2 * entry  # the two most recent kept, keys counted
+
+
+def test_a_long_value_or_a_large_filter_is_refused() -> None:
+    kinds = field_kinds(FIELDS)
+    with pytest.raises(FilterError, match="256 characters") as got:
+        parse_filter({"field": "brand", "any_of": ["ok", "x" * 257]}, kinds=kinds)
+    assert got.value.path == ("any_of", 1)
+    parse_filter({"field": "brand", "any_of": ["x" * 256]}, kinds=kinds)
+    big = {"field": "item_id", "any_of": [f"{n:0>200}" for n in range(200)]}  # 200 values of 200 characters
+    with pytest.raises(FilterError, match=f"more than {MAX_FILTER_BYTES} bytes"):
+        parse_filter(big, kinds=kinds)
+
+
+class _Untouchable(dict[str, dict[str, object]]):
+    """Item fields a filter must not read once the version has loaded."""
+
+    def __getitem__(self, key: str) -> dict[str, object]:
+        raise AssertionError(f"read the values of {key!r}")
+
+    def values(self) -> object:
+        raise AssertionError("read the values")
+
+    def items(self) -> object:
+        raise AssertionError("read the values")
+
+
+def test_parsing_and_compiling_read_the_tables_built_at_load_not_the_items(rules: CatalogRules) -> None:
+    """Parsing checks names and kinds in a small table; compiling reads the arrays built at load: neither
+    walks the catalog's values (the cost a number filter had: a pass over every item per condition)."""
+    rules.index_fields()
+    rules.fields = _Untouchable()  # type: ignore[assignment]
+    every = [
+        {"field": "year", "between": [1990, None]},
+        {"field": "year", "any_of": [2000, 1985]},
+        {"field": "genres", "any_of": ["Y"]},
+        {"field": "brand", "none_of": ["acme"]},
+    ]
+    assert kept(rules, {"any": every}) == {"a", "b", "c", "d", "e"}
+    assert kept(rules, every[1]) == {"c", "e"}
 
 
 def test_hidden_items_and_a_row_s_filter_come_out_of_the_ranking_and_are_counted(rules: CatalogRules) -> None:
@@ -148,3 +198,27 @@ def test_max_per_keeps_an_item_while_fewer_than_n_better_ones_share_a_value(rule
     for n in (0, 10**30):  # a count no list can reach is refused, not turned into a 500
         with pytest.raises(FilterError, match="a count from 1"):
             parse_spread({"genres": n}, fields=FIELDS)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_number_conditions_keep_what_a_pass_over_every_item_keeps(seed: int) -> None:
+    """Narrow spans set from the sorted order, wide ones compared over the column: both keep exactly what a
+    check of each item's value keeps (missing values never kept, bounds included, repeated values)."""
+    rng = np.random.default_rng(seed)
+    raw = [str(i) for i in range(300)]
+    ids = IdMap(raw)
+    years = {r: float(rng.integers(1950, 2000)) for r in raw if rng.random() < 0.9}
+    rules = CatalogRules(ids, {"year": years}, torch.device("cpu"))  # type: ignore[arg-type]
+    for _ in range(40):
+        low, high = sorted(rng.integers(1945, 2005, size=2).tolist())
+        low_or_none = None if rng.random() < 0.2 else low
+        high_or_none = None if rng.random() < 0.2 and low_or_none is not None else high
+        want = {
+            r for r, y in years.items() if (low_or_none is None or y >= low) and (high_or_none is None or y <= high)
+        }
+        got = rules.mask(rules.parse({"field": "year", "between": [low_or_none, high_or_none]}))
+        assert {r for r in raw if not got[ids.index(r)]} == want
+        values = rng.integers(1945, 2005, size=int(rng.integers(1, 60))).tolist()
+        want = {r for r, y in years.items() if y in values}
+        got = rules.mask(rules.parse({"field": "year", "any_of": values}))
+        assert {r for r in raw if not got[ids.index(r)]} == want

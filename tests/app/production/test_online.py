@@ -130,12 +130,28 @@ def test_figures_and_intervals() -> None:
 
 
 def test_the_rule_waits_then_promotes_a_peer_and_retires_a_worse_one() -> None:
-    live = [(10.0, 2.0 + (u % 3) * 0.5) for u in range(40)]  # 40 users, 10 lists each, NDCG@10 about 0.25
-    peer = [(10.0, 2.0 + ((u + 1) % 3) * 0.5) for u in range(40)]
+    """A peer is promoted once the anytime interval's lower end clears the margin (10% of the live mean): on
+    100 users a side, not on 40 (the interval there reaches 0.034 below, past the margin's 0.025)."""
+    live = [(10.0, 2.0 + (u % 3) * 0.5) for u in range(100)]  # 100 users, 10 lists each, NDCG@10 about 0.25
+    peer = [(10.0, 2.0 + ((u + 1) % 3) * 0.5) for u in range(100)]
     worse = [(10.0, 0.2 + (u % 3) * 0.1) for u in range(40)]
     assert judge(UserStats.of(peer[:5]), UserStats.of(live), min_events=100).action == "wait"
     assert judge(UserStats.of(peer), UserStats.of(live), min_events=100).action == "promote"
+    near = judge(UserStats.of(peer[:40]), UserStats.of(live[:40]), min_events=100)
+    assert near.action == "wait" and "not shown within the margin" in near.reason
+    assert judge(UserStats.of(peer[:40]), UserStats.of(live[:40]), min_events=100, margin=0.2).action == "promote"
     assert judge(UserStats.of(worse), UserStats.of(live), min_events=100).action == "retire"
+
+
+def test_the_rule_proves_a_gap_between_sides_without_spread() -> None:
+    """Every list of the candidate scoring 0 against a live version at exactly 1.0 (both variances 0): retired,
+    not promoted on "difference +0.0000"; two constant sides alike: promoted (the difference is exact)."""
+    zero = UserStats.of([(10.0, 0.0)] * 40)
+    one = UserStats.of([(10.0, 10.0)] * 40)
+    got = judge(zero, one, min_events=100)
+    assert got.action == "retire" and got.figures["difference"] == -1.0, got
+    assert judge(one, one, min_events=100).action == "promote"
+    assert judge(one, zero, min_events=100).action == "promote"  # better is never retired
 
 
 def test_the_rule_counts_users_not_lists() -> None:

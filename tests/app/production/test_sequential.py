@@ -6,8 +6,11 @@ from __future__ import annotations
 import math
 import random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from app.production.promotion import MIN_USERS, compared, per_user
-from app.production.sequential import ALPHA, NONE, G, one_sided, signs, two_sided
+from app.production.sequential import ALPHA, NONE, G, one_sided, rate_above, rate_rise, signs, two_sided
 from app.store import UserStats
 
 STATED = 0.05  # the false rollback rate the loop states (docs/decisions/sequential-tests.md)
@@ -89,7 +92,8 @@ def test_two_sides_e_value_is_the_t_mixture_in_closed_form() -> None:
     assert ev.worse == (want >= 1 / ALPHA)
     assert two_sided(0.2, 0.0009, 10, 0.1, 0.0004, 20).worse is False  # higher is never worse
     assert two_sided(0.1, 0.0004, 1, 0.2, 0.0009, 10) is NONE  # one user: no variance to read
-    assert two_sided(0.1, 0.0, 20, 0.1, 0.0, 20) is NONE
+    alike = two_sided(0.1, 0.0, 20, 0.1, 0.0, 20)  # two constant sides, equal: no evidence of a difference
+    assert alike.e_value < 1 and not alike.worse and alike.half_width_anytime == 0.0
 
 
 def test_one_side_against_zero_is_the_one_sample_mixture() -> None:
@@ -116,3 +120,78 @@ def test_the_sign_tests_e_value_is_the_binomial_mixture_under_jeffreys_prior() -
     for a, b in ((3, 9), (0, 12), (7, 7)):
         assert math.isclose(signs(a, b).e_value, mixture(a, b), rel_tol=1e-6), (a, b)
     assert signs(2, 18).worse and not signs(18, 2).worse and signs(0, 0) is NONE
+
+
+# Variances a side can hold: none, subnormal, underflowing when squared, ordinary, large.
+_SPREADS = st.sampled_from([0.0, 5e-324, 1e-320, 1e-160, 1e-154, 1e-12, 1e-4, 0.25, 1e6])
+_MEANS = st.one_of(st.sampled_from([0.0, 1.0, 0.25, 1e-300]), st.floats(-1e6, 1e6, allow_nan=False))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_MEANS, _SPREADS, st.integers(2, 5000), _MEANS, _SPREADS, st.integers(2, 5000))
+def test_two_sides_never_raise_nor_give_nan_and_an_exact_gap_is_proved(
+    ma: float, va: float, ua: int, mb: float, vb: float, ub: int
+) -> None:
+    """Degenerate spreads (none, underflowing, constant sides): an e-value that is a number, never an exception;
+    a gap with no spread at all on either side is proof once each side has MIN_USERS users."""
+    ev = two_sided(ma, va, ua, mb, vb, ub)
+    assert not math.isnan(ev.e_value) and ev.e_value >= 0 and not math.isnan(ev.half_width_anytime)
+    assert ev.df > 0 and math.isfinite(ev.df)
+    if va == vb == 0.0 and ma < mb and min(ua, ub) >= MIN_USERS:
+        assert ev.worse, ev
+    if ma >= mb:
+        assert not ev.worse
+    if ma == mb and va == vb == 0.0:
+        assert ev.e_value < 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(_MEANS, _SPREADS, st.integers(2, 5000))
+def test_one_side_never_raises_nor_gives_nan_and_an_exact_gap_is_proved(mean: float, var: float, users: int) -> None:
+    ev = one_sided(mean, var, users)
+    assert not math.isnan(ev.e_value) and ev.e_value >= 0
+    if var == 0.0 and mean < 0 and users >= MIN_USERS:
+        assert ev.worse, ev  # a floor gap of exactly -1 per user: proved
+
+
+def test_the_anytime_interval_holds_what_the_e_value_would_not_reject() -> None:
+    """The confidence sequence's ends are where the e-value for "the difference is d" reaches 1 / ALPHA; too few
+    users to reach it even for an exact difference: unbounded."""
+    ev = two_sided(0.2, 0.0004, 30, 0.25, 0.0004, 30)
+    for end, inside in (
+        (ev.difference - ev.half_width_anytime, False),
+        (ev.difference - 0.99 * ev.half_width_anytime, True),
+    ):
+        shifted = two_sided(0.2 - end, 0.0004, 30, 0.25, 0.0004, 30)  # tests "the difference is `end`"
+        assert (shifted.e_value < 1 / ALPHA) == inside
+    assert ev.half_width_anytime > ev.half_width  # wider than the fixed-sample interval, as it must be
+    assert math.isinf(two_sided(0.2, 0.0004, 2, 0.25, 0.0004, 2).half_width_anytime)
+
+
+def test_a_rate_is_tested_on_its_counts() -> None:
+    """The mean over alternatives of the binomial likelihood ratio, by hand; every request failed against none
+    of the holdback's is proved on a few dozen; a rate within its null never is."""
+    hits, n, p0 = 7, 200, 0.01
+    odds = p0 / (1 - p0)
+    terms = []
+    for j in range(1, 21):
+        q = odds * 2**j / (1 + odds * 2**j)
+        terms.append((q / p0) ** hits * ((1 - q) / (1 - p0)) ** (n - hits))
+    assert math.isclose(rate_above(hits, n, p0).e_value, sum(terms) / 20, rel_tol=1e-9)
+    assert rate_above(0, 1000, p0).e_value < 1
+    all_failed = next(n for n in range(1, 500) if rate_rise(n, n, 0, max(1, n // 9)).e_value >= 1 / ALPHA)
+    assert all_failed <= 60, all_failed  # a 10% holdback: about 55 answers of the new version
+    assert rate_rise(10, 1000, 10, 1000).e_value < 1 and not rate_rise(0, 10, 5, 10).difference > 0
+
+
+def test_a_rate_at_its_null_is_proved_above_it_at_most_alpha_of_the_time_however_often_it_is_read() -> None:
+    wrong = 0
+    for seed in range(400):
+        rng = random.Random(seed)
+        hits = 0
+        for n in range(1, 2001):
+            hits += rng.random() < 0.02
+            if n % 10 == 0 and rate_above(hits, n, 0.02).e_value >= 1 / ALPHA:
+                wrong += 1
+                break
+    assert wrong <= 2 * ALPHA * 400, wrong  # Ville: at most ALPHA; twice it for the runs' own noise

@@ -11,6 +11,7 @@ import re
 import shutil
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -414,10 +415,11 @@ def test_promotion_and_retirement_by_the_rule(root: Path, tmp_path: Path) -> Non
         _start(c, first, "canary", 0.5)
         since = c.app.state.services.loaded.choices.candidates["sasrec-tiny"].since  # type: ignore[attr-defined]
         store = SQLiteStore(state / "h.sqlite3")
-        # 30 users a side, as good as the live version within the interval: promoted.
+        # 100 users a side, as good as the live version: the anytime interval's lower end within the margin
+        # (10% of the live mean; 30 users a side leave it wider than that: waiting), promoted.
         store.add_user_sums(
-            {("sasrec-tiny", since, NEWER, "live", f"u{n}"): (5, 1.0 + (n % 4) * 0.2) for n in range(30)}
-            | {("sasrec-tiny", since, first, "canary", f"w{n}"): (5, 1.0 + ((n + 1) % 4) * 0.2) for n in range(30)}
+            {("sasrec-tiny", since, NEWER, "live", f"u{n}"): (5, 1.0 + (n % 4) * 0.2) for n in range(100)}
+            | {("sasrec-tiny", since, first, "canary", f"w{n}"): (5, 1.0 + ((n + 1) % 4) * 0.2) for n in range(100)}
         )
 
         def pinned() -> str | None:
@@ -839,3 +841,35 @@ def test_a_worker_holds_only_the_top_ten_of_a_long_list(root: Path, tmp_path: Pa
         assert c.post("/events", json={"model": "sasrec-tiny", "events": [event]}).status_code == 200
         wait_until(lambda: c.get("/models/sasrec-tiny/online").json()["totals"].get(f"{NEWER}/live", {}).get("n") == 1)
         assert c.get("/models/sasrec-tiny/online").json()["totals"][f"{NEWER}/live"]["mrr"] == 0.0  # MRR@10
+
+
+def test_a_promotion_failing_every_request_is_rolled_back_on_its_first_minute_of_answers(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The promoted version's model fails every by-user request while its holdback (10% of the users) fails none:
+    the 5xx shares are counts (no variance to be 0 on either side), so a few dozen answers of one minute prove
+    it, long before probation_min_requests or the probation's span."""
+    first, state = _first(root), tmp_path / "s"
+    settings = _settings(root, state, housekeeping_s=3600, events_api_key="events-key", probation_holdback=0.1)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as c:
+        store = SQLiteStore(state / "h.sqlite3")
+        production = c.app.state.services.production  # type: ignore[attr-defined]
+        _promote(c, store, first)
+        live = c.app.state.services.loaded.models["sasrec-tiny"]  # type: ignore[attr-defined]
+        assert live.version == first
+
+        def broken(batch: object) -> object:
+            raise RuntimeError("the model fails")
+
+        monkeypatch.setattr(live.engine, "run", broken)
+        statuses = Counter(
+            c.post(
+                "/recommend", json={"model": "sasrec-tiny", "queries": [{"user_id": f"u{n % 40}"}]}, headers=EVENTS
+            ).status_code
+            for n in range(120)
+        )
+        assert statuses[500] > 60 and statuses[200] > 0, statuses  # the holdback's users answered
+        c.portal.call(production.tick, root, None)  # type: ignore[union-attr]
+        cand = store.candidates()["sasrec-tiny"]
+        assert cand.outcome == "rolled_back", cand
+        store.close()
